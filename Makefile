@@ -1,0 +1,32 @@
+# Two commands: `make demo` and `make test`. Both (re)build .venv when it is missing or older
+# than pyproject.toml. torch is installed first, pinned, so pip takes the CPU wheel from this
+# machine's disk instead of resolving a multi-GB CUDA build through executorch's requirement.
+PYTHON ?= python3
+VENV := .venv
+STAMP := $(VENV)/.installed
+BIN := $(VENV)/bin
+
+.PHONY: demo test lint pytest clean
+
+$(STAMP): pyproject.toml
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/harmony demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test: lint pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,1 @@
+"""Training methods: HARMONY and its baselines, all behind one small `Algorithm` protocol."""

@@ -1,0 +1,1 @@
+"""The round loop and the messages that cross the client/server boundary."""

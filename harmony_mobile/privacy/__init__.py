@@ -1,0 +1,1 @@
+"""Privacy primitives: label tokens, sealed uploads, feature clipping and noise."""

@@ -1,0 +1,156 @@
+"""The run directory: what `harmony train` writes and `harmony export` / `harmony serve` read.
+
+    RUN_DIR/
+      run.json                 RunInfo: data set, tiers, interface, model version, configs
+      metrics.jsonl            one JSON object per round (written by training)
+      final_metrics.json       present only once training finished
+      checkpoints/             round checkpoints for resume (training's own format)
+      clients/client-007.pt    one personalized front-end per client + its threshold and data indices
+      backend.pt               server back-end g and projection head h (state dicts) + model version
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from harmony_mobile.models import Backend, FamilyModel, FrontEnd, InterfaceSpec, ProjectionHead, Tier, TierSet
+
+RUN_FORMAT = 1
+
+
+class RunDirError(ValueError):
+    """A run directory is missing, incomplete or of another run."""
+
+
+class RunInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = RUN_FORMAT
+    algorithm: str
+    dataset: str
+    data_root: str | None = None
+    dataset_limit: int | None = None
+    num_classes: int
+    class_names: tuple[str, ...]
+    input_shape: tuple[int, int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    interface: tuple[int, int]  # (channels, size)
+    projection_dim: int = 128
+    tiers: TierSet
+    model_version: str
+    seed: int
+    train_config: dict[str, Any] = {}
+    partition: dict[str, Any] = {}
+
+    @property
+    def interface_spec(self) -> InterfaceSpec:
+        return InterfaceSpec(*self.interface)
+
+
+@dataclass
+class ClientArtifact:
+    """A personalized front-end as training leaves it for one client."""
+
+    client_id: int
+    tier: str
+    classes: tuple[int, ...]
+    threshold: float
+    train_idx: list[int]
+    val_idx: list[int]
+    test_idx: list[int]  # ID test samples
+    front_end_state: dict[str, torch.Tensor]
+
+
+def client_path(run_path: Path, client_id: int) -> Path:
+    return Path(run_path) / "clients" / f"client-{client_id:03d}.pt"
+
+
+def write_run_info(run_path: Path, info: RunInfo) -> None:
+    Path(run_path).mkdir(parents=True, exist_ok=True)
+    (Path(run_path) / "run.json").write_text(info.model_dump_json(indent=2))
+
+
+def save_client(run_path: Path, client: ClientArtifact) -> None:
+    path = client_path(run_path, client.client_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(client.__dict__, path)
+
+
+def save_backend(run_path: Path, backend: Backend, projection: ProjectionHead, model_version: str) -> None:
+    state = {
+        "model_version": model_version,
+        "interface": list(backend.interface.shape),
+        "num_classes": backend.num_classes,
+        "backend": backend.state_dict(),
+        "projection": projection.state_dict(),
+    }
+    torch.save(state, Path(run_path) / "backend.pt")
+
+
+def build_front_end(info: RunInfo, tier: Tier) -> FrontEnd:
+    """An (untrained) front-end of the tier's architecture for this run's data."""
+    channels, size, _ = info.input_shape
+    model = FamilyModel(tier.family, channels, size, info.num_classes, tier.width, info.interface_spec)
+    return model.front_end(tier.split_depth)
+
+
+class RunDir:
+    """Read access to a finished training run."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        info_file = self.path / "run.json"
+        if not info_file.is_file():
+            raise RunDirError(f"{self.path} is not a harmony run directory (no run.json); run `harmony train` first")
+        self.info = RunInfo.model_validate_json(info_file.read_text())
+        if not (self.path / "final_metrics.json").is_file():
+            raise RunDirError(f"{self.path} holds no trained model yet (training did not finish: no final_metrics.json)")
+
+    def final_metrics(self) -> dict[str, Any]:
+        return json.loads((self.path / "final_metrics.json").read_text())
+
+    def clients(self) -> list[ClientArtifact]:
+        files = sorted((self.path / "clients").glob("client-*.pt"))
+        if not files:
+            raise RunDirError(f"{self.path} has no personalized front-ends under clients/")
+        return [ClientArtifact(**torch.load(f, weights_only=True)) for f in files]
+
+    def clients_for_tier(self, tier_name: str) -> list[ClientArtifact]:
+        self.info.tiers.get(tier_name)  # raises KeyError naming the known tiers
+        return [c for c in self.clients() if c.tier == tier_name]
+
+    def representative_client(self, tier_name: str) -> ClientArtifact:
+        """The client whose front-end is exported for a tier: the first client of that tier."""
+        clients = self.clients_for_tier(tier_name)
+        if not clients:
+            raise RunDirError(f"run {self.path} has no client of tier {tier_name!r}")
+        return clients[0]
+
+    def front_end(self, client: ClientArtifact) -> FrontEnd:
+        front_end = build_front_end(self.info, self.info.tiers.get(client.tier))
+        front_end.load_state_dict(client.front_end_state)
+        return front_end.eval()
+
+    def backend(self) -> tuple[Backend, ProjectionHead, str]:
+        """(g, h, model_version) in eval mode."""
+        path = self.path / "backend.pt"
+        if not path.is_file():
+            raise RunDirError(f"{self.path} has no server back-end (backend.pt)")
+        state = torch.load(path, weights_only=True)
+        backend = Backend(self.info.interface_spec, self.info.num_classes)
+        backend.load_state_dict(state["backend"])
+        projection = ProjectionHead(backend.feature_dim, self.info.projection_dim)
+        projection.load_state_dict(state["projection"])
+        return backend.eval(), projection.eval(), state["model_version"]
+
+    def dataset(self):
+        from harmony_mobile.data import load_dataset
+
+        return load_dataset(self.info.dataset, self.info.data_root, limit=self.info.dataset_limit)
