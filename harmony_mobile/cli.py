@@ -72,7 +72,15 @@ def info(
     versions = Table(title="versions")
     versions.add_column("package")
     versions.add_column("version")
-    for package in ("harmony-mobile", "torch", "executorch", "torchao", "coremltools", "fastapi", "cryptography"):
+    for package in (
+        "harmony-mobile",
+        "torch",
+        "executorch",
+        "torchao",
+        "coremltools",
+        "fastapi",
+        "cryptography",
+    ):
         try:
             versions.add_row(package, version(package))
         except PackageNotFoundError:

@@ -1,12 +1,12 @@
 """The run directory: what `harmony train` writes and `harmony export` / `harmony serve` read.
 
-    RUN_DIR/
-      run.json                 RunInfo: data set, tiers, interface, model version, configs
-      metrics.jsonl            one JSON object per round (written by training)
-      final_metrics.json       present only once training finished
-      checkpoints/             round checkpoints for resume (training's own format)
-      clients/client-007.pt    one personalized front-end per client + its threshold and data indices
-      backend.pt               server back-end g and projection head h (state dicts) + model version
+RUN_DIR/
+  run.json                 RunInfo: data set, tiers, interface, model version, configs
+  metrics.jsonl            one JSON object per round (written by training)
+  final_metrics.json       present only once training finished
+  checkpoints/             round checkpoints for resume (training's own format)
+  clients/client-007.pt    one personalized front-end per client + its threshold and data indices
+  backend.pt               server back-end g and projection head h (state dicts) + model version
 """
 
 from __future__ import annotations
@@ -83,15 +83,45 @@ def save_client(run_path: Path, client: ClientArtifact) -> None:
     torch.save(client.__dict__, path)
 
 
-def save_backend(run_path: Path, backend: Backend, projection: ProjectionHead, model_version: str) -> None:
+def save_backend(
+    path: Path, backend: Backend, projection: ProjectionHead, model_version: str, class_names: tuple[str, ...]
+) -> None:
+    """Write g and h with what a reader needs to rebuild them (the server loads this same file)."""
     state = {
         "model_version": model_version,
         "interface": list(backend.interface.shape),
         "num_classes": backend.num_classes,
+        "class_names": list(class_names),
+        "projection_dim": projection.mlp[-1].out_features,
         "backend": backend.state_dict(),
         "projection": projection.state_dict(),
     }
-    torch.save(state, Path(run_path) / "backend.pt")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+
+
+@dataclass
+class LoadedBackend:
+    backend: Backend
+    projection: ProjectionHead
+    model_version: str
+    class_names: tuple[str, ...]
+
+
+def load_backend_file(path: str | Path) -> LoadedBackend:
+    """Read a file written by `save_backend` (RUN_DIR/backend.pt, or the export's copy); modules in eval mode."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunDirError(f"no server back-end at {path}")
+    state = torch.load(path, weights_only=True)
+    channels, size, _ = state["interface"]
+    backend = Backend(InterfaceSpec(channels, size), state["num_classes"])
+    backend.load_state_dict(state["backend"])
+    projection = ProjectionHead(backend.feature_dim, state["projection_dim"])
+    projection.load_state_dict(state["projection"])
+    return LoadedBackend(
+        backend.eval(), projection.eval(), state["model_version"], tuple(state["class_names"])
+    )
 
 
 def build_front_end(info: RunInfo, tier: Tier) -> FrontEnd:
@@ -108,10 +138,14 @@ class RunDir:
         self.path = Path(path)
         info_file = self.path / "run.json"
         if not info_file.is_file():
-            raise RunDirError(f"{self.path} is not a harmony run directory (no run.json); run `harmony train` first")
+            raise RunDirError(
+                f"{self.path} is not a harmony run directory (no run.json); run `harmony train` first"
+            )
         self.info = RunInfo.model_validate_json(info_file.read_text())
         if not (self.path / "final_metrics.json").is_file():
-            raise RunDirError(f"{self.path} holds no trained model yet (training did not finish: no final_metrics.json)")
+            raise RunDirError(
+                f"{self.path} holds no trained model yet (training did not finish: no final_metrics.json)"
+            )
 
     def final_metrics(self) -> dict[str, Any]:
         return json.loads((self.path / "final_metrics.json").read_text())
@@ -138,17 +172,8 @@ class RunDir:
         front_end.load_state_dict(client.front_end_state)
         return front_end.eval()
 
-    def backend(self) -> tuple[Backend, ProjectionHead, str]:
-        """(g, h, model_version) in eval mode."""
-        path = self.path / "backend.pt"
-        if not path.is_file():
-            raise RunDirError(f"{self.path} has no server back-end (backend.pt)")
-        state = torch.load(path, weights_only=True)
-        backend = Backend(self.info.interface_spec, self.info.num_classes)
-        backend.load_state_dict(state["backend"])
-        projection = ProjectionHead(backend.feature_dim, self.info.projection_dim)
-        projection.load_state_dict(state["projection"])
-        return backend.eval(), projection.eval(), state["model_version"]
+    def backend(self) -> LoadedBackend:
+        return load_backend_file(self.path / "backend.pt")
 
     def dataset(self):
         from harmony_mobile.data import load_dataset

@@ -42,7 +42,9 @@ def test_invalid_tiers_file_names_the_field(tmp_path, bad_line, field):
 
 
 def test_quantization_needs_its_backend(tmp_path):
-    path = write(tmp_path, "tiers:\n  - {name: a, family: cnn, split_depth: 1, quantization: [coreml-fp16]}\n")
+    path = write(
+        tmp_path, "tiers:\n  - {name: a, family: cnn, split_depth: 1, quantization: [coreml-fp16]}\n"
+    )
     with pytest.raises(ValidationError, match="needs backend 'coreml'"):
         load_tiers(path)
 

@@ -26,11 +26,15 @@ def supcon_loss(embeddings: torch.Tensor, groups: torch.Tensor, temperature: flo
     has_positive = positive_count > 0
     if not has_positive.any():
         return embeddings.sum() * 0.0
-    mean_log_prob = (log_prob.masked_fill(~positives, 0.0)).sum(dim=1)[has_positive] / positive_count[has_positive]
+    mean_log_prob = (log_prob.masked_fill(~positives, 0.0)).sum(dim=1)[has_positive] / positive_count[
+        has_positive
+    ]
     return -mean_log_prob.mean()
 
 
-def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 2.0) -> torch.Tensor:
+def distillation_loss(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 2.0
+) -> torch.Tensor:
     """KL(teacher || student) on softened predictions, scaled by T^2 (Hinton et al.)."""
     teacher = F.log_softmax(teacher_logits / temperature, dim=1)
     student = F.log_softmax(student_logits / temperature, dim=1)

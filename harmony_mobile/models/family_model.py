@@ -10,7 +10,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from harmony_mobile.models.families import NUM_STAGES, SPLIT_DEPTHS, build_stages, stage_channels, stage_spatial
+from harmony_mobile.models.families import (
+    NUM_STAGES,
+    SPLIT_DEPTHS,
+    build_stages,
+    stage_channels,
+    stage_spatial,
+)
 from harmony_mobile.models.heads import Connector, ExitHead, InterfaceSpec
 
 

@@ -71,7 +71,9 @@ class Tier(BaseModel):
         for q in self.quantization:
             backend = "xnnpack" if q in XNNPACK_QUANTIZATIONS else "coreml"
             if backend not in self.backends:
-                raise ValueError(f"quantization {q!r} needs backend {backend!r}, which tier {self.name!r} lacks")
+                raise ValueError(
+                    f"quantization {q!r} needs backend {backend!r}, which tier {self.name!r} lacks"
+                )
         for backend in self.backends:
             wanted = XNNPACK_QUANTIZATIONS if backend == "xnnpack" else COREML_QUANTIZATIONS
             if not set(wanted) & set(self.quantization):
@@ -100,7 +102,9 @@ class TierSet(BaseModel):
 
     def with_input_shape(self, input_shape: tuple[int, int, int]) -> TierSet:
         """The same tiers for another data set's image shape."""
-        return TierSet(tiers=tuple(t.model_copy(update={"input_shape": tuple(input_shape)}) for t in self.tiers))
+        return TierSet(
+            tiers=tuple(t.model_copy(update={"input_shape": tuple(input_shape)}) for t in self.tiers)
+        )
 
 
 def load_tiers(path: str | Path | None = None) -> TierSet:

@@ -24,7 +24,12 @@ def round_key(federation_secret: bytes, round_id: int | str) -> bytes:
     """K_r: the per-round (or per key epoch) HMAC key."""
     if len(federation_secret) < 16:
         raise ValueError("the federation secret must be at least 16 bytes")
-    hkdf = HKDF(algorithm=hashes.SHA256(), length=ROUND_KEY_BYTES, salt=None, info=INFO_PREFIX + str(round_id).encode())
+    hkdf = HKDF(
+        algorithm=hashes.SHA256(),
+        length=ROUND_KEY_BYTES,
+        salt=None,
+        info=INFO_PREFIX + str(round_id).encode(),
+    )
     return hkdf.derive(federation_secret)
 
 
