@@ -1,0 +1,140 @@
+"""Ed25519 signing keys for export manifests.
+
+Key directory layout (default `~/.config/harmony-mobile/keys`, or `harmony export --key-dir DIR`):
+
+    signing_key         the private key, PKCS#8 PEM, unencrypted, mode 0600 (directory 0700)
+    signing_key.pub     the public key: base64 (standard alphabet, with padding, no newline)
+                        of the raw 32-byte Ed25519 public key
+
+The same `signing_key.pub` file is copied into every export directory. The phone apps pin the
+public key (they ship it, or compare the copy's bytes against a pinned value), then verify
+`manifest.sig` over the exact bytes of `manifest.json` (see manifest.py).
+
+A key is generated on first use. A private key file readable by group or others is refused, as
+ssh does, because anyone who can read it can sign models the phones will install.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import stat
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+DEFAULT_KEY_DIR = Path("~/.config/harmony-mobile/keys")
+PRIVATE_KEY_FILE = "signing_key"
+PUBLIC_KEY_FILE = "signing_key.pub"
+
+
+class SigningKeyError(ValueError):
+    """A signing or public key file is missing, malformed or unsafe."""
+
+
+def default_key_dir() -> Path:
+    return DEFAULT_KEY_DIR.expanduser()
+
+
+def public_key_bytes(public_key: Ed25519PublicKey) -> bytes:
+    """The raw 32-byte public key."""
+    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+
+def encode_public_key(public_key: Ed25519PublicKey) -> bytes:
+    """The exact content of a `signing_key.pub` file: base64 of the raw 32 bytes, no newline."""
+    return base64.b64encode(public_key_bytes(public_key))
+
+
+def decode_public_key(text: bytes | str, source: str = "public key") -> Ed25519PublicKey:
+    """Parse the content of a `signing_key.pub` file (surrounding whitespace is tolerated)."""
+    if isinstance(text, str):
+        text = text.encode("ascii", errors="replace")
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except ValueError as error:
+        raise SigningKeyError(f"{source} is not base64: {error}") from None
+    if len(raw) != 32:
+        raise SigningKeyError(f"{source} must be 32 raw bytes (base64), got {len(raw)} bytes")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def load_public_key(path: str | Path) -> Ed25519PublicKey:
+    path = Path(path)
+    if not path.is_file():
+        raise SigningKeyError(f"public key file not found: {path}")
+    return decode_public_key(path.read_bytes(), str(path))
+
+
+def key_fingerprint(public_key: Ed25519PublicKey) -> str:
+    """sha256 hex of the raw public key: a short way to say which key signed a manifest."""
+    import hashlib
+
+    return hashlib.sha256(public_key_bytes(public_key)).hexdigest()
+
+
+def write_public_key(path: str | Path, public_key: Ed25519PublicKey) -> None:
+    Path(path).write_bytes(encode_public_key(public_key))
+
+
+def load_private_key(path: str | Path) -> Ed25519PrivateKey:
+    """Read a PKCS#8 PEM Ed25519 private key; refuse one that group or others can read."""
+    path = Path(path)
+    if not path.is_file():
+        raise SigningKeyError(f"signing key file not found: {path}")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise SigningKeyError(
+            f"signing key {path} is readable by others (mode {mode:04o}); run `chmod 600 {path}`"
+        )
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except (ValueError, TypeError) as error:
+        raise SigningKeyError(f"signing key {path} is not an unencrypted PEM private key: {error}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise SigningKeyError(f"signing key {path} is not an Ed25519 key ({type(key).__name__})")
+    return key
+
+
+def _write_private(path: Path, key: Ed25519PrivateKey) -> None:
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    # O_EXCL: never overwrite a key; 0600 from the start, so the key is never briefly world-readable.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, pem)
+    finally:
+        os.close(fd)
+    os.chmod(path, 0o600)  # in case a umask stripped bits we asked for (never adds any)
+
+
+def load_or_create_signing_key(key_dir: str | Path | None = None) -> tuple[Ed25519PrivateKey, bool]:
+    """The signing key in `key_dir` (default ~/.config/harmony-mobile/keys); generated on first use.
+
+    Returns (key, created). Writes `signing_key` (0600) and `signing_key.pub`; a `signing_key.pub`
+    that does not match the private key is an error rather than silently replaced.
+    """
+    key_dir = Path(key_dir).expanduser() if key_dir is not None else default_key_dir()
+    private_path, public_path = key_dir / PRIVATE_KEY_FILE, key_dir / PUBLIC_KEY_FILE
+    created = False
+    if private_path.exists():
+        key = load_private_key(private_path)
+    else:
+        try:
+            key_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as error:
+            raise SigningKeyError(f"cannot create key directory {key_dir}: {error}") from None
+        key = Ed25519PrivateKey.generate()
+        try:
+            _write_private(private_path, key)
+        except OSError as error:
+            raise SigningKeyError(f"cannot write signing key {private_path}: {error}") from None
+        created = True
+    if public_path.exists():
+        if load_public_key(public_path) != key.public_key():
+            raise SigningKeyError(f"{public_path} does not belong to the private key {private_path}")
+    else:
+        write_public_key(public_path, key.public_key())
+    return key, created

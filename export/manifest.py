@@ -1,0 +1,426 @@
+"""The export manifest: what a phone app reads, and its Ed25519 signature.
+
+Files in an export directory that carry the trust:
+
+    manifest.json     UTF-8 JSON (schema: `Manifest` below). Apps parse it only after the
+                      signature over its exact bytes has been verified.
+    manifest.sig      base64 (standard alphabet, padded, no newline) of the 64-byte Ed25519
+                      signature over the exact bytes of manifest.json, as read from disk
+                      (no canonicalization, no re-serialization).
+    signing_key.pub   base64 (no newline) of the raw 32-byte Ed25519 public key. Apps must pin
+                      the key (compare against a key they ship), because whoever can replace
+                      the manifest can also replace this file.
+
+Every other file in the directory is listed in `files` with its sha256 (lowercase hex) and size
+in bytes; a file that is not listed is a verification error. A tier artifact that is a
+directory (a Core ML `.mlpackage`) has `sha256` = the *tree digest*: sha256 of the lines
+`"<sha256 hex>  <path relative to the package, '/' separated>\\n"` sorted by path, concatenated
+(the output format of `sha256sum` run inside the package on the sorted file list), and `size` =
+the sum of its files' sizes. Its files are also listed individually in `files`.
+
+Verification order for apps: (1) verify manifest.sig over manifest.json bytes with the pinned
+key; (2) parse manifest.json; (3) check sha256 and size of every file they load.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from harmony_mobile.export.keys import (
+    PUBLIC_KEY_FILE,
+    SigningKeyError,
+    decode_public_key,
+    encode_public_key,
+    key_fingerprint,
+    load_public_key,
+)
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MANIFEST_FORMAT = 1
+MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"
+SIGNATURE_FILES = (MANIFEST_FILE, SIGNATURE_FILE, PUBLIC_KEY_FILE)
+
+
+class ManifestError(ValueError):
+    """An export directory failed verification; `problems` lists every mismatch, each naming its file."""
+
+    def __init__(self, directory: Path, problems: list[str]):
+        self.directory = Path(directory)
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"export directory {self.directory} failed verification:\n{lines}")
+
+
+# --------------------------------------------------------------------------- schema
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FileEntry(_Strict):
+    path: str = Field(description="relative to the export directory, '/' separated")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class TensorSpec(_Strict):
+    name: str
+    shape: list[int] = Field(description="batch first; the batch entry is the maximum batch")
+    dtype: str = "float32"
+
+
+class Normalization(_Strict):
+    """value = (pixel / 255 - mean[c]) / std[c], per channel c, in NCHW order."""
+
+    pixel_scale: float = 1.0 / 255.0
+    mean: list[float]
+    std: list[float]
+
+
+class Artifact(_Strict):
+    backend: Literal["xnnpack", "coreml"]
+    quantization: str
+    format: Literal["pte", "mlpackage"]
+    path: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="file sha256, or tree digest of a directory")
+    size: int = Field(ge=0)
+    batch: tuple[int, int] = Field(description="(min, max) batch the artifact accepts")
+    parameters: int | None = None
+    extra: dict[str, str | int | float | bool] = {}
+
+
+class TierEntry(_Strict):
+    name: str
+    family: str
+    split_depth: int
+    width: float
+    client_id: int = Field(description="the run's client whose personalized front-end this is")
+    parameters: int
+    input: TensorSpec
+    normalization: Normalization
+    outputs: list[TensorSpec]
+    class_names: list[str]
+    interface_shape: list[int]
+    threshold: float = Field(description="answer locally when max softmax(exit_logits) >= threshold")
+    threshold_source: Literal["calibrated", "tier"]
+    quantization: list[str]
+    backends: list[str]
+    latency_budget_ms: float
+    artifacts: list[Artifact]
+
+
+class BackendEntry(_Strict):
+    model_version: str
+    interface_shape: list[int]
+    num_classes: int
+    input: TensorSpec
+    outputs: list[TensorSpec]
+    state_dict_file: str = Field(description="run_dir.save_backend format; the server loads this")
+    exported_program_file: str = Field(description="torch.export .pt2 of g (features -> logits)")
+
+
+class SignatureInfo(_Strict):
+    algorithm: Literal["Ed25519"] = "Ed25519"
+    signed_file: str = MANIFEST_FILE
+    signature_file: str = SIGNATURE_FILE
+    encoding: str = "base64 of the 64-byte signature over the exact bytes of manifest.json"
+    public_key_file: str = PUBLIC_KEY_FILE
+    public_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class Manifest(_Strict):
+    format: Literal[1] = MANIFEST_FORMAT
+    kind: Literal["harmony-mobile/export"] = "harmony-mobile/export"
+    model_version: str
+    created_at: str
+    run: dict[str, str | int | float | None]
+    num_classes: int
+    class_names: list[str]
+    interface_shape: list[int]
+    backend: BackendEntry
+    tiers: list[TierEntry]
+    reports: list[str] = []
+    signature: SignatureInfo
+    files: list[FileEntry]
+
+    def tier(self, name: str) -> TierEntry:
+        for tier in self.tiers:
+            if tier.name == name:
+                return tier
+        raise KeyError(f"manifest has no tier {name!r}; it has {', '.join(t.name for t in self.tiers)}")
+
+
+# --------------------------------------------------------------------------- hashing
+
+
+def sha256_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _relative(root: Path, path: Path) -> str:
+    return path.relative_to(root).as_posix()
+
+
+def list_files(directory: str | Path, exclude: tuple[str, ...] = SIGNATURE_FILES) -> list[FileEntry]:
+    """Every regular file below `directory` (sorted by path), except the top-level `exclude` names."""
+    root = Path(directory)
+    entries = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and _relative(root, path) not in exclude:
+            entries.append(
+                FileEntry(path=_relative(root, path), sha256=sha256_file(path), size=path.stat().st_size)
+            )
+    return sorted(entries, key=lambda e: e.path)
+
+
+def tree_digest(entries: list[FileEntry]) -> tuple[str, int]:
+    """(sha256, total size) of a directory from its file entries (paths relative to that directory)."""
+    lines = "".join(f"{e.sha256}  {e.path}\n" for e in sorted(entries, key=lambda e: e.path))
+    return hashlib.sha256(lines.encode("utf-8")).hexdigest(), sum(e.size for e in entries)
+
+
+def path_digest(path: str | Path) -> tuple[str, int]:
+    """(sha256, size) of a file, or (tree digest, total size) of a directory such as an .mlpackage."""
+    path = Path(path)
+    if path.is_dir():
+        return tree_digest(list_files(path, exclude=()))
+    return sha256_file(path), path.stat().st_size
+
+
+def artifact_entry(
+    directory: str | Path,
+    relpath: str,
+    *,
+    backend: str,
+    quantization: str,
+    batch: tuple[int, int] = (1, 1),
+    parameters: int | None = None,
+    extra: dict | None = None,
+) -> Artifact:
+    """An artifact entry for the file or .mlpackage directory at `directory/relpath` (digest computed here)."""
+    sha, size = path_digest(Path(directory) / relpath)
+    return Artifact(
+        backend=backend,
+        quantization=quantization,
+        format="mlpackage" if relpath.endswith(".mlpackage") else "pte",
+        path=relpath,
+        sha256=sha,
+        size=size,
+        batch=batch,
+        parameters=parameters,
+        extra=extra or {},
+    )
+
+
+def build_manifest(
+    directory: str | Path,
+    *,
+    model_version: str,
+    run: dict,
+    class_names: list[str] | tuple[str, ...],
+    interface_shape: list[int] | tuple[int, ...],
+    backend: BackendEntry,
+    tiers: list[TierEntry],
+    public_key: Ed25519PublicKey,
+    reports: list[str] | None = None,
+    created_at: str | None = None,
+) -> Manifest:
+    """The manifest of everything currently in `directory` (call it after every artifact is written)."""
+    if created_at is None:
+        from datetime import UTC, datetime
+
+        created_at = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return Manifest(
+        model_version=model_version,
+        created_at=created_at,
+        run=run,
+        num_classes=len(class_names),
+        class_names=list(class_names),
+        interface_shape=list(interface_shape),
+        backend=backend,
+        tiers=tiers,
+        reports=list(reports or []),
+        signature=signature_info(public_key),
+        files=list_files(directory),
+    )
+
+
+# --------------------------------------------------------------------------- signing
+
+
+def manifest_to_bytes(manifest: Manifest) -> bytes:
+    """The bytes written to manifest.json (and signed): indented JSON, UTF-8, trailing newline."""
+    return (json.dumps(manifest.model_dump(mode="json"), indent=2, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def sign_manifest(manifest_bytes: bytes, private_key: Ed25519PrivateKey) -> bytes:
+    """The raw 64-byte Ed25519 signature over `manifest_bytes` (manifest.sig holds its base64)."""
+    return private_key.sign(manifest_bytes)
+
+
+def encode_signature(signature: bytes) -> bytes:
+    """The exact content of manifest.sig."""
+    if len(signature) != 64:
+        raise ValueError(f"an Ed25519 signature has 64 bytes, got {len(signature)}")
+    return base64.b64encode(signature)
+
+
+def decode_signature(text: bytes) -> bytes:
+    try:
+        raw = base64.b64decode(text.strip(), validate=True)
+    except ValueError as error:
+        raise ValueError(f"not base64: {error}") from None
+    if len(raw) != 64:
+        raise ValueError(f"must hold a 64-byte Ed25519 signature, holds {len(raw)} bytes")
+    return raw
+
+
+def signature_info(public_key: Ed25519PublicKey) -> SignatureInfo:
+    return SignatureInfo(public_key_sha256=key_fingerprint(public_key))
+
+
+def write_signed_manifest(directory: str | Path, manifest: Manifest, private_key: Ed25519PrivateKey) -> bytes:
+    """Write manifest.json, manifest.sig and signing_key.pub into `directory`; returns the manifest bytes."""
+    directory = Path(directory)
+    public_key = private_key.public_key()
+    if manifest.signature.public_key_sha256 != key_fingerprint(public_key):
+        raise ValueError("manifest.signature.public_key_sha256 does not match the signing key")
+    data = manifest_to_bytes(manifest)
+    (directory / MANIFEST_FILE).write_bytes(data)
+    (directory / SIGNATURE_FILE).write_bytes(encode_signature(sign_manifest(data, private_key)))
+    (directory / PUBLIC_KEY_FILE).write_bytes(encode_public_key(public_key))
+    return data
+
+
+# --------------------------------------------------------------------------- verification
+
+
+def _coerce_public_key(public_key: Ed25519PublicKey | bytes | str | Path) -> Ed25519PublicKey:
+    if isinstance(public_key, Ed25519PublicKey):
+        return public_key
+    if isinstance(public_key, Path):
+        return load_public_key(public_key)
+    if isinstance(public_key, bytes) and len(public_key) == 32:
+        return Ed25519PublicKey.from_public_bytes(public_key)
+    return decode_public_key(public_key)
+
+
+def _safe_relpath(path: str) -> bool:
+    pure = PurePosixPath(path)
+    return bool(path) and not pure.is_absolute() and ".." not in pure.parts and "\\" not in path
+
+
+def verify_manifest(
+    directory: str | Path, public_key: Ed25519PublicKey | bytes | str | Path | None = None
+) -> Manifest:
+    """Check an export directory; return its parsed manifest or raise ManifestError listing every problem.
+
+    `public_key`: the pinned key (object, raw 32 bytes, base64 text, or a Path to a .pub file).
+    None uses the directory's own signing_key.pub, which proves integrity but not origin.
+    Checks: signature over the exact manifest.json bytes, schema, every listed file's size and
+    sha256, every artifact's digest, and that no unlisted file is present.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ManifestError(directory, [f"{directory}: not a directory"])
+    problems: list[str] = []
+    manifest_path, signature_path = directory / MANIFEST_FILE, directory / SIGNATURE_FILE
+    for required in (manifest_path, signature_path):
+        if not required.is_file():
+            problems.append(f"{required.name}: missing")
+    try:
+        key = (
+            _coerce_public_key(public_key)
+            if public_key is not None
+            else load_public_key(directory / PUBLIC_KEY_FILE)
+        )
+    except (SigningKeyError, ValueError) as error:
+        problems.append(f"{PUBLIC_KEY_FILE}: {error}")
+        key = None
+    if problems:
+        raise ManifestError(directory, problems)
+    if public_key is not None and (directory / PUBLIC_KEY_FILE).is_file():
+        try:
+            shipped = load_public_key(directory / PUBLIC_KEY_FILE)
+        except SigningKeyError as error:
+            problems.append(f"{PUBLIC_KEY_FILE}: {error}")
+        else:
+            if shipped != key:
+                problems.append(f"{PUBLIC_KEY_FILE}: is not the pinned public key")
+
+    data = manifest_path.read_bytes()
+    try:
+        key.verify(decode_signature(signature_path.read_bytes()), data)
+    except ValueError as error:
+        problems.append(f"{SIGNATURE_FILE}: {error}")
+    except InvalidSignature:
+        problems.append(f"{SIGNATURE_FILE}: signature does not match {MANIFEST_FILE} under the public key")
+    try:
+        manifest = Manifest.model_validate_json(data)
+    except ValidationError as error:
+        problems.append(f"{MANIFEST_FILE}: does not follow the manifest schema: {error}")
+        raise ManifestError(directory, problems) from None
+    if manifest.signature.public_key_sha256 != key_fingerprint(key):
+        problems.append(f"{MANIFEST_FILE}: signature.public_key_sha256 names another key")
+
+    listed: dict[str, FileEntry] = {}
+    for entry in manifest.files:
+        if not _safe_relpath(entry.path):
+            problems.append(f"{entry.path}: unsafe path in manifest")
+            continue
+        listed[entry.path] = entry
+        path = directory / entry.path
+        if not path.is_file():
+            problems.append(f"{entry.path}: missing")
+            continue
+        size = path.stat().st_size
+        if size != entry.size:
+            problems.append(f"{entry.path}: size {size} bytes, manifest says {entry.size}")
+        digest = sha256_file(path)
+        if digest != entry.sha256:
+            problems.append(f"{entry.path}: sha256 {digest} does not match manifest {entry.sha256}")
+    for entry in list_files(directory):
+        if entry.path not in listed:
+            problems.append(f"{entry.path}: present but not listed in {MANIFEST_FILE}")
+
+    referenced = [(f"tier {t.name}", a.path, a.sha256, a.size) for t in manifest.tiers for a in t.artifacts]
+    referenced += [("backend", manifest.backend.state_dict_file, None, None)]
+    referenced += [("backend", manifest.backend.exported_program_file, None, None)]
+    referenced += [("reports", r, None, None) for r in manifest.reports]
+    for owner, relpath, sha, size in referenced:
+        if not _safe_relpath(relpath):
+            problems.append(f"{relpath}: unsafe path in manifest ({owner})")
+            continue
+        path = directory / relpath
+        if not path.exists():
+            problems.append(f"{relpath}: missing ({owner})")
+            continue
+        if path.is_file() and relpath not in listed:
+            problems.append(f"{relpath}: referenced by {owner} but not listed in files")
+        if sha is not None:
+            actual_sha, actual_size = path_digest(path)
+            if (actual_sha, actual_size) != (sha, size):
+                problems.append(
+                    f"{relpath}: digest/size {actual_sha}/{actual_size} does not match {owner} "
+                    f"artifact entry {sha}/{size}"
+                )
+    if problems:
+        raise ManifestError(directory, problems)
+    return manifest
+
+
+def read_manifest(directory: str | Path) -> Manifest:
+    """Parse manifest.json WITHOUT verifying anything (for tools that already verified it)."""
+    return Manifest.model_validate_json((Path(directory) / MANIFEST_FILE).read_bytes())

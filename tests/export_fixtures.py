@@ -1,0 +1,110 @@
+"""Fixtures for the export tests (imported by tests/test_export*.py; not a shared conftest).
+
+`fake_export_dir` writes a small export directory of dummy bytes (no torch work) for the
+manifest/signing tests. `make_run_dir` writes a run directory in exactly the run_dir.py format
+with random-initialized front-ends, for the pipeline tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from harmony_mobile.export.keys import load_or_create_signing_key
+from harmony_mobile.export.manifest import (
+    BackendEntry,
+    Normalization,
+    TensorSpec,
+    TierEntry,
+    artifact_entry,
+    build_manifest,
+    write_signed_manifest,
+)
+
+FAKE_FILES = {
+    "entry-android/front_fp32.pte": b"PTE fp32 " * 40,
+    "entry-android/front_int8.pte": b"PTE int8 " * 20,
+    "mid-ios/front_coreml-fp16.mlpackage/Manifest.json": b'{"fileFormatVersion": "1.0.0"}',
+    "mid-ios/front_coreml-fp16.mlpackage/Data/com.apple.CoreML/model.mlmodel": b"\x08\x07spec" * 30,
+    "mid-ios/front_coreml-fp16.mlpackage/Data/com.apple.CoreML/weights/weight.bin": b"\x00\x01" * 64,
+    "backend/backend.pt": b"torch state " * 10,
+    "backend/backend.pt2": b"exported program " * 10,
+    "verification.json": b"{}\n",
+}
+
+
+def fake_tier(directory: Path, name: str, artifacts: list[tuple[str, str, str]]) -> TierEntry:
+    return TierEntry(
+        name=name,
+        family="cnn",
+        split_depth=1,
+        width=1.0,
+        client_id=0,
+        parameters=1234,
+        input=TensorSpec(name="image", shape=[1, 1, 28, 28]),
+        normalization=Normalization(mean=[0.3053], std=[0.3247]),
+        outputs=[
+            TensorSpec(name="exit_logits", shape=[1, 10]),
+            TensorSpec(name="features", shape=[1, 64, 8, 8]),
+        ],
+        class_names=[str(i) for i in range(10)],
+        interface_shape=[64, 8, 8],
+        threshold=0.9,
+        threshold_source="calibrated",
+        quantization=[q for _, q, _ in artifacts],
+        backends=sorted({b for b, _, _ in artifacts}),
+        latency_budget_ms=2.0,
+        artifacts=[artifact_entry(directory, p, backend=b, quantization=q) for b, q, p in artifacts],
+    )
+
+
+def fake_export_dir(directory: Path, key_dir: Path) -> Path:
+    """A signed export directory of dummy files; returns it."""
+    directory.mkdir(parents=True)
+    for relpath, data in FAKE_FILES.items():
+        (directory / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (directory / relpath).write_bytes(data)
+    key, _ = load_or_create_signing_key(key_dir)
+    tiers = [
+        fake_tier(
+            directory,
+            "entry-android",
+            [
+                ("xnnpack", "fp32", "entry-android/front_fp32.pte"),
+                ("xnnpack", "int8", "entry-android/front_int8.pte"),
+            ],
+        ),
+        fake_tier(directory, "mid-ios", [("coreml", "coreml-fp16", "mid-ios/front_coreml-fp16.mlpackage")]),
+    ]
+    backend = BackendEntry(
+        model_version="test-v1",
+        interface_shape=[64, 8, 8],
+        num_classes=10,
+        input=TensorSpec(name="features", shape=[1, 64, 8, 8]),
+        outputs=[TensorSpec(name="logits", shape=[1, 10])],
+        state_dict_file="backend/backend.pt",
+        exported_program_file="backend/backend.pt2",
+    )
+    manifest = build_manifest(
+        directory,
+        model_version="test-v1",
+        run={"dataset": "digits", "algorithm": "test", "seed": 0},
+        class_names=[str(i) for i in range(10)],
+        interface_shape=[64, 8, 8],
+        backend=backend,
+        tiers=tiers,
+        public_key=key.public_key(),
+        reports=["verification.json"],
+        created_at="2026-01-01T00:00:00Z",
+    )
+    write_signed_manifest(directory, manifest, key)
+    return directory
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def seed_everything(seed: int = 0) -> None:
+    torch.manual_seed(seed)
