@@ -1,0 +1,214 @@
+"""Binary bodies phones send: the feature tensor and the sealed-upload plaintext (docs/PROTOCOL.md).
+
+Feature tensor ("HMFT", all integers little-endian):
+
+    offset  size     field
+    0       4        magic "HMFT"
+    4       1        version = 1
+    5       1        dtype code: 1 = float32 (the only one accepted)
+    6       1        ndim, 1..6
+    7       1        reserved = 0
+    8       4*ndim   dims, u32 each, every dim >= 1
+    8+4*ndim         data: prod(dims) float32 values, little-endian, C (row-major) order
+
+The header length is a multiple of 4, so the data is 4-byte aligned in the body.
+
+Upload plaintext (what a sealed envelope holds):
+
+    0       4        magic "HMUP"
+    4       1        version = 1
+    5       4        u32 length M of the metadata JSON
+    9       M        metadata JSON, UTF-8 (see UploadMetadata)
+    9+M              a feature tensor as above, shape (N, C, S, S)
+
+Every decoder here rejects anything it does not fully understand, with a message that names the
+field, because these bytes come from the network.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from harmony_mobile.federation.messages import FeatureUpload
+from harmony_mobile.privacy.label_tokens import TOKEN_BYTES
+
+TENSOR_MAGIC = b"HMFT"
+TENSOR_VERSION = 1
+DTYPE_FLOAT32 = 1
+DTYPE_NAMES = {DTYPE_FLOAT32: "float32"}
+MAX_NDIM = 6
+TENSOR_FIXED_HEADER = 8
+
+UPLOAD_MAGIC = b"HMUP"
+UPLOAD_VERSION = 1
+UPLOAD_FIXED_HEADER = 9
+MAX_METADATA_BYTES = 1 << 20
+
+_LE_FLOAT32 = np.dtype("<f4")
+
+
+class WireFormatError(ValueError):
+    """Bytes that do not follow the documented binary layout."""
+
+
+def tensor_header_size(ndim: int) -> int:
+    return TENSOR_FIXED_HEADER + 4 * ndim
+
+
+def encode_tensor(array: np.ndarray | torch.Tensor) -> bytes:
+    """A float32 array -> the HMFT body."""
+    if isinstance(array, torch.Tensor):
+        array = array.detach().cpu().numpy()
+    array = np.asarray(array)
+    if array.dtype != np.float32:
+        raise WireFormatError(f"only float32 tensors are encoded, got {array.dtype}")
+    if not 1 <= array.ndim <= MAX_NDIM:
+        raise WireFormatError(f"ndim must be 1..{MAX_NDIM}, got {array.ndim}")
+    if min(array.shape) < 1:
+        raise WireFormatError(f"every dimension must be >= 1, got shape {array.shape}")
+    header = TENSOR_MAGIC + bytes([TENSOR_VERSION, DTYPE_FLOAT32, array.ndim, 0])
+    header += b"".join(int(d).to_bytes(4, "little") for d in array.shape)
+    return header + np.ascontiguousarray(array, dtype=_LE_FLOAT32).tobytes()
+
+
+def decode_tensor(body: bytes) -> np.ndarray:
+    """The HMFT body -> a float32 array (native byte order, a copy). Raises WireFormatError."""
+    if len(body) < TENSOR_FIXED_HEADER:
+        raise WireFormatError(
+            f"binary tensor is {len(body)} bytes, shorter than the {TENSOR_FIXED_HEADER}-byte fixed header"
+        )
+    if body[:4] != TENSOR_MAGIC:
+        raise WireFormatError(f"binary tensor magic is {bytes(body[:4])!r}, expected {TENSOR_MAGIC!r}")
+    version, dtype_code, ndim, reserved = body[4], body[5], body[6], body[7]
+    if version != TENSOR_VERSION:
+        raise WireFormatError(f"binary tensor version {version} is not supported (expected {TENSOR_VERSION})")
+    if dtype_code != DTYPE_FLOAT32:
+        raise WireFormatError(f"binary tensor dtype code {dtype_code} is not supported (1 = float32 is)")
+    if not 1 <= ndim <= MAX_NDIM:
+        raise WireFormatError(f"binary tensor ndim {ndim} is out of range 1..{MAX_NDIM}")
+    if reserved != 0:
+        raise WireFormatError(f"binary tensor reserved byte 7 must be 0, got {reserved}")
+    header_size = tensor_header_size(ndim)
+    if len(body) < header_size:
+        raise WireFormatError(
+            f"binary tensor is {len(body)} bytes, shorter than its {header_size}-byte header"
+        )
+    dims = tuple(int.from_bytes(body[8 + 4 * i : 12 + 4 * i], "little") for i in range(ndim))
+    if min(dims) < 1:
+        raise WireFormatError(f"binary tensor dims {list(dims)} contain a zero")
+    expected = math.prod(dims) * 4
+    actual = len(body) - header_size
+    if actual != expected:
+        raise WireFormatError(
+            f"binary tensor header promises dims {list(dims)} = {expected} data bytes, body has {actual}"
+        )
+    return np.frombuffer(body, dtype=_LE_FLOAT32, offset=header_size).reshape(dims).astype(np.float32)
+
+
+class UploadMetadata(BaseModel):
+    """The JSON part of an upload plaintext. No field can hold a class id: tokens only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    label_tokens: tuple[str, ...] = Field(
+        min_length=1, description=f"one {TOKEN_BYTES}-byte label token per feature row, lowercase hex"
+    )
+    split_depths: tuple[int, ...] = Field(min_length=1, description="split depth of each row")
+    family: str = Field(min_length=1, max_length=64)
+    tier: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    model_version: str = Field(min_length=1, max_length=128, description="front-end model version")
+    clip_norm: float | None = Field(default=None, gt=0, description="L2 clip C_z applied on the phone")
+    noise_multiplier: float | None = Field(default=None, ge=0, description="sigma: noise std = sigma * C_z")
+
+    @field_validator("label_tokens")
+    @classmethod
+    def hex_tokens(cls, tokens: tuple[str, ...]) -> tuple[str, ...]:
+        for index, token in enumerate(tokens):
+            if len(token) != 2 * TOKEN_BYTES or any(c not in "0123456789abcdef" for c in token):
+                raise ValueError(f"label_tokens[{index}] must be {2 * TOKEN_BYTES} lowercase hex characters")
+        return tokens
+
+    @field_validator("split_depths")
+    @classmethod
+    def positive_depths(cls, depths: tuple[int, ...]) -> tuple[int, ...]:
+        if min(depths) < 1:
+            raise ValueError("split depths are >= 1")
+        return depths
+
+
+@dataclass(frozen=True)
+class UploadPayload:
+    """A decoded upload plaintext."""
+
+    metadata: UploadMetadata
+    features: np.ndarray  # (N, C, S, S) float32
+
+    def to_feature_upload(self, client_id: str, round_id: int) -> FeatureUpload:
+        """The message type the alignment code consumes (the same one the simulation passes)."""
+        return FeatureUpload(
+            client_id=client_id,
+            round_id=round_id,
+            features=torch.from_numpy(self.features),
+            label_tokens=tuple(bytes.fromhex(t) for t in self.metadata.label_tokens),
+            split_depths=self.metadata.split_depths,
+            family=self.metadata.family,
+            tier=self.metadata.tier,
+            model_version=self.metadata.model_version,
+        )
+
+
+def encode_upload(metadata: UploadMetadata, features: np.ndarray | torch.Tensor) -> bytes:
+    rows = features.shape[0] if features.ndim else 0
+    if rows != len(metadata.label_tokens) or rows != len(metadata.split_depths):
+        raise WireFormatError(
+            f"{rows} feature rows but {len(metadata.label_tokens)} tokens and {len(metadata.split_depths)} depths"
+        )
+    meta = metadata.model_dump_json(exclude_none=True).encode("utf-8")
+    return (
+        UPLOAD_MAGIC
+        + bytes([UPLOAD_VERSION])
+        + len(meta).to_bytes(4, "little")
+        + meta
+        + encode_tensor(features)
+    )
+
+
+def decode_upload(plaintext: bytes) -> UploadPayload:
+    """Upload plaintext -> metadata + features; raises WireFormatError naming what is wrong."""
+    if len(plaintext) < UPLOAD_FIXED_HEADER:
+        raise WireFormatError(f"upload payload is {len(plaintext)} bytes, shorter than its 9-byte header")
+    if plaintext[:4] != UPLOAD_MAGIC:
+        raise WireFormatError(f"upload payload magic is {bytes(plaintext[:4])!r}, expected {UPLOAD_MAGIC!r}")
+    if plaintext[4] != UPLOAD_VERSION:
+        raise WireFormatError(
+            f"upload payload version {plaintext[4]} is not supported (expected {UPLOAD_VERSION})"
+        )
+    meta_len = int.from_bytes(plaintext[5:9], "little")
+    if meta_len > MAX_METADATA_BYTES or UPLOAD_FIXED_HEADER + meta_len > len(plaintext):
+        raise WireFormatError(f"upload metadata length {meta_len} exceeds the payload")
+    try:
+        raw = json.loads(plaintext[UPLOAD_FIXED_HEADER : UPLOAD_FIXED_HEADER + meta_len].decode("utf-8"))
+        metadata = UploadMetadata.model_validate(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise WireFormatError(f"upload metadata is not UTF-8 JSON: {error}") from None
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'metadata'}: {e['msg']}" for e in error.errors()
+        )
+        raise WireFormatError(f"upload metadata is invalid: {problems}") from None
+    features = decode_tensor(plaintext[UPLOAD_FIXED_HEADER + meta_len :])
+    rows = features.shape[0]
+    if features.ndim != 4:
+        raise WireFormatError(f"upload features must be 4-d (N, C, S, S), got shape {list(features.shape)}")
+    if rows != len(metadata.label_tokens) or rows != len(metadata.split_depths):
+        raise WireFormatError(
+            f"upload has {rows} feature rows but {len(metadata.label_tokens)} label tokens "
+            f"and {len(metadata.split_depths)} split depths"
+        )
+    return UploadPayload(metadata, features)
