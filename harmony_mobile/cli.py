@@ -28,10 +28,73 @@ def not_built_yet(command: str, issue: int) -> None:
     raise typer.Exit(code=2)
 
 
+def fail(message: str) -> None:
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(code=2)
+
+
 @app.command()
-def train() -> None:
+def train(
+    run_dir: Annotated[
+        Path, typer.Argument(help="where the run is written (new, or the same run to resume)")
+    ],
+    dataset: Annotated[
+        str | None, typer.Option(help="mnist5k, digits, mnist, fashion_mnist, cifar10, cifar100")
+    ] = None,
+    data_root: Annotated[Path | None, typer.Option(help="folder with official dataset archives")] = None,
+    partition: Annotated[str | None, typer.Option(help="family | dirichlet | shard")] = None,
+    alpha: Annotated[float | None, typer.Option(help="Dirichlet alpha (partition=dirichlet)")] = None,
+    tiers: Annotated[Path | None, typer.Option(help="tiers YAML (default: built-in)")] = None,
+    clients_per_tier: Annotated[int | None, typer.Option()] = None,
+    rounds: Annotated[int | None, typer.Option()] = None,
+    clients_per_round: Annotated[int | None, typer.Option(help="0 = all clients every round")] = None,
+    algorithm: Annotated[str | None, typer.Option(help="harmony or an ablation/baseline name")] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    config: Annotated[
+        Path | None, typer.Option(help="YAML/JSON with TrainConfig fields (flags override it)")
+    ] = None,
+) -> None:
     """Train and meta-adapt front-ends and the server back-end (HARMONY or a baseline)."""
-    not_built_yet("train", 3)
+    import yaml
+    from pydantic import ValidationError
+
+    from harmony_mobile.run_dir import RunDirError
+    from harmony_mobile.training import TrainConfig, summary_rows
+    from harmony_mobile.training import train as run_training
+
+    values = {}
+    if config is not None:
+        if not config.is_file():
+            fail(f"config file not found: {config}")
+        values = yaml.safe_load(config.read_text()) or {}
+        if not isinstance(values, dict):
+            fail(f"config file {config} must hold a mapping of TrainConfig fields")
+    flags = dict(
+        dataset=dataset,
+        data_root=str(data_root) if data_root else None,
+        partition=partition,
+        alpha=alpha,
+        tiers_file=str(tiers) if tiers else None,
+        clients_per_tier=clients_per_tier,
+        rounds=rounds,
+        clients_per_round=clients_per_round,
+        algorithm=algorithm,
+        seed=seed,
+    )
+    values.update({k: v for k, v in flags.items() if v is not None})
+    try:
+        train_config = TrainConfig(**values)
+        results = run_training(train_config, run_dir)
+    except ValidationError as error:
+        fail(f"invalid training configuration:\n{error}")
+    except (RunDirError, ValueError, FileNotFoundError) as error:
+        fail(str(error))
+    table = Table(title=f"{train_config.algorithm} on {train_config.dataset}: {run_dir}")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for name, value in summary_rows(results):
+        table.add_row(name, value)
+    console.print(table)
 
 
 @app.command()
@@ -40,16 +103,162 @@ def bench() -> None:
     not_built_yet("bench", 4)
 
 
-@app.command()
-def export() -> None:
-    """Quantize and export a run's front-ends per device tier (.pte, .mlpackage, signed manifest)."""
-    not_built_yet("export", 5)
+class _ExportGroup(typer.core.TyperGroup):
+    """`harmony export RUN_DIR ...` runs the export (the `run` sub-command is implied);
+    `harmony export verify DIR` checks an export directory."""
+
+    def parse_args(self, ctx, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+export_app = typer.Typer(
+    cls=_ExportGroup,
+    no_args_is_help=True,
+    help="Quantize and export a run's front-ends per device tier (.pte, .mlpackage, signed manifest).\n\n"
+    "  harmony export RUN_DIR --out DIR [--tiers a,b] [--dynamic-batch N] [--key-dir DIR]\n\n"
+    "  harmony export verify DIR [--public-key FILE]",
+)
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("run")
+def export(
+    run_dir: Annotated[Path, typer.Argument(help="a finished `harmony train` run directory")],
+    out: Annotated[
+        Path, typer.Option("--out", help="export directory to write (replaced only when complete)")
+    ],
+    tiers: Annotated[
+        str | None,
+        typer.Option("--tiers", help="comma-separated tier names (default: every tier of the run)"),
+    ] = None,
+    dynamic_batch: Annotated[
+        int, typer.Option("--dynamic-batch", min=1, help="max batch of every .pte (1 = static batch 1)")
+    ] = 1,
+    key_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--key-dir", help="Ed25519 key directory (default ~/.config/harmony-mobile/keys; created)"
+        ),
+    ] = None,
+    threads: Annotated[int, typer.Option("--threads", min=1, help="torch and XNNPACK threads")] = 1,
+) -> None:
+    """(default) Export RUN_DIR to --out: fp32/int8 .pte, Core ML packages, back-end, report, signed manifest."""
+    from harmony_mobile.export.pipeline import export_run
+    from harmony_mobile.export.steps import ExportError
+
+    names = [t.strip() for t in tiers.split(",") if t.strip()] if tiers else None
+    try:
+        result = export_run(
+            run_dir,
+            out,
+            tiers=names,
+            max_batch=dynamic_batch,
+            key_dir=key_dir,
+            threads=threads,
+            console=console,
+        )
+    except (ExportError, ValueError, OSError) as error:
+        console.print(f"[red]export failed:[/red] {error}")
+        raise typer.Exit(code=1) from None
+    table = Table(title=f"exported {result.out} (model version {result.manifest.model_version})")
+    for column in ("tier", "variant", "bytes", "max abs vs eager", "top-1 agree", ".pte / eager latency"):
+        table.add_column(column)
+    for tier in result.report["tiers"]:
+        for row in tier["pte"]:
+            parity = row["vs_eager_fp32"]
+            table.add_row(
+                tier["tier"],
+                row["quantization"],
+                f"{row['size']:,}",
+                f"{max(parity['max_abs_logits'], parity['max_abs_features']):.2g}",
+                f"{parity['top1_agreement']:.3f}",
+                f"{row['latency_batch1']['pte_over_eager']:.2f}",
+            )
+        for row in tier["coreml"]:
+            table.add_row(tier["tier"], row["quantization"], f"{row['size']:,}", "on a Mac", "", "")
+    console.print(table)
+    failing = [
+        f"{t['tier']}: {name}"
+        for t in result.report["tiers"]
+        for name, ok in t["checks"].items()
+        if ok is False
+    ]
+    if failing:
+        console.print(
+            f"[yellow]done-when checks not met (see verification.md):[/yellow] {'; '.join(failing)}"
+        )
+    if result.key_created:
+        console.print(
+            f"[yellow]generated a new signing key in {key_dir or '~/.config/harmony-mobile/keys'}[/yellow]"
+        )
+    console.print(f"signed manifest: {result.out / 'manifest.json'} ({result.seconds:.0f} s)")
+
+
+@export_app.command("verify")
+def export_verify(
+    directory: Annotated[Path, typer.Argument(help="an export directory")],
+    public_key: Annotated[
+        Path | None, typer.Option("--public-key", help="pinned signing_key.pub (default: the one in DIR)")
+    ] = None,
+) -> None:
+    """Check the manifest signature and every file's sha256 and size; non-zero exit naming each mismatch."""
+    from harmony_mobile.export.manifest import ManifestError, verify_manifest
+
+    try:
+        manifest = verify_manifest(directory, public_key)
+    except ManifestError as error:
+        console.print(f"[red]verification FAILED for {error.directory}:[/red]")
+        for problem in error.problems:
+            console.print(f"  [red]✗[/red] {problem}", soft_wrap=True)
+        raise typer.Exit(code=1) from None
+    console.print(
+        f"[green]OK[/green] {directory}: signature valid, {len(manifest.files)} files match "
+        f"(model version {manifest.model_version}; tiers {', '.join(t.name for t in manifest.tiers)})"
+    )
+    if public_key is None:
+        console.print(
+            "[yellow]checked against the signing_key.pub inside the directory: this proves integrity, "
+            "not origin; pass --public-key with the pinned key[/yellow]"
+        )
 
 
 @app.command()
-def serve() -> None:
-    """Run the FastAPI fallback server."""
-    not_built_yet("serve", 6)
+def serve(
+    data_dir: Annotated[Path, typer.Option(help="store, server key, back-end versions")] = Path("serve-data"),
+    model_dir: Annotated[
+        Path | None, typer.Option(help="export dir: backend/backend.pt imported, manifest.json served")
+    ] = None,
+    host: Annotated[str, typer.Option(help="bind address (put TLS in front)")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(envvar="HARMONY_ADMIN_TOKEN", help="admin token (default: <data-dir>/admin_token)"),
+    ] = None,
+    max_batch: Annotated[int, typer.Option(help="rows per inference micro-batch (1 = no batching)")] = 32,
+    max_wait_ms: Annotated[float, typer.Option(help="how long a micro-batch waits to fill")] = 2.0,
+    torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads")] = None,
+    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+) -> None:
+    """Run the FastAPI fallback server (one uvicorn process; protocol in docs/PROTOCOL.md)."""
+    import uvicorn
+
+    from harmony_mobile.server import Settings, create_app
+
+    settings = Settings(
+        data_dir=data_dir,
+        model_dir=model_dir,
+        admin_token=admin_token,
+        max_batch=max_batch,
+        max_wait_ms=max_wait_ms,
+        torch_threads=torch_threads,
+    )
+    server_app = create_app(settings)
+    if admin_token is None:
+        console.print(f"admin token: {data_dir / 'admin_token'} (mode 0600)")
+    console.print(f"serving on http://{host}:{port}  (status page /, metrics /metrics)")
+    uvicorn.run(server_app, host=host, port=port, log_level=log_level, workers=1)
 
 
 @app.command()

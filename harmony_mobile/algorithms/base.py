@@ -1,0 +1,159 @@
+"""The one small protocol every training method implements, and the client-side pieces they share.
+
+A method is a file: it says how a client trains in a round (`client_round`), how the server
+trains (`server_config`: None means no server at all), how updates aggregate (`aggregate`), how
+the final personalization runs (`personalize`), and how a phone decides to exit (`exit_rule`).
+The round loop in federation/simulation.py drives any of them the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.messages import ClientUpdate, FeatureUpload, LogitGradients
+from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.models import FamilyModel
+
+
+class Algorithm(Protocol):
+    name: str
+    uses_split: bool  # True: the phone runs a front-end and falls back to the server back-end
+
+    def server_config(self) -> ServerConfig | None: ...
+
+    def client_round(
+        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+    ) -> ClientUpdate: ...
+
+    def aggregate(
+        self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
+    ) -> dict[str, torch.Tensor]: ...
+
+    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None: ...
+
+    exit_rule: (
+        str  # "max_softmax" or "neg_entropy": exit locally iff exit_confidence(logits, rule) >= threshold
+    )
+
+
+def exit_loss(model: FamilyModel, images: torch.Tensor, labels: torch.Tensor, max_depth: int) -> torch.Tensor:
+    """Mean cross-entropy of the exit heads at depths 1..max_depth (one pass through the stages),
+    so a phone can later split at any shallower depth without retraining."""
+    activation, loss = images, 0.0
+    for depth in range(1, max_depth + 1):
+        activation = model.stages[depth - 1](activation)
+        loss = loss + F.cross_entropy(model.exits[str(depth)](activation), labels)
+    return loss / max_depth
+
+
+def split_step(
+    client: Client,
+    server: SplitServer,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    depths: tuple[int, ...],
+    round_id: int,
+    weight: float,
+    update_server: bool = True,
+) -> float:
+    """One U-shaped exchange. The client uploads features with label tokens, receives logits,
+    computes its own cross-entropy and sends back only dL/dlogits; the server returns dL/dz,
+    which is back-propagated into the client's front-end. Returns the server-side CE."""
+    upload = FeatureUpload(
+        client_id=client.name,
+        round_id=round_id,
+        features=features.detach(),
+        label_tokens=client.tokens(round_id, labels),
+        split_depths=depths,
+        family=client.tier.family,
+        tier=client.tier.name,
+        model_version=f"round-{round_id}",
+    )
+    logits = server.forward(upload).logits.requires_grad_(True)
+    server_ce = F.cross_entropy(logits, labels)
+    (grad_logits,) = torch.autograd.grad(weight * server_ce, logits)
+    reply = server.backward(LogitGradients(client.name, round_id, grad_logits), update=update_server)
+    features.backward(reply.grad_features)
+    return server_ce.item()
+
+
+def client_update(
+    client: Client, round_id: int, metrics: dict[str, float], full: bool = False
+) -> ClientUpdate:
+    weights = {name: p.detach().clone() for name, p in client.held_parameters(full).items()}
+    return ClientUpdate(
+        client_id=client.name,
+        round_id=round_id,
+        family=client.tier.family,
+        tier=client.tier.name,
+        weights=weights,
+        num_samples=len(client.train_y),
+        metrics=metrics,
+    )
+
+
+@torch.no_grad()
+def calibrate_threshold(confidences: torch.Tensor, correct: torch.Tensor, target_accuracy: float) -> float:
+    """The most permissive threshold t (exit iff confidence >= t) whose local-exit accuracy on ID
+    validation samples reaches the target (ALGORITHM.md: Inference). If none reaches it, a
+    threshold just above every validation confidence (everything falls back)."""
+    order = torch.argsort(confidences, descending=True)
+    sorted_scores = confidences[order].numpy()
+    accuracy = (correct[order].float().cumsum(0) / torch.arange(1, len(order) + 1)).numpy()
+    # a threshold at the k-th score also exits every sample tied with it: only the last of a tie counts
+    last_of_tie = np.append(sorted_scores[1:] < sorted_scores[:-1], True)
+    reachable = np.flatnonzero((accuracy >= target_accuracy) & last_of_tie)
+    if len(reachable) == 0:
+        return (
+            float(np.nextafter(np.float32(sorted_scores[0]), np.float32(np.inf)))
+            if len(sorted_scores)
+            else 1.0
+        )
+    return float(sorted_scores[reachable.max()])
+
+
+def personalize_split(
+    client: Client,
+    server: SplitServer,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    gamma: float,
+    generator: torch.Generator,
+) -> None:
+    """Final personalization of a split method: exit loss + gamma * server CE against a frozen server."""
+    params = client.held_parameters()
+    optimizer = torch.optim.Adam(params.values(), lr=lr)
+    steps = epochs * max(1, len(client.train_y) // batch_size)
+    for _ in range(steps):
+        images, labels = client.batch(batch_size, generator)
+        optimizer.zero_grad()
+        exit_loss(client.model, images, labels, client.split_depth).backward()
+        if gamma > 0:
+            _, features = client.model(images, client.split_depth)
+            split_step(
+                client, server, features, labels, (client.split_depth,) * len(labels), -1, gamma, False
+            )
+        optimizer.step()
+
+
+def exit_confidence(exit_logits: torch.Tensor, rule: str = "max_softmax") -> torch.Tensor:
+    """Higher = more confident. `max_softmax` (HARMONY) or `neg_entropy` (SplitGP's entropy rule)."""
+    probabilities = exit_logits.softmax(dim=1)
+    if rule == "max_softmax":
+        return probabilities.amax(dim=1)
+    if rule == "neg_entropy":
+        return (probabilities * probabilities.clamp_min(1e-12).log()).sum(dim=1)
+    raise ValueError(f"unknown exit rule {rule!r}")
+
+
+@torch.no_grad()
+def calibrate_client(client: Client, target_accuracy: float, rule: str = "max_softmax") -> None:
+    exit_logits, _ = client.model(client.val_x, client.split_depth)
+    correct = exit_logits.argmax(dim=1) == client.val_y
+    client.threshold = calibrate_threshold(exit_confidence(exit_logits, rule), correct, target_accuracy)

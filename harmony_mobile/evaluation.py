@@ -1,0 +1,137 @@
+"""How well phones answer: accuracy without and with OOD samples, exit and fallback rates, the
+server's fallback accuracy, and how aligned the back-end's features are across families.
+
+This is the experimenter's harness: it reads true labels to score predictions. It is not server
+code and nothing here is sent anywhere.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from sklearn.neighbors import KNeighborsClassifier
+
+from harmony_mobile.algorithms.base import exit_confidence
+from harmony_mobile.data.partition import Partition, ood_test_indices
+from harmony_mobile.federation.client import Client
+from harmony_mobile.models import Backend
+
+OOD_FRACTIONS = (0.0, 0.2, 0.5)
+
+
+@torch.no_grad()
+def predict(
+    client: Client, backend: Backend | None, images: torch.Tensor, exit_rule: str = "max_softmax"
+) -> dict[str, torch.Tensor]:
+    """What the phone answers: its exit when confident, else the server's argmax g(z).
+
+    Without a back-end (no-split baselines) the full local model answers everything."""
+    if backend is None:
+        local = client.model.classify_full(images).argmax(dim=1)
+        return {
+            "prediction": local,
+            "exits": torch.ones(len(images), dtype=torch.bool),
+            "exit_prediction": local,
+        }
+    exit_logits, features = client.model(images, client.split_depth)
+    exits = exit_confidence(exit_logits, exit_rule) >= client.threshold
+    exit_prediction = exit_logits.argmax(dim=1)
+    server_prediction = backend(features).argmax(dim=1)
+    return {
+        "prediction": torch.where(exits, exit_prediction, server_prediction),
+        "exits": exits,
+        "exit_prediction": exit_prediction,
+        "server_prediction": server_prediction,
+    }
+
+
+def evaluate_client(
+    client: Client,
+    backend: Backend | None,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    partition: Partition,
+    p: float,
+    seed: int,
+    exit_rule: str = "max_softmax",
+) -> dict[str, float]:
+    split = partition.clients[client.client_id]
+    index, is_ood = ood_test_indices(split, labels.numpy(), partition.ood_pool, p, seed)
+    y = labels[index]
+    out = predict(client, backend, images[index], exit_rule)
+    fallback = ~out["exits"]
+    metrics = {
+        "accuracy": (out["prediction"] == y).float().mean().item(),
+        "exit_only_accuracy": (out["exit_prediction"] == y).float().mean().item(),
+        "exit_rate": out["exits"].float().mean().item(),
+        "fallback_rate": fallback.float().mean().item(),
+        "ood_fallback_rate": fallback[torch.from_numpy(is_ood)].float().mean().item()
+        if is_ood.any()
+        else float("nan"),
+    }
+    if "server_prediction" in out:
+        server_correct = out["server_prediction"] == y
+        metrics["server_accuracy"] = server_correct.float().mean().item()
+        metrics["server_fallback_accuracy"] = (
+            server_correct[fallback].float().mean().item() if fallback.any() else float("nan")
+        )
+    return metrics
+
+
+@torch.no_grad()
+def alignment_score(
+    clients: list[Client], backend: Backend, images, labels, partition: Partition, k: int = 5
+) -> float:
+    """kNN accuracy of back-end features across families: for each family, a kNN classifier fit on
+    the other families' features of their ID test samples predicts this family's samples. High when
+    same-class features of different extractors land together in the server's space."""
+    features, classes, families = [], [], []
+    for client in clients:
+        index = partition.clients[client.client_id].test
+        _, z = client.model(images[index], client.split_depth)
+        features.append(backend.features(z).numpy())
+        classes.append(labels[index].numpy())
+        families += [client.tier.family] * len(index)
+    features, classes, families = np.concatenate(features), np.concatenate(classes), np.array(families)
+    scores = []
+    for family in np.unique(families):
+        mine = families == family
+        if mine.all() or (~mine).sum() < k:
+            continue
+        knn = KNeighborsClassifier(n_neighbors=k).fit(features[~mine], classes[~mine])
+        scores.append(knn.score(features[mine], classes[mine]))
+    return float(np.mean(scores)) if scores else float("nan")
+
+
+def evaluate(
+    clients: list[Client],
+    backend: Backend | None,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    partition: Partition,
+    seed: int,
+    exit_rule: str = "max_softmax",
+    ood_fractions: tuple[float, ...] = OOD_FRACTIONS,
+) -> dict:
+    """Per client and mean metrics for every OOD fraction, plus the alignment score."""
+    per_client = {
+        client.name: {
+            f"p={p:g}": evaluate_client(client, backend, images, labels, partition, p, seed, exit_rule)
+            for p in ood_fractions
+        }
+        for client in clients
+    }
+    mean = {}
+    for p in ood_fractions:
+        rows = [per_client[c.name][f"p={p:g}"] for c in clients]
+        mean[f"p={p:g}"] = {key: float(np.nanmean([r[key] for r in rows])) for key in rows[0]}
+    summary = {
+        "accuracy_without_ood": mean["p=0"]["accuracy"] if "p=0" in mean else float("nan"),
+        "accuracy_with_ood": float(np.mean([mean[f"p={p:g}"]["accuracy"] for p in ood_fractions if p > 0])),
+        "exit_only_accuracy_with_ood": float(
+            np.mean([mean[f"p={p:g}"]["exit_only_accuracy"] for p in ood_fractions if p > 0])
+        ),
+    }
+    if backend is not None:
+        summary["alignment_score"] = alignment_score(clients, backend, images, labels, partition)
+    return {"summary": summary, "mean": mean, "per_client": per_client}

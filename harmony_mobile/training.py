@@ -1,0 +1,247 @@
+"""`harmony train`: data -> partition -> clients -> federated rounds -> personalization -> run dir.
+
+Reads top to bottom; every step is a function of the config and the seed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from harmony_mobile.algorithms import build_algorithm
+from harmony_mobile.data import load_dataset
+from harmony_mobile.data.partition import Partition, make_partition
+from harmony_mobile.evaluation import evaluate
+from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
+from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
+from harmony_mobile.run_dir import (
+    ClientArtifact,
+    RunDirError,
+    RunInfo,
+    save_backend,
+    save_client,
+    write_run_info,
+)
+
+
+class TrainConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: str = "mnist5k"
+    data_root: str | None = None
+    dataset_limit: int | None = Field(default=None, ge=10, description="use only the first N samples")
+    tiers_file: str | None = Field(default=None, description="tiers YAML; None = built-in defaults")
+    clients_per_tier: int = Field(default=3, ge=1)
+    partition: Literal["family", "dirichlet", "shard"] = "family"
+    alpha: float = Field(default=0.5, gt=0, description="Dirichlet concentration (partition=dirichlet)")
+    classes_per_client: int = Field(default=2, ge=1, description="partition=shard")
+    classes_per_family: int | None = Field(
+        default=None, ge=1, description="partition=family; None = automatic"
+    )
+    rounds: int = Field(default=12, ge=1)
+    clients_per_round: int = Field(default=0, ge=0, description="0 = every client every round")
+    seed: int = 0
+    algorithm: str = "harmony"
+    algorithm_config: dict[str, Any] = Field(
+        default_factory=dict, description="overrides of the algorithm's config"
+    )
+    interface_channels: int = Field(default=64, ge=1)
+    interface_size: int = Field(default=8, ge=1)
+    threads: int = Field(default=2, ge=1, description="torch intra-op threads")
+
+
+def build_clients(
+    config: TrainConfig, tiers: TierSet, dataset, partition: Partition, interface
+) -> list[Client]:
+    secret = os.urandom(32)  # the federation secret: clients only; the server never gets it
+    channels, size, _ = dataset.input_shape
+    clients = []
+    tier_of_client = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
+    for split, tier in zip(partition.clients, tier_of_client, strict=True):
+        model = FamilyModel(tier.family, channels, size, dataset.num_classes, tier.width, interface)
+        clients.append(
+            Client(
+                client_id=split.client_id,
+                tier=tier,
+                classes=split.classes,
+                model=model,
+                train_x=dataset.images[split.train],
+                train_y=dataset.labels[split.train],
+                val_x=dataset.images[split.val],
+                val_y=dataset.labels[split.val],
+                federation_secret=secret,
+            )
+        )
+    return clients
+
+
+def initial_family_weights(config: TrainConfig, tiers: TierSet, dataset, interface) -> dict[str, dict]:
+    """One meta-model per (family, width): clients of one family share its meta-weights."""
+    channels, size, _ = dataset.input_shape
+    weights = {}
+    for i, tier in enumerate(tiers.tiers):
+        if tier.family in weights:
+            continue
+        torch.manual_seed(config.seed * 1000 + i)
+        model = FamilyModel(tier.family, channels, size, dataset.num_classes, tier.width, interface)
+        weights[tier.family] = model.state_dict()
+    return weights
+
+
+def check_tiers(tiers: TierSet) -> None:
+    widths: dict[str, float] = {}
+    for tier in tiers.tiers:
+        if widths.setdefault(tier.family, tier.width) != tier.width:
+            raise ValueError(
+                f"tiers of family {tier.family!r} use different widths ({widths[tier.family]:g} and {tier.width:g}); "
+                "tiers of one family share its meta-weights, so they must share a width"
+            )
+
+
+def model_version(backend: Backend, algorithm: str) -> str:
+    digest = hashlib.sha256()
+    for name, tensor in sorted(backend.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.numpy().tobytes())
+    return f"{algorithm}-{digest.hexdigest()[:12]}"
+
+
+def prepare_run_dir(run_path: Path, config: TrainConfig) -> None:
+    """A new dir, or the same run to resume. A dir holding another or a finished run is an error."""
+    info_file = run_path / "run.json"
+    if run_path.exists() and not run_path.is_dir():
+        raise RunDirError(f"{run_path} exists and is not a directory")
+    if not info_file.is_file():
+        if run_path.is_dir() and any(run_path.iterdir()):
+            raise RunDirError(f"{run_path} is not empty and holds no harmony run; choose a new run directory")
+        return
+    previous = json.loads(info_file.read_text()).get("train_config")
+    if previous != config.model_dump():
+        raise RunDirError(
+            f"{run_path} already holds a different run (its run.json has another configuration); "
+            "choose a new run directory or delete this one"
+        )
+    if (run_path / "final_metrics.json").is_file():
+        raise RunDirError(f"{run_path} already holds this run, finished; nothing to do")
+
+
+def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> dict:
+    """Train, personalize, calibrate, evaluate and write the run directory; returns final metrics."""
+    started = time.perf_counter()
+    torch.set_num_threads(config.threads)
+    run_path = Path(run_path)
+    prepare_run_dir(run_path, config)
+
+    tiers = load_tiers(config.tiers_file)
+    check_tiers(tiers)
+    dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
+    tiers = tiers.with_input_shape(dataset.input_shape)
+    interface = InterfaceSpec(config.interface_channels, config.interface_size)
+    families = [tier.family for tier in tiers.tiers for _ in range(config.clients_per_tier)]
+    partition = make_partition(
+        config.partition,
+        dataset.labels.numpy(),
+        len(families),
+        config.seed,
+        alpha=config.alpha,
+        classes_per_client=config.classes_per_client,
+        client_families=families,
+        classes_per_family=config.classes_per_family,
+    )
+    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
+    clients = build_clients(config, tiers, dataset, partition, interface)
+
+    info = RunInfo(
+        algorithm=config.algorithm,
+        dataset=dataset.name,
+        data_root=config.data_root,
+        dataset_limit=config.dataset_limit,
+        num_classes=dataset.num_classes,
+        class_names=dataset.class_names,
+        input_shape=dataset.input_shape,
+        mean=dataset.mean,
+        std=dataset.std,
+        interface=(interface.channels, interface.size),
+        tiers=tiers,
+        model_version="in-training",
+        seed=config.seed,
+        train_config=config.model_dump(),
+        partition={
+            "scheme": config.partition,
+            "client_classes": [list(c.classes) for c in partition.clients],
+        },
+    )
+    write_run_info(run_path, info)
+
+    torch.manual_seed(config.seed)
+    backend = Backend(interface, dataset.num_classes)
+    projection = ProjectionHead(backend.feature_dim)
+    server_config = algorithm.server_config()
+    server = SplitServer(backend, projection, server_config) if server_config is not None else None
+    federation = Federation(
+        algorithm, clients, initial_family_weights(config, tiers, dataset, interface), server
+    )
+
+    clients_per_round = config.clients_per_round or len(clients)
+    history = run_rounds(
+        federation, config.rounds, clients_per_round, config.seed, run_path, show_progress=show_progress
+    )
+
+    # final personalization from the meta-weights on each client's own data, then tau calibration
+    generator = round_generator(config.seed, config.rounds)
+    for client in clients:
+        federation.broadcast(client)
+        algorithm.personalize(client, server, generator)
+
+    backend_for_eval = backend.eval() if algorithm.uses_split else None
+    results = evaluate(
+        clients, backend_for_eval, dataset.images, dataset.labels, partition, config.seed, algorithm.exit_rule
+    )
+    version = model_version(backend, config.algorithm)
+    for client in clients:
+        split = partition.clients[client.client_id]
+        save_client(
+            run_path,
+            ClientArtifact(
+                client_id=client.client_id,
+                tier=client.tier.name,
+                classes=client.classes,
+                threshold=client.threshold,
+                train_idx=split.train.tolist(),
+                val_idx=split.val.tolist(),
+                test_idx=split.test.tolist(),
+                front_end_state=client.model.front_end(client.split_depth).state_dict(),
+            ),
+        )
+    save_backend(run_path / "backend.pt", backend, projection, version, dataset.class_names)
+    write_run_info(run_path, info.model_copy(update={"model_version": version}))
+    results["train_seconds"] = time.perf_counter() - started
+    results["rounds"] = len(history)
+    results["thresholds"] = {c.name: c.threshold for c in clients}
+    (run_path / "final_metrics.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def summary_rows(results: dict) -> list[tuple[str, str]]:
+    s, mean = results["summary"], results["mean"]
+    rows = [
+        ("accuracy without OOD (p=0)", f"{s['accuracy_without_ood']:.3f}"),
+        ("accuracy with OOD (mean p=0.2, 0.5)", f"{s['accuracy_with_ood']:.3f}"),
+        ("exit-only accuracy with OOD", f"{s['exit_only_accuracy_with_ood']:.3f}"),
+    ]
+    for key in ("exit_rate", "fallback_rate", "server_fallback_accuracy"):
+        if key in mean["p=0.5"]:
+            rows.append((f"{key.replace('_', ' ')} (p=0.5)", f"{mean['p=0.5'][key]:.3f}"))
+    if "alignment_score" in s:
+        rows.append(("alignment score (cross-family kNN)", f"{s['alignment_score']:.3f}"))
+    rows.append(("wall time", f"{results['train_seconds']:.0f} s"))
+    return rows

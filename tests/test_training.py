@@ -1,0 +1,156 @@
+"""Each HARMONY mechanism alone, the round loop's resume, and one short end-to-end run."""
+
+import json
+
+import pytest
+import torch
+
+from harmony_mobile.algorithms import build_algorithm
+from harmony_mobile.algorithms.base import calibrate_threshold, split_step
+from harmony_mobile.data import load_dataset
+from harmony_mobile.data.partition import make_partition
+from harmony_mobile.federation.messages import ClientUpdate
+from harmony_mobile.federation.server import SplitServer, aggregate_by_parameter
+from harmony_mobile.federation.simulation import Federation, run_rounds
+from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, load_tiers, parameter_names
+from harmony_mobile.run_dir import RunDir, RunDirError
+from harmony_mobile.training import TrainConfig, build_clients, initial_family_weights, train
+
+torch.set_num_threads(1)
+FAST = {"local_steps": 2, "batch_size": 16, "personalize_epochs": 1}
+
+
+def tiny_federation(algorithm="harmony", seed=0, overrides=None):
+    config = TrainConfig(dataset="digits", clients_per_tier=1, seed=seed, algorithm=algorithm)
+    dataset = load_dataset("digits", limit=800)
+    tiers = load_tiers().with_input_shape(dataset.input_shape)
+    families = [t.family for t in tiers.tiers]
+    partition = make_partition("family", dataset.labels.numpy(), len(families), seed, client_families=families)
+    algo = build_algorithm(algorithm, {**FAST, **(overrides or {})})
+    clients = build_clients(config, tiers, dataset, partition, InterfaceSpec())
+    torch.manual_seed(seed)
+    backend = Backend(InterfaceSpec(), 10)
+    server = SplitServer(backend, ProjectionHead(backend.feature_dim), algo.server_config())
+    weights = initial_family_weights(config, tiers, dataset, InterfaceSpec())
+    return Federation(algo, clients, weights, server)
+
+
+def test_aggregation_averages_each_parameter_over_its_holders_across_depths():
+    model = FamilyModel("cnn", 1, 28, 10)
+    current = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
+    shallow = {n: torch.full_like(current[n], 1.0) for n in parameter_names(model, 1)}
+    deep = {n: torch.full_like(current[n], 4.0) for n in parameter_names(model, 3)}
+    updates = [
+        ClientUpdate("a", 0, "cnn", "t1", shallow, num_samples=100),
+        ClientUpdate("b", 0, "cnn", "t3", deep, num_samples=300),
+    ]
+    merged = aggregate_by_parameter(current, updates)
+    assert torch.allclose(merged["stages.0.1.0.0.weight"], torch.full_like(current["stages.0.1.0.0.weight"], 3.25))
+    assert torch.allclose(merged["connectors.1.conv.bias"], torch.full_like(current["connectors.1.conv.bias"], 3.25))
+    assert torch.allclose(merged["stages.2.0.0.weight"], torch.full_like(current["stages.2.0.0.weight"], 4.0))
+    assert torch.equal(merged["stages.3.0.0.weight"], current["stages.3.0.0.weight"])  # nobody holds stage 4
+
+
+def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization():
+    federation = tiny_federation(overrides={"weight_noise": 0.0})
+    algo = federation.algorithm
+    client = next(c for c in federation.clients if c.split_depth == 3)
+    federation.broadcast(client)
+    adapted = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
+    adapted.load_state_dict(client.model.state_dict())
+    with torch.no_grad():
+        for p in adapted.parameters():
+            p.add_(1.0)  # theta' - theta = 1 everywhere, so variant - theta = beta
+    variant = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
+    generator = torch.Generator().manual_seed(0)
+    depths, betas = set(), []
+    for _ in range(60):
+        depths.add(algo._sample_variant(client, adapted, variant, generator))
+        betas.append((variant.connectors["1"].conv.bias - client.model.connectors["1"].conv.bias).mean().item())
+    assert depths == {1, 2, 3}
+    assert min(betas) >= 0 and max(betas) <= algo.config.beta_max + 1e-5
+    assert max(betas) > 1.0  # extrapolation beyond the personalized point happens
+
+    fixed = tiny_federation(algorithm="harmony-stochastic-depth").algorithm
+    assert {fixed._sample_variant(client, adapted, variant, generator) for _ in range(20)} == {3}
+
+
+def test_contrastive_gradient_reaches_the_connector():
+    federation = tiny_federation()
+    client, server = federation.clients[0], federation.server
+    federation.broadcast(client)
+    server.start_round(0)
+    images, labels = client.train_x[:16], client.train_y[:16]
+    client.model.zero_grad()
+    _, features = client.model(images, client.split_depth)
+    # weight 0: the client's CE contributes no gradient, so whatever reaches the connector is SupCon's
+    split_step(client, server, features, labels, (client.split_depth,) * 16, 0, weight=0.0)
+    grad = client.model.connectors[str(client.split_depth)].conv.weight.grad
+    assert grad is not None and grad.abs().sum() > 0
+
+    no_contrast = tiny_federation(algorithm="harmony-contrastive")
+    client, server = no_contrast.clients[0], no_contrast.server
+    no_contrast.broadcast(client)
+    server.start_round(0)
+    client.model.zero_grad()
+    _, features = client.model(images, client.split_depth)
+    split_step(client, server, features, labels, (client.split_depth,) * 16, 0, weight=0.0)
+    grad = client.model.connectors[str(client.split_depth)].conv.weight.grad
+    assert grad is None or grad.abs().sum() == 0
+
+
+def test_threshold_calibration_picks_the_most_permissive_threshold_reaching_the_target():
+    confidence = torch.tensor([0.99, 0.95, 0.9, 0.8, 0.7, 0.6])
+    correct = torch.tensor([True, True, True, False, True, False])
+    assert calibrate_threshold(confidence, correct, 1.0) == pytest.approx(0.9)
+    assert calibrate_threshold(confidence, correct, 0.8) == pytest.approx(0.7)
+    unreachable = calibrate_threshold(torch.tensor([0.5, 0.4]), torch.tensor([False, False]), 0.9)
+    assert unreachable > 0.5
+
+
+def test_resume_after_interruption_continues_from_the_last_round(tmp_path):
+    straight = tiny_federation()
+    run_rounds(straight, rounds=2, clients_per_round=4, seed=0, run_path=tmp_path / "a", show_progress=False)
+
+    interrupted = tiny_federation()
+    run_rounds(interrupted, rounds=1, clients_per_round=4, seed=0, run_path=tmp_path / "b", show_progress=False)
+    resumed = tiny_federation()  # a new process: fresh objects, state only from the checkpoint
+    history = run_rounds(resumed, rounds=2, clients_per_round=4, seed=0, run_path=tmp_path / "b", show_progress=False)
+    assert [h["round"] for h in history] == [1]
+    for family, weights in straight.family_weights.items():
+        for name, value in weights.items():
+            assert torch.equal(value, resumed.family_weights[family][name]), name
+    for name, value in straight.server.backend.state_dict().items():
+        assert torch.equal(value, resumed.server.backend.state_dict()[name]), name
+    lines = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [0, 1]
+
+
+def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_path):
+    config = TrainConfig(
+        dataset="digits", clients_per_tier=1, rounds=2, algorithm_config=FAST, dataset_limit=900, threads=1
+    )
+    results = train(config, tmp_path / "run", show_progress=False)
+    summary = results["summary"]
+    assert 0.0 <= summary["accuracy_with_ood"] <= 1.0
+    assert summary["accuracy_without_ood"] > 0.15  # above chance (0.1) after two short rounds
+    run = RunDir(tmp_path / "run")
+    tiers = {t.name for t in run.info.tiers.tiers}
+    assert {c.tier for c in run.clients()} == tiers
+    client = run.representative_client("flagship")
+    front_end = run.front_end(client)
+    exit_logits, features = front_end(torch.zeros(2, 1, 28, 28))
+    assert exit_logits.shape == (2, 10) and features.shape == (2, 64, 8, 8)
+    loaded = run.backend()
+    assert loaded.model_version == run.info.model_version != "in-training"
+    assert loaded.backend(features).shape == (2, 10)
+    assert 0 < client.threshold <= 1.0 + 1e-6
+
+    with pytest.raises(RunDirError, match="finished"):
+        train(config, tmp_path / "run", show_progress=False)
+    with pytest.raises(RunDirError, match="different run"):
+        train(config.model_copy(update={"seed": 1}), tmp_path / "run", show_progress=False)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "notes.txt").write_text("x")
+    with pytest.raises(RunDirError, match="not empty"):
+        train(config, tmp_path / "other", show_progress=False)
