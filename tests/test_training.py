@@ -12,7 +12,14 @@ from harmony_mobile.data.partition import make_partition
 from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import SplitServer, aggregate_by_parameter
 from harmony_mobile.federation.simulation import Federation, run_rounds
-from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, load_tiers, parameter_names
+from harmony_mobile.models import (
+    Backend,
+    FamilyModel,
+    InterfaceSpec,
+    ProjectionHead,
+    load_tiers,
+    parameter_names,
+)
 from harmony_mobile.run_dir import RunDir, RunDirError
 from harmony_mobile.training import TrainConfig, build_clients, initial_family_weights, train
 
@@ -25,7 +32,9 @@ def tiny_federation(algorithm="harmony", seed=0, overrides=None):
     dataset = load_dataset("digits", limit=800)
     tiers = load_tiers().with_input_shape(dataset.input_shape)
     families = [t.family for t in tiers.tiers]
-    partition = make_partition("family", dataset.labels.numpy(), len(families), seed, client_families=families)
+    partition = make_partition(
+        "family", dataset.labels.numpy(), len(families), seed, client_families=families
+    )
     algo = build_algorithm(algorithm, {**FAST, **(overrides or {})})
     clients = build_clients(config, tiers, dataset, partition, InterfaceSpec())
     torch.manual_seed(seed)
@@ -45,8 +54,12 @@ def test_aggregation_averages_each_parameter_over_its_holders_across_depths():
         ClientUpdate("b", 0, "cnn", "t3", deep, num_samples=300),
     ]
     merged = aggregate_by_parameter(current, updates)
-    assert torch.allclose(merged["stages.0.1.0.0.weight"], torch.full_like(current["stages.0.1.0.0.weight"], 3.25))
-    assert torch.allclose(merged["connectors.1.conv.bias"], torch.full_like(current["connectors.1.conv.bias"], 3.25))
+    assert torch.allclose(
+        merged["stages.0.1.0.0.weight"], torch.full_like(current["stages.0.1.0.0.weight"], 3.25)
+    )
+    assert torch.allclose(
+        merged["connectors.1.conv.bias"], torch.full_like(current["connectors.1.conv.bias"], 3.25)
+    )
     assert torch.allclose(merged["stages.2.0.0.weight"], torch.full_like(current["stages.2.0.0.weight"], 4.0))
     assert torch.equal(merged["stages.3.0.0.weight"], current["stages.3.0.0.weight"])  # nobody holds stage 4
 
@@ -66,7 +79,9 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
     depths, betas = set(), []
     for _ in range(60):
         depths.add(algo._sample_variant(client, adapted, variant, generator))
-        betas.append((variant.connectors["1"].conv.bias - client.model.connectors["1"].conv.bias).mean().item())
+        betas.append(
+            (variant.connectors["1"].conv.bias - client.model.connectors["1"].conv.bias).mean().item()
+        )
     assert depths == {1, 2, 3}
     assert min(betas) >= 0 and max(betas) <= algo.config.beta_max + 1e-5
     assert max(betas) > 1.0  # extrapolation beyond the personalized point happens
@@ -113,9 +128,13 @@ def test_resume_after_interruption_continues_from_the_last_round(tmp_path):
     run_rounds(straight, rounds=2, clients_per_round=4, seed=0, run_path=tmp_path / "a", show_progress=False)
 
     interrupted = tiny_federation()
-    run_rounds(interrupted, rounds=1, clients_per_round=4, seed=0, run_path=tmp_path / "b", show_progress=False)
+    run_rounds(
+        interrupted, rounds=1, clients_per_round=4, seed=0, run_path=tmp_path / "b", show_progress=False
+    )
     resumed = tiny_federation()  # a new process: fresh objects, state only from the checkpoint
-    history = run_rounds(resumed, rounds=2, clients_per_round=4, seed=0, run_path=tmp_path / "b", show_progress=False)
+    history = run_rounds(
+        resumed, rounds=2, clients_per_round=4, seed=0, run_path=tmp_path / "b", show_progress=False
+    )
     assert [h["round"] for h in history] == [1]
     for family, weights in straight.family_weights.items():
         for name, value in weights.items():

@@ -1,0 +1,65 @@
+package org.harmonymobile.core.manifest;
+
+import java.util.List;
+import java.util.NoSuchElementException;
+import org.harmonymobile.core.json.Json;
+import org.harmonymobile.core.json.JsonException;
+import org.harmonymobile.core.json.JsonObject;
+
+/**
+ * The export manifest (export/manifest.py, format 1). Obtain one only through {@link ManifestVerifier},
+ * which checks the Ed25519 signature over the exact bytes before anything is parsed.
+ */
+public record Manifest(
+        int format,
+        String modelVersion,
+        int numClasses,
+        List<String> classNames,
+        long[] interfaceShape,
+        String backendModelVersion,
+        String publicKeySha256,
+        List<TierEntry> tiers,
+        List<FileEntry> files) {
+    public static final int FORMAT = 1;
+    public static final String KIND = "harmony-mobile/export";
+
+    static Manifest parse(String text) {
+        JsonObject json = Json.parseObject(text);
+        int format = json.getInt("format");
+        if (format != FORMAT) {
+            throw new JsonException(
+                    "manifest format " + format + " is not supported (this library reads format " + FORMAT + ")");
+        }
+        if (!KIND.equals(json.getString("kind"))) {
+            throw new JsonException("not a harmony-mobile export manifest");
+        }
+        JsonObject signature = json.getObject("signature");
+        if (!"Ed25519".equals(signature.getString("algorithm"))) {
+            throw new JsonException("unsupported signature algorithm");
+        }
+        return new Manifest(
+                format,
+                json.getString("model_version"),
+                json.getInt("num_classes"),
+                List.copyOf(json.getStringList("class_names")),
+                json.getLongArray("interface_shape"),
+                json.getObject("backend").getString("model_version"),
+                signature.getString("public_key_sha256"),
+                json.getObjectList("tiers").stream().map(TierEntry::from).toList(),
+                json.getObjectList("files").stream().map(FileEntry::from).toList());
+    }
+
+    public TierEntry tier(String name) {
+        return tiers.stream()
+                .filter(t -> t.name().equals(name))
+                .findFirst()
+                .orElseThrow(() -> new NoSuchElementException("manifest has no tier \"" + name + "\""));
+    }
+
+    public FileEntry file(String path) {
+        return files.stream()
+                .filter(f -> f.path().equals(path))
+                .findFirst()
+                .orElseThrow(() -> new NoSuchElementException("manifest lists no file \"" + path + "\""));
+    }
+}

@@ -1,0 +1,53 @@
+package org.harmonymobile.core.manifest;
+
+import java.util.List;
+import java.util.Optional;
+import org.harmonymobile.core.json.JsonObject;
+
+/** A device tier as the manifest describes it: the front-end a class of phones runs. */
+public record TierEntry(
+        String name,
+        String family,
+        int splitDepth,
+        double width,
+        TensorSpec input,
+        Normalization normalization,
+        List<TensorSpec> outputs,
+        List<String> classNames,
+        long[] interfaceShape,
+        double threshold,
+        List<String> quantization,
+        List<String> backends,
+        double latencyBudgetMs,
+        List<Artifact> artifacts) {
+
+    static TierEntry from(JsonObject json) {
+        return new TierEntry(
+                json.getString("name"),
+                json.getString("family"),
+                json.getInt("split_depth"),
+                json.getDouble("width"),
+                TensorSpec.from(json.getObject("input")),
+                Normalization.from(json.getObject("normalization")),
+                TensorSpec.listFrom(json.getObjectList("outputs")),
+                List.copyOf(json.getStringList("class_names")),
+                json.getLongArray("interface_shape"),
+                json.getDouble("threshold"),
+                List.copyOf(json.getStringList("quantization")),
+                List.copyOf(json.getStringList("backends")),
+                json.getDouble("latency_budget_ms"),
+                json.getObjectList("artifacts").stream().map(Artifact::from).toList());
+    }
+
+    /** The artifact for a backend and quantization, e.g. ("xnnpack", "int8"). */
+    public Optional<Artifact> artifact(String backend, String quantization) {
+        return artifacts.stream()
+                .filter(a -> a.backend().equals(backend) && a.quantization().equals(quantization))
+                .findFirst();
+    }
+
+    /** A rough relative compute cost: stages run times width squared (channels scale both convolution sides). */
+    public double relativeCost() {
+        return splitDepth * width * width;
+    }
+}

@@ -1,0 +1,153 @@
+package org.harmonymobile.core.server;
+
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.time.Clock;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.harmonymobile.core.json.Json;
+import org.harmonymobile.core.json.JsonException;
+import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.net.HttpRequest;
+import org.harmonymobile.core.net.HttpResponse;
+import org.harmonymobile.core.net.HttpTransport;
+import org.harmonymobile.core.net.RetryAfter;
+import org.harmonymobile.core.queue.PendingUpload;
+import org.harmonymobile.core.wire.FeatureTensor;
+
+/**
+ * The fallback server's API as docs/PROTOCOL.md defines it: enrolment, binary-body inference and
+ * sealed uploads. Retries belong to the transport (wrap it in a {@code RetryingTransport}).
+ */
+public final class HarmonyServerClient {
+    public static final String MODEL_NAME = "harmony-backend";
+    private static final String JSON = "application/json";
+    private static final String BINARY = "application/octet-stream";
+
+    private final HttpTransport transport;
+
+    public HarmonyServerClient(HttpTransport transport) {
+        this.transport = transport;
+    }
+
+    /** {@code POST /v1/devices} with the admin token (a provisioning step, not something a phone does in the field). */
+    public Enrollment enroll(String adminToken, String name, String tier) throws IOException, ServerException {
+        Map<String, Object> body = new LinkedHashMap<>();
+        if (name != null) {
+            body.put("name", name);
+        }
+        if (tier != null) {
+            body.put("tier", tier);
+        }
+        HttpResponse response = send(HttpRequest.post("/v1/devices", bearer(adminToken), JSON, utf8(Json.write(body))));
+        return parse(response, Enrollment::from);
+    }
+
+    /**
+     * {@code POST /v2/models/harmony-backend[/versions/{v}]/infer} with an HMFT body; one prediction per row.
+     *
+     * @param version a registry version, or null for the server's default
+     */
+    public List<ServerPrediction> infer(DeviceCredentials device, FeatureTensor features, String tier, String version)
+            throws IOException, ServerException {
+        String path = "/v2/models/" + MODEL_NAME + (version == null ? "" : "/versions/" + version) + "/infer";
+        Map<String, String> headers = new LinkedHashMap<>(bearer(device.token()));
+        if (tier != null) {
+            headers.put("X-Harmony-Tier", tier);
+        }
+        HttpResponse response = send(HttpRequest.post(path, headers, BINARY, features.encode()));
+        return parse(response, HarmonyServerClient::predictions);
+    }
+
+    /** The exact JSON body of {@code POST /v1/uploads}; it is what the upload queue stores and resends. */
+    public static byte[] uploadBody(long roundId, String messageId, byte[] envelope) {
+        Map<String, Object> body = new LinkedHashMap<>();
+        body.put("round_id", roundId);
+        body.put("message_id", messageId);
+        body.put("envelope", Base64.getEncoder().encodeToString(envelope));
+        return utf8(Json.write(body));
+    }
+
+    /** Sends a queued upload body; 201 (stored) and 200 (replay of a stored message id) both acknowledge. */
+    public UploadReceipt upload(DeviceCredentials device, PendingUpload upload) throws IOException, ServerException {
+        HttpResponse response = send(HttpRequest.post("/v1/uploads", bearer(device.token()), JSON, upload.body()));
+        return parse(response, json -> new UploadReceipt(
+                json.getLong("upload_id"), json.getString("message_id"), json.getInt("rows"), json.getBoolean("duplicate")));
+    }
+
+    private HttpResponse send(HttpRequest request) throws IOException {
+        return transport.execute(request);
+    }
+
+    private interface Parser<T> {
+        T parse(JsonObject json);
+    }
+
+    private static <T> T parse(HttpResponse response, Parser<T> parser) throws ServerException, IOException {
+        if (!response.isSuccess()) {
+            throw error(response);
+        }
+        try {
+            return parser.parse(response.json());
+        } catch (JsonException e) {
+            throw new IOException("malformed server response: " + e.getMessage(), e);
+        }
+    }
+
+    static ServerException error(HttpResponse response) {
+        String detail;
+        try {
+            detail = response.json().optString("detail", response.bodyText());
+        } catch (JsonException notJson) {
+            detail = response.bodyText();
+        }
+        return new ServerException(response.status(), detail,
+                RetryAfter.parse(response.header("Retry-After"), Clock.systemUTC()).orElse(null));
+    }
+
+    private static List<ServerPrediction> predictions(JsonObject json) {
+        String version = json.getString("model_version");
+        Map<String, JsonObject> outputs = new LinkedHashMap<>();
+        for (JsonObject output : json.getObjectList("outputs")) {
+            outputs.put(output.getString("name"), output);
+        }
+        JsonObject logits = require(outputs, "logits");
+        long[] shape = logits.getLongArray("shape");
+        double[] logitData = logits.getDoubleArray("data");
+        long[] topClass = require(outputs, "top_class").getLongArray("data");
+        double[] confidence = require(outputs, "confidence").getDoubleArray("data");
+        int rows = (int) shape[0];
+        int classes = (int) shape[1];
+        if (logitData.length != rows * classes || topClass.length != rows || confidence.length != rows) {
+            throw new JsonException("inference outputs disagree on the number of rows");
+        }
+        List<ServerPrediction> out = new ArrayList<>();
+        for (int r = 0; r < rows; r++) {
+            float[] row = new float[classes];
+            for (int c = 0; c < classes; c++) {
+                row[c] = (float) logitData[r * classes + c];
+            }
+            out.add(new ServerPrediction(version, row, (int) topClass[r], confidence[r]));
+        }
+        return out;
+    }
+
+    private static JsonObject require(Map<String, JsonObject> outputs, String name) {
+        JsonObject output = outputs.get(name);
+        if (output == null) {
+            throw new JsonException("inference response lacks output \"" + name + "\"");
+        }
+        return output;
+    }
+
+    private static Map<String, String> bearer(String token) {
+        return Map.of("Authorization", "Bearer " + token);
+    }
+
+    private static byte[] utf8(String text) {
+        return text.getBytes(StandardCharsets.UTF_8);
+    }
+}

@@ -1,0 +1,92 @@
+"""The golden vectors in tests/vectors are current, and they say what the Python side does.
+
+harmony-core (Java) and HarmonyKit (Swift) assert byte equality against these files; this test
+makes sure the files are what tests/vectors/generate.py writes today, so a change in the Python
+wire format, sealing, label tokens, exit rule or manifest breaks here first.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from harmony_mobile.export.manifest import ManifestError, verify_manifest
+
+from harmony_mobile.federation.wire import decode_upload
+from harmony_mobile.privacy import sealing
+
+ROOT = Path(__file__).resolve().parents[1]
+VECTORS = ROOT / "tests" / "vectors"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("harmony_vector_generator", VECTORS / "generate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load(name: str) -> dict:
+    return json.loads((VECTORS / name).read_text(encoding="utf-8"))
+
+
+def test_committed_vectors_equal_a_fresh_generation():
+    stale = _generator().stale_files()
+    assert not stale, (
+        f"stale golden vectors {stale}: run `.venv/bin/python tests/vectors/generate.py` and commit"
+    )
+
+
+def test_generation_is_deterministic():
+    generator = _generator()
+    assert generator.render() == generator.render()
+
+
+def test_envelope_vector_is_the_one_in_the_protocol_appendix():
+    protocol = re.sub(r"\s+", "", (ROOT / "docs" / "PROTOCOL.md").read_text(encoding="utf-8"))
+    case = _load("sealed_upload.json")["cases"][0]
+    assert case["name"] == "PROTOCOL.md A.1"
+    assert case["envelope"] in protocol
+    assert case["associated_data"] in protocol
+
+
+def test_sealed_vectors_open_with_the_server_key_and_hold_valid_uploads():
+    vectors = _load("sealed_upload.json")
+    server = X25519PrivateKey.from_private_bytes(bytes.fromhex(vectors["server_private_key"]))
+    for case in vectors["cases"]:
+        ad = sealing.AssociatedData(case["device_id"], case["round_id"], uuid.UUID(case["message_id"]))
+        assert sealing.open_sealed(server, bytes.fromhex(case["envelope"]), ad).hex() == case["plaintext"]
+    upload = decode_upload(bytes.fromhex(vectors["cases"][2]["plaintext"]))
+    assert upload.features.shape == (1, 64, 8, 8)
+
+
+def test_manifest_vector_verifies_with_the_python_verifier(tmp_path):
+    vectors = _load("manifest_signature.json")
+    for artifact in vectors["artifacts"]:
+        path = tmp_path / artifact["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(artifact["content_base64"]))
+    (tmp_path / "manifest.json").write_bytes(vectors["manifest_text"].encode("utf-8"))
+    (tmp_path / "manifest.sig").write_bytes(vectors["signature_file"].encode("ascii"))
+    (tmp_path / "signing_key.pub").write_bytes(vectors["signing_key_pub"].encode("ascii"))
+    manifest = verify_manifest(tmp_path, bytes.fromhex(vectors["public_key"]))
+    assert [t.name for t in manifest.tiers] == ["entry-android", "flagship"]
+
+    (tmp_path / "entry-android" / "front_fp32.pte").write_bytes(b"tampered")
+    with pytest.raises(ManifestError):
+        verify_manifest(tmp_path, bytes.fromhex(vectors["public_key"]))
+
+
+def test_upload_vectors_decode_to_their_declared_metadata():
+    for case in _load("feature_encoding.json")["uploads"]:
+        payload = decode_upload(bytes.fromhex(case["plaintext"]))
+        assert payload.metadata.model_dump(exclude_none=True) == {
+            k: tuple(v) if isinstance(v, list) else v for k, v in case["metadata"].items()
+        }
+        assert list(payload.features.shape) == case["shape"]

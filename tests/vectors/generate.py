@@ -1,0 +1,417 @@
+"""Golden vectors shared by the Python code, harmony-core (Java) and HarmonyKit (Swift).
+
+Every number here is computed by the project's own Python functions (export/manifest.py,
+privacy/sealing.py, privacy/label_tokens.py, federation/wire.py, algorithms/base.py), from fixed
+keys, nonces and inputs, so the phone implementations can assert byte equality against them.
+
+    .venv/bin/python tests/vectors/generate.py          # rewrite tests/vectors/*.json
+    .venv/bin/python tests/vectors/generate.py --check  # exit 1 if a committed file is stale
+
+tests/test_vectors.py runs the check in `make test`. Conventions in the JSON files: bytes are
+lowercase hex unless a key ends in `_base64` (standard alphabet, padded); float32 values are
+written as the decimal repr of their exact double value, so parsing then narrowing to float32
+gives back the same bits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from harmony_mobile.export.keys import encode_public_key, public_key_bytes
+from harmony_mobile.export.manifest import (
+    BackendEntry,
+    Normalization,
+    TensorSpec,
+    TierEntry,
+    artifact_entry,
+    build_manifest,
+    encode_signature,
+    manifest_to_bytes,
+    sign_manifest,
+)
+
+from harmony_mobile.algorithms.base import exit_confidence
+from harmony_mobile.federation.wire import UploadMetadata, encode_tensor, encode_upload
+from harmony_mobile.privacy import sealing
+from harmony_mobile.privacy.label_tokens import label_token, round_key
+
+VECTORS_DIR = Path(__file__).resolve().parent
+GENERATOR = "tests/vectors/generate.py"
+
+# Fixed key material: test-only, never used anywhere else.
+MANIFEST_SIGNING_SEED = bytes(range(0x40, 0x60))
+SERVER_PRIVATE = bytes(range(1, 33))
+EPHEMERAL_PRIVATE = bytes(range(0x65, 0x85))
+NONCE = bytes(range(0xC9, 0xD5))
+FEDERATION_SECRET = b"harmony golden federation secret"  # 32 bytes
+
+# Artifacts of the vector manifest: tiny stand-ins for .pte files, so a test can check digests.
+ARTIFACTS = {
+    "entry-android/front_fp32.pte": b"golden pte fp32 " * 8,
+    "entry-android/front_int8.pte": b"golden pte int8 " * 4,
+    "flagship/front_fp32.pte": b"golden pte flagship " * 8,
+    "backend/backend.pt": b"golden backend state",
+    "backend/backend.pt2": b"golden backend program",
+}
+
+
+def _floats(array: np.ndarray) -> list[float]:
+    return [float(v) for v in np.asarray(array, dtype=np.float32).reshape(-1)]
+
+
+def _document(description: str, **content) -> dict:
+    return {"generator": GENERATOR, "description": description, **content}
+
+
+# --------------------------------------------------------------------------- manifest
+
+
+def _tier(directory: Path, name: str, family: str, depth: int, width: float, threshold: float, artifacts):
+    return TierEntry(
+        name=name,
+        family=family,
+        split_depth=depth,
+        width=width,
+        client_id=depth,
+        parameters=1000 * depth,
+        input=TensorSpec(name="image", shape=[1, 1, 28, 28]),
+        normalization=Normalization(mean=[0.1307], std=[0.3081]),
+        outputs=[
+            TensorSpec(name="exit_logits", shape=[1, 10]),
+            TensorSpec(name="features", shape=[1, 64, 8, 8]),
+        ],
+        class_names=[str(i) for i in range(10)],
+        interface_shape=[64, 8, 8],
+        threshold=threshold,
+        threshold_source="calibrated",
+        quantization=[q for _, q, _ in artifacts],
+        backends=sorted({b for b, _, _ in artifacts}),
+        latency_budget_ms=2.0 * depth,
+        artifacts=[artifact_entry(directory, p, backend=b, quantization=q) for b, q, p in artifacts],
+    )
+
+
+def manifest_vectors() -> dict:
+    key = Ed25519PrivateKey.from_private_bytes(MANIFEST_SIGNING_SEED)
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        for relpath, data in ARTIFACTS.items():
+            (directory / relpath).parent.mkdir(parents=True, exist_ok=True)
+            (directory / relpath).write_bytes(data)
+        tiers = [
+            _tier(
+                directory,
+                "entry-android",
+                "cnn",
+                1,
+                1.0,
+                0.9,
+                [
+                    ("xnnpack", "fp32", "entry-android/front_fp32.pte"),
+                    ("xnnpack", "int8", "entry-android/front_int8.pte"),
+                ],
+            ),
+            _tier(
+                directory,
+                "flagship",
+                "resnet",
+                3,
+                2.0,
+                0.75,
+                [("xnnpack", "fp32", "flagship/front_fp32.pte")],
+            ),
+        ]
+        backend = BackendEntry(
+            model_version="golden-v1",
+            interface_shape=[64, 8, 8],
+            num_classes=10,
+            input=TensorSpec(name="features", shape=[1, 64, 8, 8]),
+            outputs=[TensorSpec(name="logits", shape=[1, 10])],
+            state_dict_file="backend/backend.pt",
+            exported_program_file="backend/backend.pt2",
+        )
+        manifest = build_manifest(
+            directory,
+            model_version="golden-v1",
+            run={"algorithm": "harmony", "dataset": "mnist5k", "seed": 0},
+            class_names=[str(i) for i in range(10)],
+            interface_shape=[64, 8, 8],
+            backend=backend,
+            tiers=tiers,
+            public_key=key.public_key(),
+            created_at="2026-11-29T00:00:00Z",
+        )
+    data = manifest_to_bytes(manifest)
+    signature_file = encode_signature(sign_manifest(data, key))
+    return _document(
+        "An export manifest signed with Ed25519 (export/manifest.py). Verify `signature_file` (the exact "
+        "manifest.sig content) over the UTF-8 bytes of `manifest_text` with the pinned raw key; `artifacts` "
+        "holds the listed files so their sha256/size can be checked.",
+        public_key=public_key_bytes(key.public_key()).hex(),
+        signing_key_pub=encode_public_key(key.public_key()).decode("ascii"),
+        manifest_text=data.decode("utf-8"),
+        signature_file=signature_file.decode("ascii"),
+        artifacts=[
+            {"path": path, "content_base64": base64.b64encode(content).decode("ascii")}
+            for path, content in sorted(ARTIFACTS.items())
+        ],
+    )
+
+
+# --------------------------------------------------------------------------- label tokens
+
+
+def label_token_vectors() -> dict:
+    rounds = [0, 1, 7, 12, 2**63 - 1]
+    cases = []
+    for round_id in rounds:
+        key = round_key(FEDERATION_SECRET, round_id)
+        cases.append(
+            {
+                "round_id": round_id,
+                "round_key": key.hex(),
+                "tokens": {
+                    str(c): label_token(key, c).hex() for c in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 255, 65536)
+                },
+            }
+        )
+    return _document(
+        "Label tokens (privacy/label_tokens.py): round_key = HKDF-SHA256(secret, no salt, "
+        "'harmony/label-token/' + decimal round id, 32); token = HMAC-SHA256(round_key, u32be class)[:8].",
+        federation_secret=FEDERATION_SECRET.hex(),
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- exit decisions
+
+
+EXIT_CASES = [
+    # (logits, threshold): chosen away from the threshold boundary, except exact ties that are exact
+    # in any precision (two equal logits give exactly 0.5).
+    ([2.0, 0.5, -1.0], 0.9),
+    ([6.0, 0.5, -1.0], 0.9),
+    ([0.0, 0.0], 0.5),
+    ([0.0, 0.0], 0.75),
+    ([1.0, 3.0, 3.0, -2.0], 0.4),
+    ([-5.0, -7.5, -6.0, -4.0, -9.0], 0.6),
+    ([10.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0], 0.99),
+    ([0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0], 0.2),
+    ([100.0, -100.0], 1.0),
+    ([1000.0, 999.0, 0.0], 0.7),
+    ([-3.25, 12.5, 4.75, 0.0, 2.0, 1.0, -1.0, 7.0, 3.0, 6.5], 0.995),
+]
+
+
+def exit_vectors() -> dict:
+    cases = []
+    for logits, threshold in EXIT_CASES:
+        # Logits are float32 (what a .pte returns); the softmax is evaluated in float64.
+        values = torch.from_numpy(np.array([logits], dtype=np.float32)).double()
+        confidence = float(exit_confidence(values, "max_softmax")[0])
+        cases.append(
+            {
+                "logits": _floats(np.array(logits)),
+                "threshold": threshold,
+                "predicted_class": int(values.argmax(dim=1)[0]),
+                "confidence": confidence,
+                "exit_locally": confidence >= threshold,
+            }
+        )
+    return _document(
+        "Early exit (algorithms/base.py exit_confidence, rule max_softmax): answer locally when max softmax "
+        ">= threshold; predicted_class = argmax (first index on ties). confidence is computed in float64; "
+        "compare with a tolerance of 1e-12.",
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- binary encodings
+
+
+def _tensor_case(name: str, array: np.ndarray) -> dict:
+    return {
+        "name": name,
+        "shape": list(array.shape),
+        "values": _floats(array),
+        "hmft": encode_tensor(array).hex(),
+    }
+
+
+def _metadata(rows: int, classes: list[int], round_id: int, **extra) -> UploadMetadata:
+    key = round_key(FEDERATION_SECRET, round_id)
+    return UploadMetadata(
+        label_tokens=tuple(label_token(key, c).hex() for c in classes[:rows]),
+        split_depths=tuple(1 + i % 3 for i in range(rows)),
+        family="mobilenet",
+        tier="mid-android",
+        model_version="golden-v1",
+        **extra,
+    )
+
+
+def _upload_case(name: str, features: np.ndarray, classes: list[int], round_id: int, **extra) -> dict:
+    metadata = _metadata(features.shape[0], classes, round_id, **extra)
+    meta = metadata.model_dump(exclude_none=True)
+    return {
+        "name": name,
+        "round_id": round_id,
+        "classes": classes,
+        "metadata": meta,
+        "metadata_json": metadata.model_dump_json(exclude_none=True),
+        "shape": list(features.shape),
+        "values": _floats(features),
+        "plaintext": encode_upload(metadata, features).hex(),
+    }
+
+
+def feature_encoding_vectors() -> dict:
+    rng = np.random.default_rng(20261129)
+    tensors = [
+        _tensor_case("documented 1x2", np.array([[1.0, -2.5]], dtype=np.float32)),
+        _tensor_case("1-d", np.array([0.0, -0.0, 1.5, 3.4028234663852886e38], dtype=np.float32)),
+        _tensor_case("tiny and subnormal", np.array([[1e-45, -1e-38], [65504.0, 0.1]], dtype=np.float32)),
+        _tensor_case("6-d", np.arange(12, dtype=np.float32).reshape(1, 2, 1, 3, 2, 1) / 8),
+        _tensor_case("interface row", rng.standard_normal((1, 64, 8, 8)).astype(np.float32)),
+    ]
+    uploads = [
+        _upload_case("two toy rows", np.arange(8, dtype=np.float32).reshape(2, 1, 2, 2) / 4, [3, 7], 12),
+        _upload_case(
+            "clip and noise recorded",
+            rng.standard_normal((3, 2, 2, 2)).astype(np.float32),
+            [0, 0, 9],
+            1,
+            clip_norm=1.0,
+            noise_multiplier=0.5,
+        ),
+    ]
+    return _document(
+        "HMFT feature tensors and HMUP upload plaintexts (federation/wire.py, docs/PROTOCOL.md 4.4 and 5). "
+        "Upload label tokens are those of label_tokens.json (same federation secret) for `classes` in "
+        "`round_id`; metadata_json is the exact metadata bytes.",
+        tensors=tensors,
+        uploads=uploads,
+    )
+
+
+# --------------------------------------------------------------------------- sealed uploads
+
+
+def _sealed_case(name: str, plaintext: bytes, device_id: str, round_id: int, message_id: str) -> dict:
+    server = X25519PrivateKey.from_private_bytes(SERVER_PRIVATE)
+    server_public = sealing.public_key_bytes(server)
+    ad = sealing.AssociatedData(device_id, round_id, uuid.UUID(message_id))
+    envelope = sealing.seal(
+        server_public, plaintext, ad, ephemeral_private_key=EPHEMERAL_PRIVATE, nonce=NONCE
+    )
+    assert sealing.open_sealed(server, envelope, ad) == plaintext
+    return {
+        "name": name,
+        "device_id": device_id,
+        "round_id": round_id,
+        "message_id": message_id,
+        "associated_data": ad.encode().hex(),
+        "plaintext": plaintext.hex(),
+        "envelope": envelope.hex(),
+    }
+
+
+def sealed_upload_vectors() -> dict:
+    server = X25519PrivateKey.from_private_bytes(SERVER_PRIVATE)
+    ephemeral = X25519PrivateKey.from_private_bytes(EPHEMERAL_PRIVATE)
+    features = (np.arange(64 * 8 * 8, dtype=np.float32).reshape(1, 64, 8, 8) - 2048) / 512
+    upload_plaintext = encode_upload(_metadata(1, [4], 7), features)
+    cases = [
+        _sealed_case(
+            "PROTOCOL.md A.1",
+            b"harmony golden plaintext",
+            "dev_golden",
+            7,
+            "00112233-4455-6677-8899-aabbccddeeff",
+        ),
+        _sealed_case("empty plaintext", b"", "d", 0, "ffffffff-ffff-4fff-bfff-ffffffffffff"),
+        _sealed_case(
+            "full interface upload, non-ASCII device id",
+            upload_plaintext,
+            "dev_télé-😀",
+            2**63 - 1,
+            "3f2b8c4e-9d1a-4c55-8a0e-61f0b7d2c9aa",
+        ),
+    ]
+    return _document(
+        "Sealed uploads (privacy/sealing.py, docs/PROTOCOL.md 4.2-4.3) with a FIXED ephemeral key and nonce "
+        "(reproducibility only: production draws both fresh per upload). The third plaintext is an HMUP "
+        "upload of one (1, 64, 8, 8) row with values (i - 2048) / 512, class 4, round 7 tokens.",
+        server_private_key=SERVER_PRIVATE.hex(),
+        server_public_key=sealing.public_key_bytes(server).hex(),
+        ephemeral_private_key=EPHEMERAL_PRIVATE.hex(),
+        ephemeral_public_key=sealing.public_key_bytes(ephemeral).hex(),
+        nonce=NONCE.hex(),
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- files
+
+
+# Only lists json.dumps broke over lines: a "[" followed by a newline never occurs inside a JSON string.
+_NUMBER_LIST = re.compile(r"\[\n\s*(-?[0-9][-+.0-9eE]*(?:,\n\s*-?[0-9][-+.0-9eE]*)*)\n\s*\]")
+
+
+def _dumps(document: dict) -> str:
+    """Indented JSON with every list of numbers on one line (keeps 4096-value tensors readable)."""
+    text = json.dumps(document, indent=2, ensure_ascii=False)
+    return (
+        _NUMBER_LIST.sub(lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]", text)
+        + "\n"
+    )
+
+
+def render() -> dict[str, str]:
+    """File name -> exact file text."""
+    documents = {
+        "manifest_signature.json": manifest_vectors(),
+        "label_tokens.json": label_token_vectors(),
+        "exit_decisions.json": exit_vectors(),
+        "feature_encoding.json": feature_encoding_vectors(),
+        "sealed_upload.json": sealed_upload_vectors(),
+    }
+    return {name: _dumps(doc) for name, doc in documents.items()}
+
+
+def stale_files(directory: Path = VECTORS_DIR) -> list[str]:
+    return [
+        name
+        for name, text in render().items()
+        if not (directory / name).is_file() or (directory / name).read_text(encoding="utf-8") != text
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report stale files")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_files()
+        for name in stale:
+            print(f"stale: tests/vectors/{name}", file=sys.stderr)
+        return 1 if stale else 0
+    for name, text in render().items():
+        (VECTORS_DIR / name).write_text(text, encoding="utf-8")
+        print(f"wrote tests/vectors/{name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
