@@ -73,7 +73,7 @@ class FileEntry(_Strict):
 
 class TensorSpec(_Strict):
     name: str
-    shape: list[int] = Field(description="batch first; the batch entry is the maximum batch")
+    shape: list[int] = Field(description="at batch 1, batch first; each artifact states its batch range")
     dtype: str = "float32"
 
 

@@ -22,6 +22,17 @@ from harmony_mobile.export.manifest import (
     write_signed_manifest,
 )
 
+from harmony_mobile.data import DatasetError, ImageDataset, load_dataset
+from harmony_mobile.models import Backend, ProjectionHead, Tier, TierSet, load_tiers
+from harmony_mobile.run_dir import (
+    ClientArtifact,
+    RunInfo,
+    build_front_end,
+    save_backend,
+    save_client,
+    write_run_info,
+)
+
 FAKE_FILES = {
     "entry-android/front_fp32.pte": b"PTE fp32 " * 40,
     "entry-android/front_int8.pte": b"PTE int8 " * 20,
@@ -106,5 +117,91 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def seed_everything(seed: int = 0) -> None:
+# --------------------------------------------------------------------------- a small run directory
+
+# Two default tiers (cnn depth 1 with fp32+int8; resnet depth 2 with every variant incl. Core ML)
+# and a fp32-only tier that keeps the CLI test quick.
+TEST_TIERS = TierSet(
+    tiers=(
+        load_tiers().get("entry-android"),
+        load_tiers().get("mid-ios"),
+        Tier(name="tiny", family="cnn", split_depth=1, quantization=("fp32",), backends=("xnnpack",)),
+    )
+)
+
+
+def digits_or_random(seed: int = 0) -> ImageDataset:
+    """The bundled digits data set; random tensors of the same shape if it cannot be loaded."""
+    try:
+        return load_dataset("digits")
+    except (ImportError, DatasetError):
+        generator = torch.Generator().manual_seed(seed)
+        return ImageDataset(
+            name="digits",
+            images=torch.randn(600, 1, 28, 28, generator=generator),
+            labels=torch.randint(0, 10, (600,), generator=generator),
+            class_names=tuple(str(i) for i in range(10)),
+            mean=(0.3053,),
+            std=(0.3247,),
+        )
+
+
+def make_run_dir(
+    path: Path,
+    tiers: TierSet = TEST_TIERS,
+    clients_per_tier: int = 2,
+    seed: int = 0,
+    finished: bool = True,
+    with_backend: bool = True,
+    front_end_states: dict[str, dict] | None = None,
+) -> Path:
+    """A run directory in the run_dir.py format: random-initialized front-ends, fixed random indices."""
+    data = digits_or_random(seed)
+    info = RunInfo(
+        algorithm="harmony",
+        dataset="digits",
+        num_classes=data.num_classes,
+        class_names=data.class_names,
+        input_shape=data.input_shape,
+        mean=data.mean,
+        std=data.std,
+        interface=(64, 8),
+        tiers=tiers.with_input_shape(data.input_shape),
+        model_version="test-run-v1",
+        seed=seed,
+    )
+    write_run_info(path, info)
+    generator = torch.Generator().manual_seed(seed)
+    client_id = 0
+    for tier in info.tiers.tiers:
+        for _ in range(clients_per_tier):
+            torch.manual_seed(seed + client_id)
+            state = (front_end_states or {}).get(tier.name) or build_front_end(info, tier).state_dict()
+            order = torch.randperm(len(data), generator=generator).tolist()
+            save_client(
+                path,
+                ClientArtifact(
+                    client_id=client_id,
+                    tier=tier.name,
+                    classes=tuple(range(data.num_classes)),
+                    threshold=0.8 + 0.01 * client_id,
+                    train_idx=order[:160],
+                    val_idx=order[160:200],
+                    test_idx=order[200:264],
+                    front_end_state=state,
+                ),
+            )
+            client_id += 1
     torch.manual_seed(seed)
+    backend = Backend(info.interface_spec, info.num_classes)
+    if with_backend:
+        save_backend(
+            path / "backend.pt",
+            backend,
+            ProjectionHead(backend.feature_dim, info.projection_dim),
+            info.model_version,
+            info.class_names,
+        )
+    if finished:
+        (path / "final_metrics.json").write_text(json.dumps({"id_accuracy": 0.0}) + "\n")
+    return path

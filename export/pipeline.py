@@ -1,0 +1,443 @@
+"""`export_run`: a finished training run -> a signed export directory, tier by tier.
+
+Output directory layout:
+
+    OUT/
+      manifest.json  manifest.sig  signing_key.pub      (manifest.py)
+      verification.json  verification.md              (verify.py)
+      backend/backend.pt                              g + h state dicts, run_dir.save_backend format
+      backend/backend.pt2                             torch.export of g, dynamic batch
+      tiers/<tier>/front_fp32.pte                     XNNPACK, fully delegated
+      tiers/<tier>/front_int8.pte                     PT2E static int8 per-channel, XNNPACK
+      tiers/<tier>/front_coreml-fp16.mlpackage/       ML Program, iOS 16+ (coreml tiers)
+      tiers/<tier>/front_coreml-int8.mlpackage/       int8 weights
+      tiers/<tier>/front_coreml-palette4.mlpackage/   4-bit k-means palettized weights
+
+Everything is written into a temporary directory beside OUT and renamed into place only after
+the manifest was signed and verified, so a failure never leaves a half-written OUT. An existing
+OUT is replaced only if it is an export directory (has manifest.json) or empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from harmony_mobile.export import coreml as coreml_steps
+from harmony_mobile.export import steps
+from harmony_mobile.export.keys import load_or_create_signing_key
+from harmony_mobile.export.manifest import (
+    MANIFEST_FILE,
+    BackendEntry,
+    Manifest,
+    Normalization,
+    TensorSpec,
+    TierEntry,
+    artifact_entry,
+    build_manifest,
+    verify_manifest,
+    write_signed_manifest,
+)
+from harmony_mobile.export.steps import ExportError
+from harmony_mobile.export.verify import tier_checks, verify_pte, write_report
+
+from harmony_mobile.models import Tier
+from harmony_mobile.run_dir import RunDir, RunDirError
+
+BACKEND_DIR = "backend"
+TIERS_DIR = "tiers"
+
+
+@dataclass
+class ExportResult:
+    out: Path
+    manifest: Manifest
+    report: dict
+    key_created: bool
+    seconds: float
+
+
+def artifact_path(tier: str, quantization: str) -> str:
+    """Relative path of one artifact inside the export directory."""
+    suffix = "mlpackage" if quantization.startswith("coreml-") else "pte"
+    return f"{TIERS_DIR}/{tier}/front_{quantization}.{suffix}"
+
+
+# --------------------------------------------------------------------------- checks before any work
+
+
+def resolve_tiers(run: RunDir, names: list[str] | None) -> list[Tier]:
+    known = run.info.tiers
+    if not names:
+        return list(known.tiers)
+    tiers = []
+    for name in names:
+        try:
+            tiers.append(known.get(name))
+        except KeyError as error:
+            raise ExportError(error.args[0]) from None
+    return tiers
+
+
+def check_output(out: Path) -> None:
+    """Refuse to replace something that is not an export directory; refuse an unwritable parent."""
+    if out.exists():
+        if not out.is_dir():
+            raise ExportError(f"output {out} exists and is not a directory")
+        if any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
+            raise ExportError(
+                f"output {out} exists, is not empty and is not an export directory; refusing to replace it"
+            )
+    parent = out.parent
+    existing = parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ExportError(f"cannot write the export to {out}: {existing} is not a writable directory")
+
+
+def open_run(run_dir: str | Path) -> RunDir:
+    run = RunDir(run_dir)  # RunDirError: not a run dir / training not finished
+    if not (run.path / "backend.pt").is_file():
+        raise RunDirError(
+            f"{run.path} holds no trained server back-end (no backend.pt); run `harmony train` first"
+        )
+    return run
+
+
+# --------------------------------------------------------------------------- one tier
+
+
+class _Progress:
+    """A rich progress bar with one row per tier (or nothing)."""
+
+    def __init__(self, enabled: bool, console=None):
+        self.enabled = enabled
+        self.console = console
+        self.bar = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(
+                TextColumn("{task.fields[tier]:<16}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.description}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def add(self, tier: str, total: int):
+        return self.bar.add_task("waiting", total=total, tier=tier) if self.bar else None
+
+    def step(self, task, description: str, advance: int = 0):
+        if self.bar is not None:
+            self.bar.update(task, description=description, advance=advance)
+
+
+def tier_steps(tier: Tier) -> int:
+    xnn = [q for q in tier.quantization if q in ("fp32", "int8")]
+    cml = [q for q in tier.quantization if q.startswith("coreml-")]
+    return 1 + 2 * len(xnn) + (1 if cml else 0)
+
+
+def export_tier(
+    run: RunDir,
+    tier: Tier,
+    directory: Path,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    max_batch: int,
+    calibration_samples: int,
+    test_samples: int | None,
+    latency_runs: int,
+    progress: _Progress,
+    task,
+) -> tuple[TierEntry, dict]:
+    info = run.info
+    progress.step(task, "select personalized front-end")
+    client, front_end = steps.select_front_end(run, tier.name)
+    input_shape = tuple(tier.input_shape)
+    if input_shape != tuple(info.input_shape):
+        raise ExportError(
+            f"tier {tier.name} expects input {input_shape}, the run's data is {tuple(info.input_shape)}"
+        )
+    module = steps.wrap_front_end(front_end, input_shape, info.num_classes)
+    parameters = sum(p.numel() for p in module.parameters())
+    logits_shape, features_shape = steps.output_shapes(module, input_shape)
+    calibration = images[client.train_idx][:calibration_samples]
+    test_idx = client.test_idx[:test_samples] if test_samples else client.test_idx
+    test_images, test_labels = images[test_idx], labels[test_idx]
+    if len(test_images) == 0:
+        raise ExportError(
+            f"client {client.client_id} of tier {tier.name} has no ID test samples to verify on"
+        )
+    progress.step(task, "", 1)
+
+    artifacts, pte_rows, coreml_rows = [], [], []
+    for quantization in [q for q in tier.quantization if q in ("fp32", "int8")]:
+        progress.step(task, f"{quantization}: export, quantize, lower")
+        build = steps.build_pte(module, input_shape, quantization, calibration, max_batch)
+        relpath = artifact_path(tier.name, quantization)
+        steps.serialize(build, directory / relpath)
+        progress.step(task, f"{quantization}: verify with the ExecuTorch runtime", 1)
+        row = verify_pte(
+            directory / relpath,
+            module,
+            test_images,
+            test_labels,
+            quantization,
+            simulation=build.reference if quantization == "int8" else None,
+            max_batch=max_batch,
+            latency_runs=latency_runs,
+        )
+        row.update(file=relpath, delegates=build.delegates, undelegated=[])
+        pte_rows.append(row)
+        artifacts.append(
+            artifact_entry(
+                directory,
+                relpath,
+                backend="xnnpack",
+                quantization=quantization,
+                batch=(1, max_batch),
+                parameters=parameters,
+                extra={"delegates": build.delegates},
+            )
+        )
+        progress.step(task, "", 1)
+
+    variants = [q for q in tier.quantization if q.startswith("coreml-")]
+    if variants:
+        progress.step(task, "Core ML: convert, compress, check spec")
+        paths = {v: directory / artifact_path(tier.name, v) for v in variants}
+        coreml_steps.export_coreml_variants(module, input_shape, variants, paths)
+        for variant in variants:
+            summary = coreml_steps.spec_summary(paths[variant])
+            coreml_steps.check_spec(summary, input_shape)
+            relpath = artifact_path(tier.name, variant)
+            coreml_rows.append({"quantization": variant, "file": relpath, **summary})
+            artifacts.append(
+                artifact_entry(
+                    directory,
+                    relpath,
+                    backend="coreml",
+                    quantization=variant,
+                    batch=(1, 1),
+                    parameters=parameters,
+                    extra={
+                        "minimum_deployment_target": coreml_steps.MINIMUM_TARGET,
+                        "parity": "run on a Mac",
+                    },
+                )
+            )
+        progress.step(task, "", 1)
+
+    entry = TierEntry(
+        name=tier.name,
+        family=tier.family,
+        split_depth=tier.split_depth,
+        width=tier.width,
+        client_id=client.client_id,
+        parameters=parameters,
+        input=TensorSpec(name=coreml_steps.INPUT_NAME, shape=[1, *input_shape]),
+        normalization=Normalization(mean=list(info.mean), std=list(info.std)),
+        outputs=[
+            TensorSpec(name="exit_logits", shape=logits_shape),
+            TensorSpec(name="features", shape=features_shape),
+        ],
+        class_names=list(info.class_names),
+        interface_shape=list(info.interface_spec.shape),
+        threshold=float(client.threshold),
+        threshold_source="calibrated" if tier.threshold is None else "tier",
+        quantization=list(tier.quantization),
+        backends=list(tier.backends),
+        latency_budget_ms=tier.latency_budget_ms,
+        artifacts=artifacts,
+    )
+    report = {
+        "tier": tier.name,
+        "family": tier.family,
+        "split_depth": tier.split_depth,
+        "client_id": client.client_id,
+        "parameters": parameters,
+        "calibration_samples": len(calibration),
+        "test_samples": len(test_images),
+        "pte": pte_rows,
+        "coreml": coreml_rows,
+    }
+    report["checks"] = tier_checks(report)
+    return entry, report
+
+
+# --------------------------------------------------------------------------- the whole run
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    result = {}
+    for package in ("torch", "executorch", "torchao", "coremltools"):
+        try:
+            result[package] = version(package)
+        except PackageNotFoundError:
+            result[package] = "not installed"
+    return result
+
+
+def export_run(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    tiers: list[str] | None = None,
+    max_batch: int = 1,
+    key_dir: str | Path | None = None,
+    private_key: Ed25519PrivateKey | None = None,
+    threads: int = 1,
+    calibration_samples: int = 256,
+    test_samples: int | None = None,
+    latency_runs: int = 50,
+    progress: bool = True,
+    console=None,
+) -> ExportResult:
+    """Export the run's personalized front-ends per tier, the back-end, the report and the signed manifest.
+
+    `tiers`: tier names (default: every tier of the run). `max_batch` > 1 makes every .pte accept a
+    dynamic batch 1..max_batch. The signing key is `private_key` if given, else the one in
+    `key_dir` (default ~/.config/harmony-mobile/keys; generated on first use).
+    Raises RunDirError / ExportError / SigningKeyError before writing anything when the inputs are bad.
+    """
+    started = time.perf_counter()
+    if max_batch < 1:
+        raise ExportError(f"--dynamic-batch must be >= 1, got {max_batch}")
+    run = open_run(run_dir)
+    selected = resolve_tiers(run, tiers)
+    for tier in selected:
+        run.representative_client(tier.name)  # RunDirError when the run has no client of this tier
+    out = Path(out).expanduser().absolute()
+    check_output(out)
+    key_created = False
+    if private_key is None:
+        private_key, key_created = load_or_create_signing_key(key_dir)
+
+    steps.set_threads(threads)
+    created_parents = [p for p in reversed(out.parents) if not p.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as error:
+        _remove_empty(created_parents)
+        raise ExportError(f"cannot write the export to {out}: {error}") from None
+    try:
+        dataset = run.dataset()
+        entries, tier_reports = [], []
+        with _Progress(progress, console) as bar:
+            tasks = {t.name: bar.add(t.name, tier_steps(t)) for t in selected}
+            backend_task = bar.add("backend", 1)
+            for tier in selected:
+                entry, report = export_tier(
+                    run,
+                    tier,
+                    work,
+                    dataset.images,
+                    dataset.labels,
+                    max_batch=max_batch,
+                    calibration_samples=calibration_samples,
+                    test_samples=test_samples,
+                    latency_runs=latency_runs,
+                    progress=bar,
+                    task=tasks[tier.name],
+                )
+                entries.append(entry)
+                tier_reports.append(report)
+                bar.step(tasks[tier.name], "done")
+            bar.step(backend_task, "torch.export of g")
+            backend = steps.export_backend(run.path / "backend.pt", work / BACKEND_DIR)
+            bar.step(backend_task, "done", 1)
+        if backend["model_version"] != run.info.model_version:
+            raise ExportError(
+                f"backend.pt is model version {backend['model_version']}, the run is {run.info.model_version}"
+            )
+        backend["state_dict_file"] = f"{BACKEND_DIR}/backend.pt"
+        backend["exported_program_file"] = f"{BACKEND_DIR}/backend.pt2"
+        report = {
+            "model_version": run.info.model_version,
+            "run": str(run.path),
+            "dataset": run.info.dataset,
+            "threads": threads,
+            "latency_runs": latency_runs,
+            "max_batch": max_batch,
+            "versions": _versions(),
+            "tiers": tier_reports,
+            "backend": backend,
+            "all_checks_pass": all(ok is not False for t in tier_reports for ok in t["checks"].values()),
+        }
+        reports = write_report(work, report)
+        interface = list(run.info.interface_spec.shape)
+        manifest = build_manifest(
+            work,
+            model_version=run.info.model_version,
+            run={
+                "algorithm": run.info.algorithm,
+                "dataset": run.info.dataset,
+                "seed": run.info.seed,
+                "run_dir": run.path.name,
+            },
+            class_names=run.info.class_names,
+            interface_shape=interface,
+            backend=BackendEntry(
+                model_version=backend["model_version"],
+                interface_shape=interface,
+                num_classes=backend["num_classes"],
+                input=TensorSpec(name="features", shape=[1, *interface]),
+                outputs=[TensorSpec(name="logits", shape=[1, backend["num_classes"]])],
+                state_dict_file=backend["state_dict_file"],
+                exported_program_file=backend["exported_program_file"],
+            ),
+            tiers=entries,
+            public_key=private_key.public_key(),
+            reports=reports,
+        )
+        write_signed_manifest(work, manifest, private_key)
+        verify_manifest(work, private_key.public_key())
+        _move_into_place(work, out)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        _remove_empty(created_parents)
+        raise
+    return ExportResult(out, manifest, report, key_created, time.perf_counter() - started)
+
+
+def _remove_empty(directories: list[Path]) -> None:
+    for directory in reversed(directories):
+        with contextlib.suppress(OSError):
+            directory.rmdir()
+
+
+def _move_into_place(work: Path, out: Path) -> None:
+    if not out.exists():
+        os.rename(work, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, old / out.name)
+    try:
+        os.rename(work, out)
+    except OSError:
+        os.rename(old / out.name, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
