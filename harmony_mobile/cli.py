@@ -215,7 +215,8 @@ def export_verify(
         raise typer.Exit(code=1) from None
     console.print(
         f"[green]OK[/green] {directory}: signature valid, {len(manifest.files)} files match "
-        f"(model version {manifest.model_version}; tiers {', '.join(t.name for t in manifest.tiers)})"
+        f"(model version {manifest.model_version}; tiers {', '.join(t.name for t in manifest.tiers)})",
+        soft_wrap=True,
     )
     if public_key is None:
         console.print(
