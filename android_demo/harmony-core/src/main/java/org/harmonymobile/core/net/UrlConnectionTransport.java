@@ -48,8 +48,9 @@ public final class UrlConnectionTransport implements HttpTransport {
                 connection.setRequestProperty(header.getKey(), header.getValue());
             }
             if (request.body() != null) {
+                // Not setFixedLengthStreamingMode: in streaming mode the JDK's HttpURLConnection drops the
+                // body of a 401 (it cannot "retry" the authentication), and our bodies are in memory anyway.
                 connection.setDoOutput(true);
-                connection.setFixedLengthStreamingMode(request.body().length);
                 try (OutputStream out = connection.getOutputStream()) {
                     out.write(request.body());
                 }

@@ -1,13 +1,15 @@
 package org.harmonymobile.core.server;
 
 import java.nio.charset.StandardCharsets;
-import java.util.Base64;
 import org.harmonymobile.core.json.JsonObject;
 
 /**
  * The answer to {@code POST /v1/devices} (docs/PROTOCOL.md 2). The token is shown once: store it
- * in the Android Keystore. {@code manifestText} and {@code manifestSignature} are null when the
+ * in the Android Keystore. {@code manifestText} and {@code manifestSignatureFile} are null when the
  * server has no manifest; otherwise verify them with {@code ManifestVerifier} before use.
+ *
+ * <p>{@code manifest_signature} is taken to be the manifest.sig file content verbatim (itself base64
+ * of the 64-byte signature), which is what the Python server sends; the verifier decodes it.
  */
 public record Enrollment(
         String deviceId,
@@ -18,7 +20,7 @@ public record Enrollment(
         String defaultVersion,
         long[] interfaceShape,
         String manifestText,
-        byte[] manifestSignature,
+        String manifestSignatureText,
         int maxUploadRows,
         int maxRequestRows,
         long maxBodyBytes) {
@@ -34,7 +36,7 @@ public record Enrollment(
                 json.getString("default_version"),
                 json.getLongArray("interface_shape"),
                 json.has("manifest") ? json.getString("manifest") : null,
-                json.has("manifest_signature") ? json.getBase64("manifest_signature") : null,
+                json.has("manifest_signature") ? json.getString("manifest_signature") : null,
                 limits.getInt("max_upload_rows"),
                 limits.getInt("max_request_rows"),
                 limits.getLong("max_body_bytes"));
@@ -47,7 +49,7 @@ public record Enrollment(
 
     /** The manifest.sig file content (base64 text) the verifier reads; null without a manifest. */
     public byte[] manifestSignatureFile() {
-        return manifestSignature == null ? null : Base64.getEncoder().encode(manifestSignature);
+        return manifestSignatureText == null ? null : manifestSignatureText.getBytes(StandardCharsets.US_ASCII);
     }
 
     public DeviceCredentials credentials() {

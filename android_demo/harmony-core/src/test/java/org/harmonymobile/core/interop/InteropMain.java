@@ -1,0 +1,167 @@
+package org.harmonymobile.core.interop;
+
+import java.nio.ByteBuffer;
+import java.nio.ByteOrder;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import org.harmonymobile.core.Classification;
+import org.harmonymobile.core.ConfirmedUploads;
+import org.harmonymobile.core.FederationKey;
+import org.harmonymobile.core.HarmonyClient;
+import org.harmonymobile.core.crypto.Bytes;
+import org.harmonymobile.core.crypto.LabelTokens;
+import org.harmonymobile.core.engine.FrontEndOutput;
+import org.harmonymobile.core.engine.InferenceEngine;
+import org.harmonymobile.core.exit.ExitPolicy;
+import org.harmonymobile.core.json.Json;
+import org.harmonymobile.core.manifest.Manifest;
+import org.harmonymobile.core.manifest.ManifestVerifier;
+import org.harmonymobile.core.net.RetryPolicy;
+import org.harmonymobile.core.net.RetryingTransport;
+import org.harmonymobile.core.net.UrlConnectionTransport;
+import org.harmonymobile.core.queue.PendingUpload;
+import org.harmonymobile.core.queue.UploadQueue;
+import org.harmonymobile.core.server.DeviceCredentials;
+import org.harmonymobile.core.server.Enrollment;
+import org.harmonymobile.core.server.HarmonyServerClient;
+import org.harmonymobile.core.server.UploadReceipt;
+import org.harmonymobile.core.util.Hex;
+import org.harmonymobile.core.wire.FeatureTensor;
+
+/**
+ * The Java half of tests/test_android_interop.py: talks to a real `harmony serve` the way the app does
+ * (enrol, verify the enrolment manifest, sealed confirmed-label uploads through the durable queue, a replay,
+ * a fallback inference through {@link HarmonyClient}) and writes everything it sent as JSON, so the Python
+ * side can check the server stored and answered exactly that.
+ *
+ * <pre>
+ * java -cp target/classes:target/test-classes org.harmonymobile.core.interop.InteropMain \
+ *     BASE_URL ADMIN_TOKEN PINNED_MANIFEST_KEY_HEX FEDERATION_SECRET_HEX ROUND_ID QUEUE_DIR OUT_JSON
+ * </pre>
+ */
+public final class InteropMain {
+    private static final int[] ROW_SHAPE = {1, 64, 8, 8};
+    private static final String TIER = "mid-android";
+    private static final String FAMILY = "mobilenet";
+    private static final int SPLIT_DEPTH = 2;
+
+    private InteropMain() {}
+
+    public static void main(String[] args) throws Exception {
+        if (args.length != 7) {
+            System.err.println("usage: InteropMain BASE_URL ADMIN_TOKEN PINNED_KEY_HEX SECRET_HEX ROUND_ID QUEUE_DIR OUT_JSON");
+            System.exit(2);
+        }
+        String baseUrl = args[0];
+        String adminToken = args[1];
+        byte[] pinnedKey = Hex.decode(args[2]);
+        FederationKey federation = new FederationKey(Hex.decode(args[3]), Long.parseLong(args[4]));
+        Path queueDir = Path.of(args[5]);
+        Path out = Path.of(args[6]);
+
+        UrlConnectionTransport http = new UrlConnectionTransport(baseUrl, Duration.ofSeconds(5), Duration.ofSeconds(30));
+        HarmonyServerClient server = new HarmonyServerClient(new RetryingTransport(http, RetryPolicy.defaults()));
+        Map<String, Object> report = new LinkedHashMap<>();
+
+        Enrollment enrollment = server.enroll(adminToken, "java-interop", TIER);
+        DeviceCredentials device = enrollment.credentials();
+        report.put("device_id", device.deviceId());
+        report.put("server_public_key", Hex.encode(device.serverPublicKey()));
+        report.put("default_version", enrollment.defaultVersion());
+        if (enrollment.manifestText() != null) {
+            Manifest manifest = new ManifestVerifier(pinnedKey)
+                    .verify(enrollment.manifestBytes(), enrollment.manifestSignatureFile());
+            report.put("manifest_model_version", manifest.modelVersion());
+            report.put("manifest_tiers", manifest.tiers().stream().map(t -> t.name()).toList());
+        }
+
+        // Two confirmed-label uploads through the durable queue, sealed to the enrolment key.
+        UploadQueue queue = new UploadQueue(queueDir, 32, 1 << 22, UploadQueue.OverflowPolicy.REJECT_NEW);
+        ConfirmedUploads uploads = new ConfirmedUploads(queue, server, device, federation, FAMILY, TIER, SPLIT_DEPTH, "interop-v1");
+        LabelTokens tokens = LabelTokens.forRound(federation.secret(), federation.roundId());
+        int[] classes = {3, 8};
+        List<Map<String, Object>> sent = new ArrayList<>();
+        for (int i = 0; i < classes.length; i++) {
+            FeatureTensor features = features(i + 1);
+            String messageId = uploads.enqueue(features, classes[i]).upload().messageId();
+            Map<String, Object> item = new LinkedHashMap<>();
+            item.put("message_id", messageId);
+            item.put("class_id", classes[i]);
+            item.put("label_token", Hex.encode(tokens.token(classes[i])));
+            item.put("split_depth", SPLIT_DEPTH);
+            item.put("shape", List.of(1, 64, 8, 8));
+            item.put("features_f32le_base64", Base64.getEncoder().encodeToString(littleEndian(features.data())));
+            sent.add(item);
+        }
+        List<PendingUpload> pending = queue.pending();
+        for (int i = 0; i < pending.size(); i++) {
+            byte[] envelope = Base64.getDecoder().decode(Json.parseObject(
+                    new String(pending.get(i).body(), StandardCharsets.UTF_8)).getString("envelope"));
+            sent.get(i).put("envelope_sha256", Hex.encode(Bytes.sha256(envelope)));
+        }
+        report.put("round_id", federation.roundId());
+        report.put("family", FAMILY);
+        report.put("tier", TIER);
+        report.put("model_version", "interop-v1");
+        report.put("uploads", sent);
+        report.put("delivered", uploads.flush());
+        report.put("pending_after_flush", uploads.pending());
+
+        // The app retries an upload whose answer it never saw: same body, same message id.
+        UploadReceipt replay = server.upload(device, pending.get(0));
+        report.put("replay_duplicate", replay.duplicate());
+        report.put("replay_message_id", replay.messageId());
+
+        // A low-confidence sample goes to the server; the answer comes back through HarmonyClient.
+        FeatureTensor inferFeatures = features(7);
+        InferenceEngine uncertain = new InferenceEngine() {
+            @Override
+            public FrontEndOutput run(float[] input) {
+                return new FrontEndOutput(new float[] {0.1f, 0.2f, 0.0f, 0.15f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, inferFeatures);
+            }
+
+            @Override
+            public void close() {}
+        };
+        HarmonyClient client = new HarmonyClient(uncertain, new ExitPolicy(0.9),
+                features -> server.infer(device, features, TIER, null).get(0));
+        Classification answer = client.classify(new float[28 * 28]);
+        Map<String, Object> inference = new LinkedHashMap<>();
+        inference.put("source", answer.source().name());
+        inference.put("predicted_class", answer.predictedClass());
+        inference.put("confidence", answer.confidence());
+        inference.put("server_error", answer.serverError());
+        if (answer.server() != null) {
+            inference.put("model_version", answer.server().modelVersion());
+            inference.put("logits", answer.server().logits());
+        }
+        inference.put("features_f32le_base64", Base64.getEncoder().encodeToString(littleEndian(inferFeatures.data())));
+        report.put("inference", inference);
+
+        String json = Json.write(report);
+        Files.writeString(out, json, StandardCharsets.UTF_8);
+        System.out.println(json);
+    }
+
+    /** Deterministic, finite features that differ per seed. */
+    private static FeatureTensor features(int seed) {
+        float[] values = new float[64 * 8 * 8];
+        for (int i = 0; i < values.length; i++) {
+            values[i] = (float) Math.sin(seed * 0.37 + i * 0.011) * (1 + seed * 0.25f);
+        }
+        return new FeatureTensor(values, ROW_SHAPE);
+    }
+
+    private static byte[] littleEndian(float[] values) {
+        ByteBuffer buffer = ByteBuffer.allocate(values.length * 4).order(ByteOrder.LITTLE_ENDIAN);
+        buffer.asFloatBuffer().put(values);
+        return buffer.array();
+    }
+}

@@ -1,0 +1,229 @@
+package org.harmonymobile.core.server;
+
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import com.sun.net.httpserver.HttpExchange;
+import com.sun.net.httpserver.HttpServer;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.net.InetAddress;
+import java.net.InetSocketAddress;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Path;
+import java.time.Clock;
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.Base64;
+import java.util.Collections;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.Random;
+import java.util.UUID;
+import java.util.concurrent.atomic.AtomicInteger;
+import org.harmonymobile.core.ConfirmedUploads;
+import org.harmonymobile.core.FederationKey;
+import org.harmonymobile.core.Vectors;
+import org.harmonymobile.core.crypto.LabelTokens;
+import org.harmonymobile.core.json.Json;
+import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.net.RetryPolicy;
+import org.harmonymobile.core.net.RetryingTransport;
+import org.harmonymobile.core.net.UrlConnectionTransport;
+import org.harmonymobile.core.queue.UploadQueue;
+import org.harmonymobile.core.seal.AssociatedData;
+import org.harmonymobile.core.seal.TestEnvelopeOpener;
+import org.harmonymobile.core.util.Hex;
+import org.harmonymobile.core.wire.FeatureTensor;
+import org.junit.jupiter.api.AfterEach;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * The client against a small in-JVM stand-in of the fallback server that follows docs/PROTOCOL.md:
+ * it opens envelopes with the server key of the golden vectors and is idempotent on message ids.
+ * (The real Python server is exercised by tests/test_android_interop.py.)
+ */
+class ServerRoundTripTest {
+    private static final String ADMIN = "admin-secret";
+    private static final String DEVICE_TOKEN = "device-token";
+    private final JsonObject keys = Vectors.load("sealed_upload.json");
+    private final byte[] serverPrivate = keys.getHex("server_private_key");
+    private final Map<String, String> stored = Collections.synchronizedMap(new LinkedHashMap<>());
+    private final List<byte[]> openedPlaintexts = Collections.synchronizedList(new ArrayList<>());
+    private final AtomicInteger uploadRequests = new AtomicInteger();
+    private volatile int failNextUploads;
+    private HttpServer server;
+
+    @TempDir
+    Path queueDir;
+
+    @BeforeEach
+    void start() throws IOException {
+        server = HttpServer.create(new InetSocketAddress(InetAddress.getLoopbackAddress(), 0), 0);
+        server.createContext("/v1/devices", exchange -> {
+            byte[] raw = exchange.getRequestBody().readAllBytes();
+            if (!("Bearer " + ADMIN).equals(exchange.getRequestHeaders().getFirst("Authorization"))) {
+                exchange.getResponseHeaders().add("WWW-Authenticate", "Bearer");
+                respond(exchange, 401, "{\"detail\":\"bad admin token\"}");
+                return;
+            }
+            JsonObject request = Json.parseObject(new String(raw, StandardCharsets.UTF_8));
+            Map<String, Object> body = new LinkedHashMap<>();
+            body.put("device_id", "dev_" + request.getString("name"));
+            body.put("token", DEVICE_TOKEN);
+            body.put("server_public_key", Base64.getEncoder().encodeToString(keys.getHex("server_public_key")));
+            body.put("seal_version", 1);
+            body.put("model_name", "harmony-backend");
+            body.put("default_version", "v1");
+            body.put("interface_shape", List.of(64, 8, 8));
+            body.put("manifest", null);
+            body.put("manifest_signature", null);
+            body.put("limits", Map.of("max_body_bytes", 8388608, "max_request_rows", 64, "max_upload_rows", 256,
+                    "rate_limit_per_second", 50.0, "rate_limit_burst", 100));
+            respond(exchange, 201, Json.write(body));
+        });
+        server.createContext("/v1/uploads", exchange -> {
+            uploadRequests.incrementAndGet();
+            JsonObject request = Json.parseObject(new String(exchange.getRequestBody().readAllBytes(), StandardCharsets.UTF_8));
+            if (failNextUploads > 0) {
+                failNextUploads--;
+                exchange.getResponseHeaders().add("Retry-After", "0");
+                respond(exchange, 503, "{\"detail\":\"busy\"}");
+                return;
+            }
+            String messageId = request.getString("message_id");
+            String envelope = request.getString("envelope");
+            if (stored.containsKey(messageId)) {
+                boolean same = stored.get(messageId).equals(envelope);
+                respond(exchange, same ? 200 : 409, same ? receipt(messageId, true) : "{\"detail\":\"reused\"}");
+                return;
+            }
+            try {
+                AssociatedData ad = new AssociatedData("dev_pixel", request.getLong("round_id"), UUID.fromString(messageId));
+                openedPlaintexts.add(TestEnvelopeOpener.open(serverPrivate, Base64.getDecoder().decode(envelope), ad));
+            } catch (Exception e) {
+                respond(exchange, 400, "{\"detail\":\"envelope failed authentication\"}");
+                return;
+            }
+            stored.put(messageId, envelope);
+            respond(exchange, 201, receipt(messageId, false));
+        });
+        server.createContext("/v2/models/harmony-backend/infer", exchange -> {
+            FeatureTensor features = FeatureTensor.decode(exchange.getRequestBody().readAllBytes());
+            String tier = exchange.getRequestHeaders().getFirst("X-Harmony-Tier");
+            assertEquals("application/octet-stream", exchange.getRequestHeaders().getFirst("Content-Type"));
+            int rows = features.rows();
+            List<Double> logits = new ArrayList<>();
+            List<Long> top = new ArrayList<>();
+            List<Double> confidence = new ArrayList<>();
+            for (int r = 0; r < rows; r++) {
+                for (int c = 0; c < 10; c++) {
+                    logits.add(c == 3 ? 5.0 : 0.0);
+                }
+                top.add(3L);
+                confidence.add(0.94);
+            }
+            respond(exchange, 200, Json.write(Map.of("model_name", "harmony-backend", "model_version", "v1-" + tier,
+                    "outputs", List.of(
+                            Map.of("name", "logits", "datatype", "FP32", "shape", List.of(rows, 10), "data", logits),
+                            Map.of("name", "top_class", "datatype", "INT64", "shape", List.of(rows), "data", top),
+                            Map.of("name", "confidence", "datatype", "FP32", "shape", List.of(rows), "data", confidence)))));
+        });
+        server.start();
+    }
+
+    @AfterEach
+    void stop() {
+        server.stop(0);
+    }
+
+    private static String receipt(String messageId, boolean duplicate) {
+        return "{\"upload_id\":1,\"message_id\":\"" + messageId + "\",\"rows\":1,\"duplicate\":" + duplicate
+                + ",\"received_at\":\"2026-11-29T15:04:05Z\"}";
+    }
+
+    private static void respond(HttpExchange exchange, int status, String body) throws IOException {
+        byte[] bytes = body.getBytes(StandardCharsets.UTF_8);
+        exchange.getResponseHeaders().add("Content-Type", "application/json");
+        exchange.sendResponseHeaders(status, bytes.length);
+        try (OutputStream out = exchange.getResponseBody()) {
+            out.write(bytes);
+        }
+    }
+
+    private HarmonyServerClient client() {
+        UrlConnectionTransport http = new UrlConnectionTransport(
+                "http://127.0.0.1:" + server.getAddress().getPort(), Duration.ofSeconds(2), Duration.ofSeconds(5));
+        RetryPolicy policy = new RetryPolicy(3, Duration.ofMillis(1), 2, Duration.ofMillis(4), Duration.ofSeconds(1), new Random(3));
+        return new HarmonyServerClient(new RetryingTransport(http, policy, d -> {}, Clock.systemUTC()));
+    }
+
+    @Test
+    void enrolsAndRejectsABadAdminToken() throws Exception {
+        Enrollment enrollment = client().enroll(ADMIN, "pixel", "mid-android");
+        assertEquals("dev_pixel", enrollment.deviceId());
+        assertArrayEquals(keys.getHex("server_public_key"), enrollment.serverPublicKey());
+        assertEquals(null, enrollment.manifestText());
+        assertEquals(256, enrollment.maxUploadRows());
+        ServerException e = assertThrows(ServerException.class, () -> client().enroll("wrong", "pixel", null));
+        assertEquals(401, e.status());
+        assertEquals("bad admin token", e.detail());
+    }
+
+    @Test
+    void infersWithABinaryBody() throws Exception {
+        DeviceCredentials device = client().enroll(ADMIN, "pixel", null).credentials();
+        FeatureTensor features = new FeatureTensor(new float[2 * 64 * 8 * 8], new int[] {2, 64, 8, 8});
+        List<ServerPrediction> predictions = client().infer(device, features, "mid-android", null);
+        assertEquals(2, predictions.size());
+        assertEquals(3, predictions.get(1).topClass());
+        assertEquals(5.0f, predictions.get(0).logits()[3]);
+        assertEquals("v1-mid-android", predictions.get(0).modelVersion());
+    }
+
+    @Test
+    void confirmedUploadsAreSealedQueuedRetriedAndStoredOnce() throws Exception {
+        DeviceCredentials device = client().enroll(ADMIN, "pixel", "mid-android").credentials();
+        byte[] secret = Vectors.load("label_tokens.json").getHex("federation_secret");
+        FederationKey key = new FederationKey(secret, 12);
+        UploadQueue queue = new UploadQueue(queueDir, 16, 1 << 20, UploadQueue.OverflowPolicy.REJECT_NEW);
+        ConfirmedUploads uploads = new ConfirmedUploads(queue, client(), device, key, "mobilenet", "mid-android", 2, "v1");
+        float[] values = new float[64 * 8 * 8];
+        values[5] = 1.5f;
+        uploads.enqueue(new FeatureTensor(values, new int[] {1, 64, 8, 8}), 4);
+        uploads.enqueue(new FeatureTensor(values, new int[] {1, 64, 8, 8}), 9);
+
+        failNextUploads = 5; // more 503s than the transport retries: the first flush delivers nothing
+        assertEquals(0, uploads.flush());
+        assertEquals(2, uploads.pending());
+        assertEquals(2, uploads.flush());
+        assertEquals(0, uploads.pending());
+        assertEquals(2, stored.size());
+        assertEquals(2, openedPlaintexts.size());
+        String plaintext = new String(openedPlaintexts.get(0), StandardCharsets.ISO_8859_1);
+        String token = Hex.encode(LabelTokens.forRound(secret, 12).token(4));
+        assertTrue(plaintext.startsWith("HMUP"));
+        assertTrue(plaintext.contains("\"label_tokens\":[\"" + token + "\"]"), plaintext.substring(0, 120));
+        assertTrue(plaintext.contains("\"split_depths\":[2]"));
+    }
+
+    @Test
+    void aReplayedUploadIsAcknowledgedAsDuplicate() throws Exception {
+        DeviceCredentials device = client().enroll(ADMIN, "pixel", null).credentials();
+        UploadQueue queue = new UploadQueue(queueDir, 16, 1 << 20, UploadQueue.OverflowPolicy.REJECT_NEW);
+        ConfirmedUploads uploads = new ConfirmedUploads(queue, client(), device,
+                new FederationKey(new byte[16], 1), "cnn", "entry-android", 1, "v1");
+        uploads.enqueue(new FeatureTensor(new float[64 * 8 * 8], new int[] {1, 64, 8, 8}), 0);
+        var pending = queue.pending().get(0);
+        UploadReceipt first = client().upload(device, pending);
+        UploadReceipt again = client().upload(device, pending);
+        assertEquals(false, first.duplicate());
+        assertEquals(true, again.duplicate());
+        assertEquals(1, stored.size());
+    }
+}

@@ -1,0 +1,289 @@
+"""harmony-core (the Android app's plain-Java core) against the real Python code.
+
+1. `mvn -o test` builds android_demo/harmony-core offline from the local Maven cache and runs its
+   JUnit suite (golden vectors, manifest tampering, exit decisions, queue durability, retry/backoff
+   against an in-JVM HTTP server, JSON edge cases).
+2. The live interop test starts the real fallback server (`harmony serve`) on a free loopback port
+   with a random back-end, runs the Java client (`InteropMain`: enrol, verify the enrolment
+   manifest against a pinned key, two sealed confirmed-label uploads through the durable queue, a
+   replay, a fallback inference), then checks in the server's own store that it decrypted and
+   stored exactly what Java sent, and that the inference answer is the back-end's.
+
+Skipped only when `mvn` or `java` is not installed (both are on the image and in CI).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from harmony_mobile.export.keys import public_key_bytes
+from harmony_mobile.export.manifest import (
+    BackendEntry,
+    Normalization,
+    TensorSpec,
+    TierEntry,
+    artifact_entry,
+    build_manifest,
+    write_signed_manifest,
+)
+
+from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.privacy.label_tokens import label_token, round_key
+from harmony_mobile.run_dir import load_backend_file, save_backend
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "android_demo" / "harmony-core"
+MVN = shutil.which("mvn")
+JAVA = shutil.which("java")
+ADMIN_TOKEN = "interop-admin-token-0123456789"
+FEDERATION_SECRET = bytes(range(100, 132))
+ROUND_ID = 5
+
+pytestmark = pytest.mark.skipif(
+    MVN is None or JAVA is None, reason="needs Maven and a JDK (`mvn`, `java`) to build harmony-core"
+)
+
+
+@pytest.fixture(scope="module")
+def built_core() -> Path:
+    """Compile harmony-core and run its JUnit suite once (offline); returns the surefire report dir."""
+    result = subprocess.run(
+        [MVN, "-o", "-q", "-B", "test"], cwd=CORE, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, f"mvn -o test failed:\n{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
+    return CORE / "target" / "surefire-reports"
+
+
+def test_harmony_core_junit_suite_passes(built_core):
+    counts = {"tests": 0, "failures": 0, "errors": 0}
+    for report in built_core.glob("TEST-*.xml"):
+        head = report.read_text(encoding="utf-8")[:2000]
+        for key in counts:
+            marker = f' {key}="'
+            start = head.index(marker) + len(marker)
+            counts[key] += int(head[start : head.index('"', start)])
+    assert counts["failures"] == 0 and counts["errors"] == 0, counts
+    assert counts["tests"] >= 90, f"expected the whole JUnit suite, ran {counts['tests']}"
+
+
+# --------------------------------------------------------------------------- live server
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _model_dir(path: Path) -> tuple[Path, bytes]:
+    """An export-like model dir: a random back-end, a stand-in .pte, a manifest signed by a fresh key."""
+    torch.manual_seed(0)
+    backend = Backend(InterfaceSpec(64, 8), 10)
+    projection = ProjectionHead(backend.feature_dim, 128)
+    class_names = tuple(str(i) for i in range(10))
+    save_backend(path / "backend" / "backend.pt", backend, projection, "interop-v1", class_names)
+    (path / "backend" / "backend.pt2").write_bytes(b"not used by the server")
+    (path / "mid-android").mkdir()
+    (path / "mid-android" / "front_fp32.pte").write_bytes(b"stand-in pte " * 16)
+    tier = TierEntry(
+        name="mid-android",
+        family="mobilenet",
+        split_depth=2,
+        width=1.0,
+        client_id=0,
+        parameters=1,
+        input=TensorSpec(name="image", shape=[1, 1, 28, 28]),
+        normalization=Normalization(mean=[0.1307], std=[0.3081]),
+        outputs=[
+            TensorSpec(name="exit_logits", shape=[1, 10]),
+            TensorSpec(name="features", shape=[1, 64, 8, 8]),
+        ],
+        class_names=list(class_names),
+        interface_shape=[64, 8, 8],
+        threshold=0.9,
+        threshold_source="tier",
+        quantization=["fp32"],
+        backends=["xnnpack"],
+        latency_budget_ms=5.0,
+        artifacts=[
+            artifact_entry(path, "mid-android/front_fp32.pte", backend="xnnpack", quantization="fp32")
+        ],
+    )
+    key = Ed25519PrivateKey.generate()
+    manifest = build_manifest(
+        path,
+        model_version="interop-v1",
+        run={"algorithm": "random"},
+        class_names=class_names,
+        interface_shape=[64, 8, 8],
+        backend=BackendEntry(
+            model_version="interop-v1",
+            interface_shape=[64, 8, 8],
+            num_classes=10,
+            input=TensorSpec(name="features", shape=[1, 64, 8, 8]),
+            outputs=[TensorSpec(name="logits", shape=[1, 10])],
+            state_dict_file="backend/backend.pt",
+            exported_program_file="backend/backend.pt2",
+        ),
+        tiers=[tier],
+        public_key=key.public_key(),
+    )
+    write_signed_manifest(path, manifest, key)
+    return path, public_key_bytes(key.public_key())
+
+
+def _wait_ready(base_url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"harmony serve exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base_url}/v2/health/ready", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise AssertionError(f"harmony serve did not become ready within {timeout:.0f} s")
+
+
+@pytest.fixture
+def live_server(tmp_path):
+    model_dir, pinned_key = _model_dir(tmp_path / "model")
+    data_dir = tmp_path / "data"
+    port = _free_port()
+    log = open(tmp_path / "server.log", "w")  # closed in the finally below
+    harmony = Path(sys.executable).with_name("harmony")
+    command = [str(harmony)] if harmony.exists() else [sys.executable, "-m", "harmony_mobile.cli"]
+    process = subprocess.Popen(
+        [
+            *command,
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--model-dir",
+            str(model_dir),
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--torch-threads",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base_url, process)
+        yield {"base_url": base_url, "data_dir": data_dir, "model_dir": model_dir, "pinned_key": pinned_key}
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def _run_java_client(server: dict, work: Path) -> dict:
+    out = work / "java_sent.json"
+    classpath = os.pathsep.join([str(CORE / "target" / "classes"), str(CORE / "target" / "test-classes")])
+    result = subprocess.run(
+        [
+            JAVA,
+            "-cp",
+            classpath,
+            "org.harmonymobile.core.interop.InteropMain",
+            server["base_url"],
+            ADMIN_TOKEN,
+            server["pinned_key"].hex(),
+            FEDERATION_SECRET.hex(),
+            str(ROUND_ID),
+            str(work / "queue"),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, f"InteropMain failed:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    return json.loads(out.read_text(encoding="utf-8"))
+
+
+def _features(encoded: str) -> np.ndarray:
+    return np.frombuffer(base64.b64decode(encoded), dtype="<f4").reshape(1, 64, 8, 8)
+
+
+def test_java_client_against_the_real_server(built_core, live_server, tmp_path):
+    from harmony_mobile.server.keys import load_or_create_server_key
+    from harmony_mobile.server.store import Store
+    from harmony_mobile.server.uploads import open_upload
+
+    sent = _run_java_client(live_server, tmp_path)
+
+    # Enrolment: the pinned manifest verified in Java, the server key is the server's.
+    data_dir = live_server["data_dir"]
+    server_key = load_or_create_server_key(data_dir)
+    assert sent["server_public_key"] == server_key.public_key().public_bytes_raw().hex()
+    assert sent["manifest_model_version"] == "interop-v1"
+    assert sent["manifest_tiers"] == ["mid-android"]
+
+    # Uploads: delivered, replay acknowledged as a duplicate, stored exactly once each.
+    assert sent["delivered"] == 2 and sent["pending_after_flush"] == 0
+    assert sent["replay_duplicate"] is True
+    assert sent["replay_message_id"] == sent["uploads"][0]["message_id"]
+    store = Store(data_dir)
+    try:
+        stored = sorted(
+            (e for e in store.envelopes() if e.device_id == sent["device_id"]), key=lambda e: e.upload_id
+        )
+    finally:
+        store.close()
+    assert [e.message_id for e in stored] == [u["message_id"] for u in sent["uploads"]]
+
+    key = round_key(FEDERATION_SECRET, ROUND_ID)
+    for envelope, upload in zip(stored, sent["uploads"], strict=True):
+        assert uuid.UUID(envelope.message_id)
+        assert envelope.round_id == ROUND_ID
+        assert hashlib.sha256(envelope.envelope).hexdigest() == upload["envelope_sha256"]
+        payload = open_upload(
+            server_key, envelope.device_id, envelope.round_id, envelope.message_id, envelope.envelope
+        )
+        np.testing.assert_array_equal(payload.features, _features(upload["features_f32le_base64"]))
+        meta = payload.metadata
+        assert meta.label_tokens == (label_token(key, upload["class_id"]).hex(),) == (upload["label_token"],)
+        assert meta.split_depths == (2,)
+        assert (meta.family, meta.tier, meta.model_version) == ("mobilenet", "mid-android", "interop-v1")
+
+    # Inference: uncertain locally, so the server answered with argmax g(z) of its back-end.
+    inference = sent["inference"]
+    assert inference["source"] == "SERVER", inference
+    loaded = load_backend_file(live_server["model_dir"] / "backend" / "backend.pt")
+    with torch.no_grad():
+        logits = loaded.backend(torch.from_numpy(_features(inference["features_f32le_base64"]).copy()))[0]
+    assert inference["predicted_class"] == int(logits.argmax())
+    np.testing.assert_allclose(np.array(inference["logits"]), logits.numpy(), rtol=1e-4, atol=1e-4)
+    assert inference["confidence"] == pytest.approx(float(logits.softmax(0).max()), abs=1e-5)
