@@ -1,0 +1,80 @@
+"""Admin endpoints: alignment rounds and the model registry (admin token only)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, status
+from harmony_mobile.server.auth import AdminDep
+from harmony_mobile.server.registry import NoParentVersion, UnknownVersion
+from harmony_mobile.server.schemas import (
+    AlignmentParams,
+    ErrorBody,
+    RegistryResponse,
+    RoundResponse,
+    SetDefaultRequest,
+    VersionInfo,
+)
+from harmony_mobile.server.state import ServerState, StateDep
+from harmony_mobile.server.store import RoundRecord
+
+router = APIRouter(prefix="/v1", tags=["alignment and registry (admin)"])
+ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422)}
+
+
+def _round(record: RoundRecord) -> RoundResponse:
+    return RoundResponse(**record.__dict__)
+
+
+def _registry(state: ServerState) -> RegistryResponse:
+    return RegistryResponse(
+        default=state.store.default_version(),
+        versions=[VersionInfo(**v.__dict__) for v in state.store.versions()],
+    )
+
+
+@router.post(
+    "/alignment/rounds", status_code=status.HTTP_202_ACCEPTED, response_model=RoundResponse, responses=ERRORS
+)
+def start_round(state: StateDep, _: AdminDep, params: AlignmentParams | None = None) -> RoundResponse:
+    """Queue an alignment round over the stored uploads; poll GET .../rounds/{id} for progress."""
+    round_id = state.alignment.submit(params or AlignmentParams())
+    return _round(state.store.round(round_id))
+
+
+@router.get("/alignment/rounds", response_model=list[RoundResponse], responses=ERRORS)
+def list_rounds(state: StateDep, _: AdminDep) -> list[RoundResponse]:
+    return [_round(r) for r in state.store.rounds()]
+
+
+@router.get("/alignment/rounds/{round_id}", response_model=RoundResponse, responses=ERRORS)
+def get_round(round_id: int, state: StateDep, _: AdminDep) -> RoundResponse:
+    record = state.store.round(round_id)
+    if record is None:
+        raise HTTPException(404, f"unknown alignment round {round_id}")
+    return _round(record)
+
+
+@router.get("/registry/versions", response_model=RegistryResponse, responses=ERRORS)
+def list_versions(state: StateDep, _: AdminDep) -> RegistryResponse:
+    return _registry(state)
+
+
+@router.put("/registry/default", response_model=RegistryResponse, responses=ERRORS)
+def set_default(body: SetDefaultRequest, state: StateDep, _: AdminDep) -> RegistryResponse:
+    """Serve another stored version by default (takes effect for the next request)."""
+    try:
+        state.registry.set_default(body.version)
+    except UnknownVersion as error:
+        raise HTTPException(404, str(error)) from None
+    state.metrics.model_swaps.inc()
+    return _registry(state)
+
+
+@router.post("/registry/rollback", response_model=RegistryResponse, responses=ERRORS)
+def rollback(state: StateDep, _: AdminDep) -> RegistryResponse:
+    """Make the current default's parent the default again."""
+    try:
+        state.registry.rollback()
+    except NoParentVersion as error:
+        raise HTTPException(409, str(error)) from None
+    state.metrics.model_swaps.inc()
+    return _registry(state)

@@ -1,0 +1,136 @@
+"""The app factory: `create_app(settings)` wires store, keys, registry, batcher, alignment worker,
+metrics and routers into one FastAPI app whose state lives on `app.state.harmony`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import torch
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from harmony_mobile.server import admin, devices, status, uploads, v2
+from harmony_mobile.server.alignment import AlignmentWorker
+from harmony_mobile.server.auth import RateLimiter
+from harmony_mobile.server.inference import MicroBatcher
+from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
+from harmony_mobile.server.limits import BodySizeLimitMiddleware
+from harmony_mobile.server.metrics import MetricsMiddleware, ServerMetrics
+from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ModelRegistry
+from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.state import ServerState
+from harmony_mobile.server.store import Store
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from harmony_mobile.models import load_tiers
+
+log = logging.getLogger("harmony_mobile.server")
+
+MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"
+
+DESCRIPTION = """The harmony-mobile fallback server: KServe V2 inference on the aligned back-end,
+device enrolment, sealed label-private feature uploads, alignment rounds and the model registry.
+The wire protocol is specified in docs/PROTOCOL.md."""
+
+
+def _read_manifest(model_dir: Path | None) -> tuple[str | None, str | None]:
+    if model_dir is None or not (model_dir / MANIFEST_FILE).is_file():
+        return None, None
+    text = (model_dir / MANIFEST_FILE).read_bytes().decode("utf-8")
+    signature_file = model_dir / SIGNATURE_FILE
+    return text, signature_file.read_text() if signature_file.is_file() else None
+
+
+def _known_tiers(manifest_text: str | None) -> frozenset[str]:
+    """Tier names used as metric labels: the manifest's tiers, else the built-in defaults."""
+    if manifest_text is not None:
+        try:
+            tiers = json.loads(manifest_text).get("tiers", [])
+            names = {t["name"] for t in tiers if isinstance(t, dict) and isinstance(t.get("name"), str)}
+            if names:
+                return frozenset(names)
+        except (json.JSONDecodeError, AttributeError):
+            log.warning("manifest.json is not a JSON object with tiers; using the default tier names")
+    return frozenset(t.name for t in load_tiers().tiers)
+
+
+def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
+    data_dir = Path(settings.data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    store = Store(data_dir)
+    interrupted = store.interrupt_unfinished_rounds()
+    if interrupted:
+        log.warning(
+            "marked %d alignment round(s) interrupted: the previous process stopped during them", interrupted
+        )
+    server_key = load_or_create_server_key(data_dir)
+    registry = ModelRegistry(store, data_dir)
+    if settings.model_dir is not None:
+        imported = registry.import_backend(Path(settings.model_dir) / BACKEND_IN_MODEL_DIR)
+        if imported is None:
+            log.warning("no back-end at %s", Path(settings.model_dir) / BACKEND_IN_MODEL_DIR)
+    registry.load_default()
+    manifest_text, manifest_signature = _read_manifest(settings.model_dir)
+    admin_token = (
+        settings.admin_token.get_secret_value()
+        if settings.admin_token
+        else load_or_create_admin_token(data_dir)
+    )
+    return ServerState(
+        settings=settings,
+        admin_token=admin_token,
+        store=store,
+        server_key=server_key,
+        registry=registry,
+        batcher=MicroBatcher(settings.max_batch, settings.max_wait_ms, settings.queue_size, metrics),
+        alignment=AlignmentWorker(store, registry, server_key, metrics),
+        metrics=metrics,
+        rate_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+        manifest_text=manifest_text,
+        manifest_signature=manifest_signature,
+        known_tiers=_known_tiers(manifest_text),
+    )
+
+
+def create_app(settings: Settings) -> FastAPI:
+    metrics = ServerMetrics()
+    state = build_state(settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if settings.torch_threads is not None:
+            torch.set_num_threads(settings.torch_threads)
+        state.batcher.start()
+        try:
+            yield
+        finally:
+            state.batcher.stop()
+            state.alignment.stop()
+            state.store.close()
+
+    app = FastAPI(
+        title="harmony-mobile fallback server", version="1", description=DESCRIPTION, lifespan=lifespan
+    )
+    app.state.harmony = state
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        # One readable sentence, like every other error (the apps show `detail` as a string).
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+        return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    for module in (v2, devices, uploads, admin, status):
+        app.include_router(module.router)
+    # Added last = outermost: the metrics middleware also counts requests the body limit refuses.
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)
+    return app

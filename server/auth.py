@@ -1,0 +1,104 @@
+"""Bearer-token auth (devices and the admin) and the per-device rate limit, as FastAPI dependencies."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi import Depends, HTTPException, status
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from harmony_mobile.server.state import StateDep
+
+bearer_scheme = HTTPBearer(auto_error=False, description="device token from enrolment, or the admin token")
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: Literal["device", "admin"]
+    device_id: str | None = None
+
+
+def new_device_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def hash_token(token: str) -> str:
+    """Device tokens are 256-bit random strings, so a plain SHA-256 is enough (no password stretching)."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def _unauthorized(message: str) -> HTTPException:
+    return HTTPException(status.HTTP_401_UNAUTHORIZED, message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class RateLimiter:
+    """A token bucket per device: `rate` requests per second sustained, `burst` at once."""
+
+    def __init__(self, rate: float, burst: int):
+        self.rate, self.burst = rate, burst
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> float:
+        """0 if allowed, else the seconds until one request would be."""
+        now = time.monotonic()
+        with self._lock:
+            tokens, last = self._buckets.get(key, (float(self.burst), now))
+            tokens = min(float(self.burst), tokens + (now - last) * self.rate)
+            if tokens >= 1.0:
+                self._buckets[key] = (tokens - 1.0, now)
+                return 0.0
+            self._buckets[key] = (tokens, now)
+            return (1.0 - tokens) / self.rate
+
+
+def authenticate(
+    state: StateDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
+) -> Principal:
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise _unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
+    token = credentials.credentials
+    if hmac.compare_digest(token.encode(), state.admin_token.encode()):
+        return Principal("admin")
+    device = state.store.device_by_token_hash(hash_token(token))
+    if device is None:
+        raise _unauthorized("unknown bearer token")
+    if device.revoked_at is not None:
+        raise _unauthorized(f"the token of device {device.id} was revoked at {device.revoked_at}")
+    wait = state.rate_limiter.acquire(device.id)
+    if wait > 0:
+        state.metrics.rate_limited.inc()
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"device {device.id} exceeded {state.settings.rate_limit_per_second:g} requests/s",
+            headers={"Retry-After": str(max(1, math.ceil(wait)))},
+        )
+    return Principal("device", device.id)
+
+
+PrincipalDep = Annotated[Principal, Depends(authenticate)]
+
+
+def require_admin(principal: PrincipalDep) -> Principal:
+    if principal.role != "admin":
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this endpoint needs the admin token")
+    return principal
+
+
+def require_device(principal: PrincipalDep) -> Principal:
+    if principal.role != "device":
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, "this endpoint needs a device token (uploads belong to a device)"
+        )
+    return principal
+
+
+AdminDep = Annotated[Principal, Depends(require_admin)]
+DeviceDep = Annotated[Principal, Depends(require_device)]
+AnyPrincipalDep = PrincipalDep

@@ -1,0 +1,138 @@
+"""Dynamic micro-batching: CPU-bound inference runs on one worker thread, never on the event loop.
+
+Requests enqueue (features, model) with an asyncio future; the worker takes the first waiting job,
+then keeps collecting until it holds `max_batch` rows or `max_wait` has passed since that first job,
+runs one forward pass per model version in the batch, and resolves the futures on their loop.
+The queue is a thread-safe `queue.Queue` (an asyncio.Queue is not safe to read from another
+thread); a full queue refuses at once (503 + Retry-After) so a phone keeps its own answer instead
+of waiting behind a backlog.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from harmony_mobile.server.metrics import ServerMetrics
+from harmony_mobile.server.registry import ServedModel, predict
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class Prediction:
+    model_version: str
+    logits: np.ndarray  # (N, C) float32
+    top_class: np.ndarray  # (N,) int64
+    confidence: np.ndarray  # (N,) float32
+
+
+@dataclass
+class _Job:
+    features: np.ndarray
+    model: ServedModel
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def rows(self) -> int:
+        return self.features.shape[0]
+
+
+_STOP = object()
+
+
+def _resolve(future: asyncio.Future, result: object, error: BaseException | None) -> None:
+    if future.done():  # the client went away and the request was cancelled
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class MicroBatcher:
+    def __init__(self, max_batch: int, max_wait_ms: float, queue_size: int, metrics: ServerMetrics):
+        self.max_batch = max_batch
+        self.max_wait = max_wait_ms / 1000.0
+        self.metrics = metrics
+        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._carry: _Job | None = None  # a job that did not fit the previous batch
+        self._thread: threading.Thread | None = None
+        metrics.watch_queue(self._queue.qsize)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="harmony-inference", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._queue.put(_STOP)  # blocks only until the worker drains a slot
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    async def infer(self, features: np.ndarray, model: ServedModel) -> Prediction:
+        loop = asyncio.get_running_loop()
+        job = _Job(features, model, loop.create_future(), loop)
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.metrics.queue_full.inc()
+            raise QueueFull(f"the inference queue is full ({self._queue.maxsize} requests waiting)") from None
+        return await job.future
+
+    # ---------------------------------------------------------------- worker thread
+
+    def _next_batch(self) -> list[_Job] | None:
+        first = self._carry if self._carry is not None else self._queue.get()
+        self._carry = None
+        if first is _STOP:
+            return None
+        batch, rows = [first], first.rows
+        deadline = time.monotonic() + self.max_wait
+        while rows < self.max_batch:
+            remaining = deadline - time.monotonic()
+            try:
+                job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is _STOP or rows + job.rows > self.max_batch:
+                self._carry = job
+                break
+            batch.append(job)
+            rows += job.rows
+        return batch
+
+    def _run(self) -> None:
+        while (batch := self._next_batch()) is not None:
+            by_model: dict[int, list[_Job]] = {}
+            for job in batch:
+                by_model.setdefault(id(job.model), []).append(job)
+            for jobs in by_model.values():
+                self._execute(jobs)
+
+    def _execute(self, jobs: list[_Job]) -> None:
+        model = jobs[0].model
+        try:
+            features = torch.from_numpy(np.concatenate([j.features for j in jobs]))
+            logits, top_class, confidence = (t.numpy() for t in predict(model, features))
+        except Exception as error:  # a bug must fail these requests, not kill the worker
+            for job in jobs:
+                job.loop.call_soon_threadsafe(_resolve, job.future, None, error)
+            return
+        self.metrics.batches.inc()
+        self.metrics.batch_rows.observe(features.shape[0])
+        self.metrics.inferred_rows.inc(features.shape[0])
+        start = 0
+        for job in jobs:
+            end = start + job.rows
+            result = Prediction(model.version, logits[start:end], top_class[start:end], confidence[start:end])
+            job.loop.call_soon_threadsafe(_resolve, job.future, result, None)
+            start = end

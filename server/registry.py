@@ -1,0 +1,213 @@
+"""Back-end versions: content-addressed files on disk, their records in the store, the served one in memory.
+
+Publishing order (atomic for readers, safe on crash):
+  1. write the state dicts to a temporary file in artifacts/, fsync it, rename it to <sha256>.pt,
+     fsync the directory (the file is now durable under its content address);
+  2. insert the version record and the new default in one SQLite transaction (the commit point);
+  3. swap the in-memory default under a lock.
+A crash before 2 leaves an unreferenced file and the old default; after 2 the next start serves
+the new version. In-flight requests keep the model object they resolved, so a swap never mixes
+versions inside one request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from harmony_mobile.server.store import Store, VersionRecord, utc_now
+
+from harmony_mobile.models import Backend, ProjectionHead
+from harmony_mobile.run_dir import load_backend_file, save_backend
+
+ARTIFACTS_DIR = "artifacts"
+BACKEND_IN_MODEL_DIR = Path("backend") / "backend.pt"
+VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class UnknownVersion(LookupError):
+    def __init__(self, version: str, known: list[str]):
+        self.version = version
+        super().__init__(f"no back-end version {version!r}; known: {', '.join(known) or 'none'}")
+
+
+class NoParentVersion(LookupError):
+    pass
+
+
+@dataclass
+class ServedModel:
+    """One loaded back-end version. Read-only once built: inference threads share it."""
+
+    version: str
+    sha256: str
+    backend: Backend
+    projection: ProjectionHead
+    class_names: tuple[str, ...]
+
+    @property
+    def num_classes(self) -> int:
+        return self.backend.num_classes
+
+    @property
+    def interface_shape(self) -> tuple[int, int, int]:
+        return self.backend.interface.shape
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ModelRegistry:
+    def __init__(self, store: Store, data_dir: Path):
+        self.store = store
+        self.artifacts = Path(data_dir) / ARTIFACTS_DIR
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._loaded: dict[str, ServedModel] = {}
+        self._default: ServedModel | None = None
+
+    # ---------------------------------------------------------------- startup
+
+    def import_backend(self, source: Path) -> str | None:
+        """Import <model-dir>/backend/backend.pt. A file never seen before becomes the default (a new
+        export means a new training run); a known file changes nothing, so a restart keeps whatever
+        alignment or an operator published since."""
+        if not source.is_file():
+            return None
+        sha = sha256_file(source)
+        known = self.store.version_by_sha256(sha)
+        if known is not None:
+            return known.version
+        loaded = load_backend_file(source)  # validates the file before it enters the registry
+        self._store_file(source, sha)
+        name = loaded.model_version if VERSION_PATTERN.match(loaded.model_version) else "imported"
+        if self.store.version(name) is not None:
+            name = f"{name}-{sha[:8]}"
+        self.store.add_version(
+            VersionRecord(name, sha, None, "import", utc_now(), {"source": str(source)}), make_default=True
+        )
+        return name
+
+    def load_default(self) -> ServedModel | None:
+        name = self.store.default_version()
+        if name is None:
+            return None
+        model = self.get(name)
+        with self._lock:
+            self._default = model
+        return model
+
+    # ---------------------------------------------------------------- reads
+
+    def default(self) -> ServedModel | None:
+        with self._lock:
+            return self._default
+
+    def resolve(self, version: str | None) -> ServedModel:
+        if version is None:
+            model = self.default()
+            if model is None:
+                raise UnknownVersion("(default)", self.version_names())
+            return model
+        return self.get(version)
+
+    def get(self, version: str) -> ServedModel:
+        with self._lock:
+            if version in self._loaded:
+                return self._loaded[version]
+        record = self.store.version(version)
+        if record is None:
+            raise UnknownVersion(version, self.version_names())
+        loaded = load_backend_file(self.artifacts / f"{record.sha256}.pt")
+        model = ServedModel(version, record.sha256, loaded.backend, loaded.projection, loaded.class_names)
+        with self._lock:
+            return self._loaded.setdefault(version, model)
+
+    def version_names(self) -> list[str]:
+        return [v.version for v in self.store.versions()]
+
+    # ---------------------------------------------------------------- writes
+
+    def publish(
+        self,
+        version: str,
+        backend: Backend,
+        projection: ProjectionHead,
+        class_names: tuple[str, ...],
+        parent: str,
+        metrics: dict,
+    ) -> ServedModel:
+        backend, projection = backend.eval(), projection.eval()
+        with tempfile.TemporaryDirectory(dir=self.artifacts) as scratch:
+            scratch_file = Path(scratch) / "backend.pt"
+            save_backend(scratch_file, backend, projection, version, class_names)
+            sha = sha256_file(scratch_file)
+            self._store_file(scratch_file, sha)
+        self.store.add_version(
+            VersionRecord(version, sha, parent, "alignment", utc_now(), metrics), make_default=True
+        )
+        model = ServedModel(version, sha, backend, projection, class_names)
+        with self._lock:
+            self._loaded[version] = model
+            self._default = model
+        return model
+
+    def set_default(self, version: str) -> ServedModel:
+        model = self.get(version)  # raises UnknownVersion
+        self.store.set_default_version(version)
+        with self._lock:
+            self._default = model
+        return model
+
+    def rollback(self) -> ServedModel:
+        current = self.store.default_version()
+        record = self.store.version(current) if current else None
+        if record is None or record.parent is None:
+            raise NoParentVersion(f"the default version {current!r} has no parent to roll back to")
+        return self.set_default(record.parent)
+
+    def _store_file(self, source: Path, sha: str) -> Path:
+        """Copy into artifacts/<sha256>.pt durably: temp file, fsync, rename, fsync the directory."""
+        target = self.artifacts / f"{sha}.pt"
+        if target.exists():
+            return target
+        fd, temp = tempfile.mkstemp(dir=self.artifacts, suffix=".partial")
+        try:
+            with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
+                shutil.copyfileobj(src, out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, target)
+        except BaseException:
+            Path(temp).unlink(missing_ok=True)
+            raise
+        _fsync_dir(self.artifacts)
+        return target
+
+
+def predict(model: ServedModel, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logits, top class and confidence (max softmax) for a batch."""
+    with torch.inference_mode():
+        logits = model.backend(features)
+        confidence, top_class = torch.softmax(logits, dim=1).max(dim=1)
+    return logits, top_class, confidence

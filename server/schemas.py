@@ -1,0 +1,214 @@
+"""Request and response bodies (what the OpenAPI schema and docs/PROTOCOL.md describe).
+
+Privacy boundary: no model here has a field that can carry a class label; uploads carry sealed
+bytes, and the server-side metadata names label *tokens* only (tests/test_server_privacy.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- errors and health
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="one sentence saying exactly what was wrong")
+
+
+class LiveResponse(BaseModel):
+    live: bool
+
+
+class ReadyResponse(BaseModel):
+    ready: bool
+
+
+class ModelReadyResponse(BaseModel):
+    name: str
+    version: str | None = None
+    ready: bool
+
+
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+
+
+# ---------------------------------------------------------------- KServe V2 inference
+
+
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    versions: list[str]
+    platform: str
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+
+
+class InferInput(_Strict):
+    name: str = Field(description="must be 'features'")
+    shape: list[int] = Field(description="[N, 64, 8, 8]")
+    datatype: str = Field(description="must be 'FP32'")
+    data: list[Any] = Field(description="prod(shape) numbers, flat row-major (nested lists accepted)")
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequestedOutput(_Strict):
+    name: str
+    parameters: dict[str, Any] | None = None
+
+
+class InferRequest(_Strict):
+    id: str | None = Field(default=None, max_length=256)
+    inputs: list[InferInput]
+    outputs: list[InferRequestedOutput] | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="optional: {'tier': '<tier name>'}")
+
+
+class InferOutput(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int]
+    data: list[float] | list[int]
+
+
+class InferResponse(BaseModel):
+    model_name: str
+    model_version: str
+    id: str | None = None
+    outputs: list[InferOutput]
+
+
+# ---------------------------------------------------------------- devices
+
+
+class EnrolRequest(_Strict):
+    name: str | None = Field(default=None, max_length=128)
+    tier: str | None = Field(default=None, pattern=TIER_PATTERN)
+
+
+class Limits(BaseModel):
+    max_body_bytes: int
+    max_request_rows: int
+    max_upload_rows: int
+    rate_limit_per_second: float
+    rate_limit_burst: int
+
+
+class EnrolResponse(BaseModel):
+    device_id: str
+    token: str = Field(description="bearer token, shown once; the server keeps only its SHA-256")
+    server_public_key: str = Field(description="base64 of the raw 32-byte X25519 key uploads are sealed to")
+    seal_version: int
+    model_name: str
+    default_version: str | None
+    interface_shape: list[int] | None
+    manifest: str | None = Field(description="verbatim text of manifest.json, or null")
+    manifest_signature: str | None = Field(description="verbatim text of manifest.sig, or null")
+    limits: Limits
+
+
+class DeviceInfo(BaseModel):
+    device_id: str
+    name: str | None
+    tier: str | None
+    created_at: str
+    revoked_at: str | None
+
+
+# ---------------------------------------------------------------- uploads
+
+
+class UploadRequest(_Strict):
+    round_id: int = Field(ge=0, le=2**63 - 1, description="label-token key epoch of every token inside")
+    message_id: uuid.UUID = Field(description="fresh random UUID per upload; the idempotency key")
+    envelope: str = Field(min_length=1, description="base64 of the sealed envelope (docs/PROTOCOL.md 4.2)")
+
+
+class UploadReceiptResponse(BaseModel):
+    upload_id: int
+    message_id: str
+    rows: int
+    duplicate: bool
+    received_at: str
+
+
+# ---------------------------------------------------------------- alignment and registry
+
+
+class AlignmentParams(_Strict):
+    steps: int = Field(default=60, ge=1, le=10_000, description="optimizer steps")
+    batch_size: int = Field(default=64, ge=4, le=1024)
+    learning_rate: float = Field(default=1e-3, gt=0, le=1)
+    temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
+    distill_weight: float = Field(
+        default=1.0, ge=0, description="weight of distillation to the current version"
+    )
+    distill_temperature: float = Field(default=2.0, gt=0)
+    holdout_fraction: float = Field(
+        default=0.2, gt=0, lt=1, description="rows held out for the publish check"
+    )
+    min_replay_agreement: float = Field(
+        default=0.9,
+        ge=0,
+        le=1,
+        description="publish only if the new version agrees this often with the current",
+    )
+    purity_tolerance: float = Field(
+        default=0.0, ge=0, le=1, description="allowed drop of held-out token purity (the label-free accuracy)"
+    )
+    max_rows: int = Field(default=20_000, ge=8, description="newest stored rows used by the round")
+    min_rows: int = Field(default=16, ge=4, description="fewer stored rows fail the round")
+    seed: int = 0
+
+
+RoundStatus = Literal["queued", "running", "published", "rejected", "failed", "interrupted"]
+
+
+class RoundResponse(BaseModel):
+    id: int
+    status: RoundStatus
+    progress: float
+    params: dict[str, Any]
+    parent_version: str | None
+    new_version: str | None
+    metrics: dict[str, Any]
+    error: str | None
+    created_at: str
+    started_at: str | None
+    finished_at: str | None
+
+
+class VersionInfo(BaseModel):
+    version: str
+    sha256: str
+    parent: str | None
+    source: str
+    created_at: str
+    metrics: dict[str, Any]
+
+
+class RegistryResponse(BaseModel):
+    default: str | None
+    versions: list[VersionInfo]
+
+
+class SetDefaultRequest(_Strict):
+    version: str

@@ -1,0 +1,40 @@
+"""Server configuration: one pydantic-settings object, passed to `create_app` (env prefix HARMONY_)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MODEL_NAME = "harmony-backend"
+
+
+class Settings(BaseSettings):
+    """Everything the app needs; every limit is documented in docs/PROTOCOL.md and sent at enrolment."""
+
+    model_config = SettingsConfigDict(env_prefix="HARMONY_", extra="forbid")
+
+    data_dir: Path = Field(description="SQLite store, server key, content-addressed back-end versions")
+    model_dir: Path | None = Field(
+        default=None,
+        description="export directory: backend/backend.pt (imported on start), manifest.json (+ .sig) served",
+    )
+    admin_token: SecretStr | None = Field(
+        default=None, description="admin bearer token; None = read or create <data-dir>/admin_token (0600)"
+    )
+    model_name: str = MODEL_NAME
+
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="413 above this")
+    max_request_rows: int = Field(default=64, ge=1, description="feature rows per infer request")
+    max_upload_rows: int = Field(default=256, ge=1, description="feature rows per sealed upload")
+
+    max_batch: int = Field(default=32, ge=1, description="rows per micro-batch; 1 turns batching off")
+    max_wait_ms: float = Field(default=2.0, ge=0, description="how long a micro-batch waits to fill")
+    queue_size: int = Field(default=256, ge=1, description="queued infer requests before 503")
+    retry_after_seconds: int = Field(default=1, ge=1, description="Retry-After on 503 and 429")
+
+    rate_limit_per_second: float = Field(default=50.0, gt=0, description="per-device token bucket refill")
+    rate_limit_burst: int = Field(default=100, ge=1, description="per-device token bucket size")
+
+    torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads on start")

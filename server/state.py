@@ -1,0 +1,57 @@
+"""The per-app state object and the FastAPI dependencies that hand its parts to endpoints.
+
+Everything lives on `app.state.harmony` (built by `create_app`), never in module globals, so a
+test can build many apps side by side, each with its own data dir and metrics registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated
+
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from fastapi import Depends, Request
+from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.store import Store
+
+if TYPE_CHECKING:
+    from harmony_mobile.server.alignment import AlignmentWorker
+    from harmony_mobile.server.auth import RateLimiter
+    from harmony_mobile.server.inference import MicroBatcher
+    from harmony_mobile.server.metrics import ServerMetrics
+    from harmony_mobile.server.registry import ModelRegistry
+
+
+@dataclass
+class ServerState:
+    settings: Settings
+    admin_token: str
+    store: Store
+    server_key: X25519PrivateKey
+    registry: ModelRegistry
+    batcher: MicroBatcher
+    alignment: AlignmentWorker
+    metrics: ServerMetrics
+    rate_limiter: RateLimiter
+    manifest_text: str | None
+    manifest_signature: str | None
+    known_tiers: frozenset[str]
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.harmony
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
+
+
+def get_settings(state: StateDep) -> Settings:
+    return state.settings
+
+
+def get_store(state: StateDep) -> Store:
+    return state.store
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+StoreDep = Annotated[Store, Depends(get_store)]

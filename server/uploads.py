@@ -1,0 +1,155 @@
+"""Sealed feature uploads: authenticate, open, validate, store durably, answer 201 (docs/PROTOCOL.md 4).
+
+The endpoint is a plain `def`, so FastAPI runs it in the thread pool: decryption and the fsync of
+the SQLite commit never block the event loop. Logs name the device, message id and row count,
+never feature values or tokens.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import logging
+import uuid
+
+import numpy as np
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from fastapi import APIRouter, HTTPException, Response, status
+from harmony_mobile.server.auth import DeviceDep
+from harmony_mobile.server.schemas import ErrorBody, UploadReceiptResponse, UploadRequest
+from harmony_mobile.server.state import StateDep
+from harmony_mobile.server.store import NewUpload, StoredEnvelope, UploadReceipt
+
+from harmony_mobile.federation.messages import FeatureUpload
+from harmony_mobile.federation.wire import UploadPayload, WireFormatError, decode_upload
+from harmony_mobile.privacy.sealing import AssociatedData, SealError, open_sealed
+
+log = logging.getLogger("harmony_mobile.server.uploads")
+router = APIRouter(prefix="/v1", tags=["uploads"])
+ERRORS = {code: {"model": ErrorBody} for code in (400, 401, 403, 409, 413, 422, 429)}
+
+
+class UploadRejected(ValueError):
+    def __init__(self, status_code: int, message: str):
+        self.status_code = status_code
+        super().__init__(message)
+
+
+def open_upload(
+    server_key: X25519PrivateKey, device_id: str, round_id: int, message_id: str, envelope: bytes
+) -> UploadPayload:
+    """Decrypt and decode an envelope (400 on any layout or authentication failure)."""
+    ad = AssociatedData(device_id, round_id, uuid.UUID(message_id))
+    try:
+        return decode_upload(open_sealed(server_key, envelope, ad))
+    except SealError as error:
+        raise UploadRejected(400, f"sealed envelope rejected: {error}") from None
+    except WireFormatError as error:
+        raise UploadRejected(400, f"upload payload is malformed: {error}") from None
+
+
+def check_payload(payload: UploadPayload, interface_shape: tuple[int, ...] | None, max_rows: int) -> None:
+    rows = payload.features.shape[0]
+    if rows > max_rows:
+        raise UploadRejected(422, f"upload has {rows} rows; the limit is {max_rows} (max_upload_rows)")
+    if interface_shape is not None and tuple(payload.features.shape[1:]) != tuple(interface_shape):
+        raise UploadRejected(
+            422,
+            f"upload features have shape {list(payload.features.shape)}; expected [N, {', '.join(map(str, interface_shape))}]",
+        )
+    if not np.isfinite(payload.features).all():
+        raise UploadRejected(422, "upload features contain NaN or Inf")
+
+
+def stored_to_feature_upload(server_key: X25519PrivateKey, stored: StoredEnvelope) -> FeatureUpload:
+    """The alignment worker's view of a stored upload: the message type the simulation also passes."""
+    payload = open_upload(server_key, stored.device_id, stored.round_id, stored.message_id, stored.envelope)
+    return payload.to_feature_upload(stored.device_id, stored.round_id)
+
+
+def _receipt(receipt: UploadReceipt, duplicate: bool) -> UploadReceiptResponse:
+    return UploadReceiptResponse(
+        upload_id=receipt.upload_id,
+        message_id=receipt.message_id,
+        rows=receipt.rows,
+        duplicate=duplicate,
+        received_at=receipt.received_at,
+    )
+
+
+@router.post(
+    "/uploads",
+    status_code=status.HTTP_201_CREATED,
+    response_model=UploadReceiptResponse,
+    responses={
+        **ERRORS,
+        200: {"model": UploadReceiptResponse, "description": "replay of a stored message id"},
+    },
+)
+def upload(
+    body: UploadRequest, response: Response, state: StateDep, principal: DeviceDep
+) -> UploadReceiptResponse:
+    """Store a sealed batch of features + label tokens; 201 only after the commit."""
+    device_id, message_id = principal.device_id, str(body.message_id)
+    try:
+        envelope = base64.b64decode(body.envelope, validate=True)
+    except (binascii.Error, ValueError):
+        state.metrics.uploads.labels("rejected").inc()
+        raise HTTPException(400, "envelope is not valid base64 (standard alphabet, padded)") from None
+    digest = hashlib.sha256(envelope).hexdigest()
+
+    existing = state.store.find_upload(device_id, message_id)
+    if existing is not None:
+        return _replay(existing, digest, response, state)
+
+    default = state.registry.default()
+    try:
+        payload = open_upload(state.server_key, device_id, body.round_id, message_id, envelope)
+        check_payload(payload, default.interface_shape if default else None, state.settings.max_upload_rows)
+    except UploadRejected as error:
+        state.metrics.uploads.labels("rejected").inc()
+        log.info("upload rejected: device=%s message=%s status=%d", device_id, message_id, error.status_code)
+        raise HTTPException(error.status_code, str(error)) from None
+
+    meta = payload.metadata
+    receipt, inserted = state.store.add_upload(
+        NewUpload(
+            device_id=device_id,
+            message_id=message_id,
+            round_id=body.round_id,
+            envelope=envelope,
+            envelope_sha256=digest,
+            rows=payload.features.shape[0],
+            tier=meta.tier,
+            family=meta.family,
+            model_version=meta.model_version,
+            clip_norm=meta.clip_norm,
+            noise_multiplier=meta.noise_multiplier,
+        )
+    )
+    if not inserted:  # a concurrent replay committed first
+        return _replay(receipt, digest, response, state)
+    state.metrics.uploads.labels("accepted").inc()
+    state.metrics.upload_rows.inc(receipt.rows)
+    state.metrics.upload_bytes.inc(len(envelope))
+    log.info(
+        "upload stored: device=%s message=%s rows=%d id=%d",
+        device_id,
+        message_id,
+        receipt.rows,
+        receipt.upload_id,
+    )
+    return _receipt(receipt, duplicate=False)
+
+
+def _replay(existing: UploadReceipt, digest: str, response: Response, state) -> UploadReceiptResponse:
+    if existing.envelope_sha256 != digest:
+        state.metrics.uploads.labels("rejected").inc()
+        raise HTTPException(
+            409,
+            f"message id {existing.message_id} was already used for a different envelope; use a fresh UUID",
+        )
+    state.metrics.uploads.labels("duplicate").inc()
+    response.status_code = status.HTTP_200_OK
+    return _receipt(existing, duplicate=True)

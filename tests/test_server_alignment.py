@@ -1,0 +1,328 @@
+"""Alignment rounds and the model registry: publish, reject, crash mid-round, restart, hot swap,
+set default and roll back. Training is small (tens of steps on a few hundred rows)."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+
+import harmony_mobile.server.alignment as alignment_module
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from harmony_mobile.server import create_app
+from harmony_mobile.server.alignment import group_rows, token_purity
+from test_server_support import (
+    ADMIN,
+    bearer,
+    class_features,
+    enrol,
+    json_infer_body,
+    make_model_dir,
+    make_settings,
+    sealed_upload,
+)
+
+from harmony_mobile.federation.messages import FeatureUpload
+
+torch.set_num_threads(1)
+ROUNDS = "/v1/alignment/rounds"
+INFER = "/v2/models/harmony-backend/infer"
+FAST = {"steps": 12, "batch_size": 32}
+
+
+def store_uploads(client, device, uploads: int = 4, rows: int = 30, round_ids=(3,)) -> None:
+    for i in range(uploads):
+        classes = (np.arange(rows) + i) % 10
+        body = sealed_upload(device, round_ids[i % len(round_ids)], classes, seed=i)
+        assert client.post("/v1/uploads", json=body, headers=bearer(device["token"])).status_code == 201
+
+
+def wait_for_round(client, round_id: int, timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = client.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()
+        if record["status"] not in ("queued", "running"):
+            return record
+        time.sleep(0.05)
+    raise AssertionError(f"round {round_id} did not finish: {record}")
+
+
+def infer_version(client, device) -> tuple[str, list[float]]:
+    body = client.post(
+        INFER, json=json_infer_body(class_features(np.array([4]), 99)), headers=bearer(device["token"])
+    ).json()
+    return body["model_version"], body["outputs"][0]["data"]
+
+
+@pytest.fixture(scope="module")
+def fitted_model_dir(tmp_path_factory):
+    """A back-end with confident, class-dependent predictions (a random one is near-uniform, so any
+    update flips its argmax and every round would be rejected)."""
+    return make_model_dir(tmp_path_factory.mktemp("fitted"), fit_steps=20)
+
+
+@pytest.fixture
+def server(tmp_path, fitted_model_dir):
+    model_dir = tmp_path / "model"
+    shutil.copytree(fitted_model_dir, model_dir)
+    settings = make_settings(tmp_path, model_dir)
+    with TestClient(create_app(settings)) as client:
+        device = enrol(client)
+        store_uploads(client, device, round_ids=(3, 4))
+        yield client, device, settings
+
+
+def test_round_publishes_a_new_default_version(server):
+    client, device, _ = server
+    old_version, old_logits = infer_version(client, device)
+    accepted = client.post(ROUNDS, json=FAST, headers=ADMIN)
+    assert accepted.status_code == 202 and accepted.json()["status"] in ("queued", "running")
+    record = wait_for_round(client, accepted.json()["id"])
+    assert record["status"] == "published", record["metrics"]
+    assert record["progress"] == 1.0 and record["parent_version"] == "v1" and record["new_version"] == "v1-r1"
+    metrics = record["metrics"]
+    assert metrics["rows"] == 120 and metrics["holdout_rows"] == 24 and metrics["step"] == 12
+    assert (
+        metrics["holdout_agreement"] >= 0.9
+        and metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]
+    )
+    assert (
+        metrics["holdout_supcon_after"] < metrics["holdout_supcon_before"]
+    )  # the space moved toward token positives
+    registry = client.get("/v1/registry/versions", headers=ADMIN).json()
+    assert registry["default"] == "v1-r1"
+    assert [(v["version"], v["parent"], v["source"]) for v in registry["versions"]] == [
+        ("v1", None, "import"),
+        ("v1-r1", "v1", "alignment"),
+    ]
+    new_version, new_logits = infer_version(client, device)
+    assert (old_version, new_version) == ("v1", "v1-r1") and new_logits != old_logits
+    assert client.get(ROUNDS, headers=ADMIN).json()[0]["id"] == record["id"]
+    sha = registry["versions"][1]["sha256"]
+    assert (client.app.state.harmony.registry.artifacts / f"{sha}.pt").is_file()  # content-addressed
+    assert 'harmony_alignment_rounds_total{status="published"} 1.0' in client.get("/metrics").text
+
+
+def test_round_that_would_change_the_class_mapping_is_rejected(server):
+    client, device, _ = server
+    params = {**FAST, "steps": 30, "learning_rate": 0.3, "distill_weight": 0.0, "min_replay_agreement": 1.0}
+    record = wait_for_round(client, client.post(ROUNDS, json=params, headers=ADMIN).json()["id"])
+    assert record["status"] == "rejected", record
+    assert "held-out" in record["metrics"]["rejected_because"] and record["new_version"] is None
+    assert client.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
+    assert infer_version(client, device)[0] == "v1"
+
+
+def test_round_params_are_validated(server):
+    client, _, _ = server
+    response = client.post(ROUNDS, json={"steps": 0}, headers=ADMIN)
+    assert response.status_code == 422 and "body.steps" in response.json()["detail"]
+    assert client.get(f"{ROUNDS}/999", headers=ADMIN).status_code == 404
+
+
+def test_too_few_rows_fails_the_round(tmp_path):
+    with TestClient(create_app(make_settings(tmp_path, make_model_dir(tmp_path)))) as client:
+        device = enrol(client)
+        store_uploads(client, device, uploads=1, rows=5)
+        record = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+        assert record["status"] == "failed" and "at least 16 stored rows, found 5" in record["error"]
+
+
+def test_crash_mid_round_keeps_old_version_and_uploads(server, monkeypatch):
+    client, device, _ = server
+    uploads_before = client.app.state.harmony.store.upload_stats()
+    calls = 0
+    real = alignment_module.distillation_loss
+
+    def crashing(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 5:
+            raise RuntimeError("simulated crash in step 5")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(alignment_module, "distillation_loss", crashing)
+    record = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+    assert record["status"] == "failed" and record["error"] == "RuntimeError: simulated crash in step 5"
+    assert 0 < record["progress"] < 1
+    assert client.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
+    assert infer_version(client, device)[0] == "v1"
+    assert client.app.state.harmony.store.upload_stats() == uploads_before
+    monkeypatch.setattr(alignment_module, "distillation_loss", real)
+    assert (
+        wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])["status"]
+        == "published"
+    )
+
+
+def block_round_at_step(monkeypatch, step: int):
+    """Hold the round inside training at `step` until `release` is set; then fail it (a dead process)."""
+    reached, release = threading.Event(), threading.Event()
+    real = alignment_module.supcon_loss
+    calls = 0
+
+    def blocking(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == step + 1:  # call 1 is the held-out 'before' measurement
+            reached.set()
+            release.wait(30)
+            raise RuntimeError("the process died here")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(alignment_module, "supcon_loss", blocking)
+    return reached, release
+
+
+def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(server, monkeypatch):
+    client, device, settings = server
+    reached, release = block_round_at_step(monkeypatch, step=3)
+    round_id = client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
+    assert reached.wait(30)
+    uploads = client.app.state.harmony.store.upload_stats()
+    try:
+        # A new process on the same data dir (the old one is frozen mid-round, as after a kill -9).
+        with TestClient(create_app(settings)) as restarted:
+            record = restarted.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()
+            assert record["status"] == "interrupted" and "stopped while this round" in record["error"]
+            assert restarted.app.state.harmony.store.upload_stats() == uploads
+            assert restarted.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
+            assert infer_version(restarted, device)[0] == "v1"
+            assert restarted.get("/v2/health/ready").json() == {"ready": True}
+            release.set()  # the stale worker wakes up and dies: it must not overwrite 'interrupted'
+            time.sleep(0.3)
+            assert restarted.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()["status"] == "interrupted"
+            monkeypatch.undo()
+            fresh = wait_for_round(restarted, restarted.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+            assert fresh["status"] == "published"
+    finally:
+        release.set()
+
+
+def test_shutdown_during_a_round_marks_it_interrupted(tmp_path, monkeypatch):
+    """A graceful stop asks the running round to stop at its next step; it ends `interrupted`."""
+    settings = make_settings(tmp_path, make_model_dir(tmp_path))
+    app = create_app(settings)
+    stopping = app.state.harmony.alignment._stopping
+    reached = threading.Event()
+    real = alignment_module.supcon_loss
+    calls = 0
+
+    def wait_for_shutdown(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            reached.set()
+            stopping.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(alignment_module, "supcon_loss", wait_for_shutdown)
+    with TestClient(app) as client:
+        device = enrol(client)
+        store_uploads(client, device, uploads=2)
+        round_id = client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
+        assert reached.wait(30)
+    monkeypatch.undo()
+    with TestClient(create_app(settings)) as client:
+        record = client.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()
+        assert record["status"] == "interrupted" and record["error"] == "the server stopped during this round"
+        assert (
+            record["new_version"] is None
+            and client.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
+        )
+        assert client.app.state.harmony.store.upload_stats()["uploads"] == 2
+
+
+def test_hot_swap_inference_answers_during_the_round_and_switches_after(server, monkeypatch):
+    client, device, _ = server
+    reached, release = threading.Event(), threading.Event()
+    real = alignment_module.supcon_loss
+    calls = 0
+
+    def pausing(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            reached.set()
+            release.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(alignment_module, "supcon_loss", pausing)
+    round_id = client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
+    try:
+        assert reached.wait(30)
+        during = [infer_version(client, device)[0] for _ in range(5)]
+        assert client.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()["status"] == "running"
+    finally:
+        release.set()
+    assert during == ["v1"] * 5
+    assert wait_for_round(client, round_id)["status"] == "published"
+    assert infer_version(client, device)[0] == f"v1-r{round_id}"
+    # the old version stays addressable by name after the swap
+    old = client.post(
+        "/v2/models/harmony-backend/versions/v1/infer",
+        json=json_infer_body(class_features(np.array([4]), 99)),
+        headers=bearer(device["token"]),
+    )
+    assert old.json()["model_version"] == "v1"
+
+
+def test_registry_set_default_and_rollback(server):
+    client, device, settings = server
+    assert (
+        wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])["status"]
+        == "published"
+    )
+    assert client.post("/v1/registry/rollback", headers=ADMIN).json()["default"] == "v1"
+    assert infer_version(client, device)[0] == "v1"
+    conflict = client.post("/v1/registry/rollback", headers=ADMIN)
+    assert conflict.status_code == 409 and "no parent" in conflict.json()["detail"]
+    assert (
+        client.put("/v1/registry/default", json={"version": "v1-r1"}, headers=ADMIN).json()["default"]
+        == "v1-r1"
+    )
+    assert infer_version(client, device)[0] == "v1-r1"
+    missing = client.put("/v1/registry/default", json={"version": "v404"}, headers=ADMIN)
+    assert missing.status_code == 404 and "no back-end version 'v404'" in missing.json()["detail"]
+    assert client.get("/v1/registry/versions", headers=bearer(device["token"])).status_code == 403
+    # the default survives a restart; re-importing the same model dir changes nothing
+    with TestClient(create_app(settings)) as restarted:
+        assert restarted.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1-r1"
+        assert len(restarted.get("/v1/registry/versions", headers=ADMIN).json()["versions"]) == 2
+
+
+def test_a_new_export_becomes_the_default(tmp_path):
+    settings = make_settings(tmp_path, make_model_dir(tmp_path, seed=0))
+    with TestClient(create_app(settings)):
+        pass
+    make_model_dir(tmp_path, seed=1, model_version="v2")  # the export step writes a new back-end
+    with TestClient(create_app(settings)) as client:
+        registry = client.get("/v1/registry/versions", headers=ADMIN).json()
+        assert registry["default"] == "v2" and [v["version"] for v in registry["versions"]] == ["v1", "v2"]
+    make_model_dir(tmp_path, seed=2, model_version="v2")  # same name, other weights: kept apart by hash
+    with TestClient(create_app(settings)) as client:
+        default = client.get("/v1/registry/versions", headers=ADMIN).json()["default"]
+        assert default.startswith("v2-") and len(default) == len("v2-") + 8
+
+
+def upload(round_id: int, tokens: list[bytes]) -> FeatureUpload:
+    n = len(tokens)
+    return FeatureUpload("dev", round_id, torch.zeros(n, 64, 8, 8), tuple(tokens), (1,) * n, "cnn", "t", "v")
+
+
+def test_token_groups_never_span_key_epochs():
+    a, b = b"A" * 8, b"B" * 8
+    features, groups = group_rows([upload(1, [a, b, a]), upload(2, [a, a]), upload(1, [b])])
+    assert features.shape[0] == 6
+    by_row = groups.tolist()  # rows: round 1 (a, b, a, b), then round 2 (a, a)
+    assert by_row[0] == by_row[2] and by_row[1] == by_row[3] and by_row[0] != by_row[1]
+    assert by_row[4] == by_row[5] and by_row[4] not in (by_row[0], by_row[1])
+
+
+def test_token_purity():
+    groups = torch.tensor([0, 0, 0, 1, 1, 2])
+    assert token_purity(torch.tensor([5, 5, 5, 1, 1, 9]), groups) == 1.0
+    assert token_purity(torch.tensor([5, 5, 4, 1, 2, 9]), groups) == pytest.approx(3 / 5)

@@ -1,0 +1,476 @@
+"""The fallback server over HTTP (httpx via TestClient, real app, real lifespan): health, metadata,
+inference (JSON and binary), every bad input, auth, enrolment, limits, metrics and status page."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from harmony_mobile.server import create_app
+from test_server_support import (
+    ADMIN,
+    ADMIN_TOKEN,
+    bearer,
+    class_features,
+    enrol,
+    json_infer_body,
+    make_model_dir,
+    make_settings,
+)
+
+from harmony_mobile.federation.wire import encode_tensor
+from harmony_mobile.run_dir import load_backend_file
+
+torch.set_num_threads(1)
+INFER = "/v2/models/harmony-backend/infer"
+BINARY = {"content-type": "application/octet-stream"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_model_dir(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory, model_dir):
+    root = tmp_path_factory.mktemp("server")
+    with TestClient(create_app(make_settings(root, model_dir, max_request_rows=8))) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def device(client):
+    return enrol(client)
+
+
+@pytest.fixture(scope="module")
+def auth(device):
+    return bearer(device["token"])
+
+
+def features(rows: int = 2, seed: int = 0) -> np.ndarray:
+    return class_features(np.arange(rows) % 10, seed)
+
+
+# ---------------------------------------------------------------- health and metadata
+
+
+def test_health_and_server_metadata_need_no_token(client):
+    assert client.get("/v2/health/live").json() == {"live": True}
+    assert client.get("/v2/health/ready").json() == {"ready": True}
+    metadata = client.get("/v2").json()
+    assert metadata["name"] == "harmony-mobile" and "harmony-binary-tensor" in metadata["extensions"]
+
+
+def test_not_ready_without_a_backend(tmp_path):
+    with TestClient(create_app(make_settings(tmp_path, None))) as client:
+        response = client.get("/v2/health/ready")
+        assert response.status_code == 503 and response.json() == {"ready": False}
+        assert response.headers["retry-after"] == "1"
+        assert client.get("/v2/health/live").status_code == 200
+        device = enrol(client)
+        assert device["default_version"] is None and device["manifest"] is None
+        no_model = client.post(INFER, json=json_infer_body(features()), headers=bearer(device["token"]))
+        assert no_model.status_code == 503 and "no back-end" in no_model.json()["detail"]
+
+
+def test_model_metadata_in_kserve_shape(client, auth):
+    for path in ("/v2/models/harmony-backend", "/v2/models/harmony-backend/versions/v1"):
+        metadata = client.get(path, headers=auth).json()
+        assert metadata["versions"] == ["v1"]
+        assert metadata["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 64, 8, 8]}]
+        assert [o["name"] for o in metadata["outputs"]] == ["logits", "top_class", "confidence"]
+        assert metadata["outputs"][0]["shape"] == [-1, 10]
+    ready = client.get("/v2/models/harmony-backend/versions/v1/ready", headers=auth).json()
+    assert ready == {"name": "harmony-backend", "version": "v1", "ready": True}
+    assert client.get("/v2/models/harmony-backend/ready", headers=auth).json()["ready"] is True
+
+
+@pytest.mark.parametrize(
+    "path,message",
+    [
+        ("/v2/models/resnet50", "unknown model 'resnet50'"),
+        ("/v2/models/harmony-backend/versions/v9", "no back-end version 'v9'; known: v1"),
+        ("/v2/models/harmony-backend/versions/v9/ready", "no back-end version 'v9'"),
+    ],
+)
+def test_unknown_model_or_version_is_404(client, auth, path, message):
+    response = client.get(path, headers=auth)
+    assert response.status_code == 404 and message in response.json()["detail"]
+
+
+# ---------------------------------------------------------------- inference
+
+
+def expected_outputs(model_dir, x: np.ndarray):
+    loaded = load_backend_file(model_dir / "backend" / "backend.pt")
+    with torch.no_grad():
+        logits = loaded.backend(torch.from_numpy(x))
+    return logits.numpy(), torch.softmax(logits, 1).max(1)
+
+
+def test_json_infer_matches_the_backend(client, auth, model_dir):
+    x = features(3)
+    response = client.post(
+        INFER, json=json_infer_body(x, id="req-1", parameters={"tier": "mid-android"}), headers=auth
+    )
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model_name"] == "harmony-backend" and body["model_version"] == "v1" and body["id"] == "req-1"
+    logits, (confidence, top) = expected_outputs(model_dir, x)
+    outputs = {o["name"]: o for o in body["outputs"]}
+    assert outputs["logits"]["shape"] == [3, 10]
+    np.testing.assert_allclose(
+        np.array(outputs["logits"]["data"]).reshape(3, 10), logits, rtol=1e-5, atol=1e-5
+    )
+    assert outputs["top_class"]["data"] == top.tolist() and outputs["top_class"]["datatype"] == "INT64"
+    np.testing.assert_allclose(outputs["confidence"]["data"], confidence.numpy(), rtol=1e-5)
+
+
+def test_binary_infer_equals_json_infer(client, auth):
+    x = features(2, seed=3)
+    as_json = client.post(INFER, json=json_infer_body(x), headers=auth).json()
+    as_binary = client.post(
+        "/v2/models/harmony-backend/versions/v1/infer",
+        content=encode_tensor(x),
+        headers={**auth, **BINARY, "X-Harmony-Tier": "entry-android"},
+    )
+    assert as_binary.status_code == 200, as_binary.text
+    assert as_binary.json()["outputs"] == as_json["outputs"]
+
+
+def test_nested_json_data_is_accepted(client, auth):
+    x = features(1)
+    body = json_infer_body(x)
+    body["inputs"][0]["data"] = x.tolist()
+    flat = client.post(INFER, json=json_infer_body(x), headers=auth).json()
+    assert client.post(INFER, json=body, headers=auth).json()["outputs"] == flat["outputs"]
+
+
+def bad_input(**changes) -> dict:
+    tensor = {"name": "features", "shape": [1, 64, 8, 8], "datatype": "FP32", "data": [0.0] * 4096}
+    tensor.update(changes)
+    return {"inputs": [tensor]}
+
+
+@pytest.mark.parametrize(
+    "body,message",
+    [
+        (
+            bad_input(shape=[1, 64, 4, 4], data=[0.0] * 1024),
+            "has shape [1, 64, 4, 4]; expected [N, 64, 8, 8]",
+        ),
+        (bad_input(shape=[64, 8, 8]), "has shape [64, 8, 8]; expected [N, 64, 8, 8]"),
+        (bad_input(shape=[1, 64, 8, 0], data=[]), "every dimension must be >= 1"),
+        (bad_input(datatype="FP16"), "datatype 'FP16'; this model accepts 'FP32' only"),
+        (bad_input(datatype="INT8"), "datatype 'INT8'"),
+        (bad_input(data=[0.0] * 4095), "holds 4095 values; shape [1, 64, 8, 8] needs 4096"),
+        (bad_input(data=["a"] * 4096), "data must be numbers"),
+        (bad_input(name="pixels"), "unknown input 'pixels'"),
+        (
+            bad_input(shape=[9, 64, 8, 8], data=[0.0] * 9 * 4096),
+            "has 9 rows; the limit is 1..8",
+        ),
+        ({"inputs": []}, "expected exactly one input named 'features', got 0"),
+        ({"inputs": [bad_input()["inputs"][0]] * 2}, "got 2"),
+        ({"tensors": []}, "inputs: Field required"),
+    ],
+)
+def test_bad_json_input_is_422_with_exact_message(client, auth, body, message):
+    response = client.post(INFER, json=body, headers=auth)
+    assert response.status_code == 422
+    assert message in response.json()["detail"]
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_json_values_are_422(client, auth, value):
+    raw = json.dumps(bad_input()).replace("0.0", value, 1)  # JSON has no NaN; Python-style clients send it
+    response = client.post(INFER, content=raw, headers={**auth, "content-type": "application/json"})
+    assert response.status_code == 422
+    assert "contains NaN or Inf (first at flat index 0" in response.json()["detail"]
+
+
+def test_non_finite_binary_values_are_422(client, auth):
+    x = features(1)
+    x[0, 5, 2, 1] = np.inf
+    response = client.post(INFER, content=encode_tensor(x), headers={**auth, **BINARY})
+    assert response.status_code == 422
+    assert f"flat index {5 * 64 + 2 * 8 + 1}, value inf" in response.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    "body,status,message",
+    [
+        (
+            b"HMFT",
+            400,
+            "malformed binary body: binary tensor is 4 bytes, shorter than the 8-byte fixed header",
+        ),
+        (b"XXXX" + encode_tensor(features(1))[4:], 400, "magic"),
+        (encode_tensor(features(1))[:-4], 400, "body has 16380"),
+        (encode_tensor(features(1))[:5] + b"\x02" + encode_tensor(features(1))[6:], 400, "dtype code 2"),
+        (encode_tensor(np.zeros((1, 32, 8, 8), np.float32)), 422, "has shape [1, 32, 8, 8]"),
+        (encode_tensor(np.zeros((9, 64, 8, 8), np.float32)), 422, "has 9 rows"),
+    ],
+)
+def test_bad_binary_input(client, auth, body, status, message):
+    response = client.post(INFER, content=body, headers={**auth, **BINARY})
+    assert response.status_code == status
+    assert message in response.json()["detail"]
+
+
+def test_unknown_content_type_is_415(client, auth):
+    response = client.post(INFER, content=b"1,2,3", headers={**auth, "content-type": "text/csv"})
+    assert response.status_code == 415 and "'text/csv' is not accepted" in response.json()["detail"]
+
+
+def test_infer_on_unknown_version_or_model_is_404(client, auth):
+    x = json_infer_body(features(1))
+    response = client.post("/v2/models/harmony-backend/versions/v7/infer", json=x, headers=auth)
+    assert response.status_code == 404 and "no back-end version 'v7'" in response.json()["detail"]
+    response = client.post("/v2/models/other/infer", json=x, headers=auth)
+    assert response.status_code == 404 and "unknown model 'other'" in response.json()["detail"]
+
+
+# ---------------------------------------------------------------- auth and devices
+
+
+def test_auth_failures(client, device):
+    x = json_infer_body(features(1))
+    missing = client.post(INFER, json=x)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert "missing bearer token" in missing.json()["detail"]
+    wrong = client.post(INFER, json=x, headers=bearer("not-a-token"))
+    assert wrong.status_code == 401 and wrong.json()["detail"] == "unknown bearer token"
+    basic = client.post(INFER, json=x, headers={"Authorization": "Basic dXNlcjpwYXNz"})
+    assert basic.status_code == 401
+    # a device token on admin endpoints is 403, the admin token on the device-only upload is 403
+    for method, path in [("post", "/v1/devices"), ("get", "/v1/devices"), ("post", "/v1/alignment/rounds")]:
+        response = getattr(client, method)(
+            path, headers=bearer(device["token"]), **({"json": {}} if method == "post" else {})
+        )
+        assert response.status_code == 403 and "admin token" in response.json()["detail"]
+    upload = client.post(
+        "/v1/uploads",
+        json={"round_id": 1, "message_id": "00000000-0000-0000-0000-000000000001", "envelope": "AA=="},
+        headers=ADMIN,
+    )
+    assert upload.status_code == 403 and "device token" in upload.json()["detail"]
+    # the admin may use inference (operations, load tests)
+    assert client.post(INFER, json=x, headers=ADMIN).status_code == 200
+
+
+def test_enrolment_list_and_revocation(client):
+    device = enrol(client, name="revoke-me", tier="flagship")
+    assert device["server_public_key"] and len(device["token"]) >= 40
+    assert device["interface_shape"] == [64, 8, 8] and device["default_version"] == "v1"
+    assert device["limits"]["max_request_rows"] == 8
+    listed = {d["device_id"]: d for d in client.get("/v1/devices", headers=ADMIN).json()}
+    assert listed[device["device_id"]]["name"] == "revoke-me"
+    assert "token" not in listed[device["device_id"]]
+    token_auth = bearer(device["token"])
+    assert client.post(INFER, json=json_infer_body(features(1)), headers=token_auth).status_code == 200
+    assert client.delete(f"/v1/devices/{device['device_id']}", headers=ADMIN).status_code == 204
+    revoked = client.post(INFER, json=json_infer_body(features(1)), headers=token_auth)
+    assert revoked.status_code == 401 and "was revoked" in revoked.json()["detail"]
+    assert client.delete("/v1/devices/dev_unknown", headers=ADMIN).status_code == 404
+
+
+def test_enrolment_validation(client):
+    response = client.post("/v1/devices", json={"tier": "Not A Tier!"}, headers=ADMIN)
+    assert response.status_code == 422 and response.json()["detail"].startswith("invalid request: body.tier")
+    response = client.post("/v1/devices", json={"labels": [1]}, headers=ADMIN)
+    assert response.status_code == 422 and "Extra inputs are not permitted" in response.json()["detail"]
+
+
+def test_tokens_are_stored_hashed(client, device):
+    db = client.app.state.harmony.store.path.read_bytes()
+    wal = client.app.state.harmony.store.path.with_name("harmony.sqlite3-wal")
+    stored = db + (wal.read_bytes() if wal.exists() else b"")
+    assert device["token"].encode() not in stored
+
+
+def test_manifest_is_served_verbatim(tmp_path, model_dir):
+    manifest_text = '{"tiers": [{"name": "mid-android"}, {"name": "tiny"}],  "model_version": "v1"}\n'
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    (export_dir / "backend").symlink_to(model_dir / "backend")
+    (export_dir / "manifest.json").write_text(manifest_text)
+    (export_dir / "manifest.sig").write_text("c2lnbmF0dXJl")
+    with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
+        device = enrol(client)
+        assert device["manifest"] == manifest_text and device["manifest_signature"] == "c2lnbmF0dXJl"
+        served = client.get("/v1/manifest", headers=bearer(device["token"]))
+        assert (
+            served.content == manifest_text.encode() and served.headers["content-type"] == "application/json"
+        )
+        assert client.get("/v1/manifest.sig", headers=bearer(device["token"])).text == "c2lnbmF0dXJl"
+        # the manifest's tiers become the metric labels; others count as 'other'
+        assert client.app.state.harmony.known_tiers == {"mid-android", "tiny"}
+
+
+def test_no_manifest_is_404(client, auth):
+    assert client.get("/v1/manifest", headers=auth).status_code == 404
+    assert client.get("/v1/manifest.sig", headers=auth).status_code == 404
+
+
+def test_admin_token_file_is_created_private(tmp_path, model_dir):
+    settings = make_settings(tmp_path, model_dir, admin_token=None)
+    app = create_app(settings)
+    token_file = settings.data_dir / "admin_token"
+    key_file = settings.data_dir / "server_key.x25519"
+    assert token_file.stat().st_mode & 0o777 == 0o600 and key_file.stat().st_mode & 0o777 == 0o600
+    assert len(key_file.read_bytes()) == 32
+    with TestClient(app) as client:
+        assert client.get("/v1/devices", headers=bearer(token_file.read_text())).status_code == 200
+        assert client.get("/v1/devices", headers=ADMIN).status_code == 401
+
+
+# ---------------------------------------------------------------- limits
+
+
+def test_rate_limit_per_device(tmp_path, model_dir):
+    settings = make_settings(tmp_path, model_dir, rate_limit_per_second=0.01, rate_limit_burst=2)
+    with TestClient(create_app(settings)) as client:
+        first, second = enrol(client, "a"), enrol(client, "b")
+        path = "/v2/models/harmony-backend"
+        assert [client.get(path, headers=bearer(first["token"])).status_code for _ in range(2)] == [200, 200]
+        limited = client.get(path, headers=bearer(first["token"]))
+        assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+        assert "exceeded" in limited.json()["detail"]
+        assert client.get(path, headers=bearer(second["token"])).status_code == 200  # per device
+        assert client.get("/v1/devices", headers=ADMIN).status_code == 200  # the admin is not limited
+
+
+def test_body_limit_on_content_length_and_on_streamed_bytes(tmp_path, model_dir):
+    with TestClient(create_app(make_settings(tmp_path, model_dir, max_body_bytes=4096))) as client:
+        auth = bearer(enrol(client)["token"])
+        declared = client.post(INFER, content=encode_tensor(features(1)), headers={**auth, **BINARY})
+        assert declared.status_code == 413
+        assert (
+            declared.json()["detail"]
+            == "request body is 16408 bytes; the limit is 4096 bytes (max_body_bytes)"
+        )
+
+        def chunks():  # no Content-Length: chunked transfer, counted as it streams
+            body = encode_tensor(features(1))
+            for i in range(0, len(body), 1000):
+                yield body[i : i + 1000]
+
+        streamed = client.post(INFER, content=chunks(), headers={**auth, **BINARY})
+        assert streamed.status_code == 413 and "the limit is 4096 bytes" in streamed.json()["detail"]
+        small = client.post(INFER, content=b"HMFT", headers={**auth, **BINARY})
+        assert small.status_code == 400  # under the limit: reaches the decoder
+
+
+def test_full_queue_is_503_with_retry_after(tmp_path, model_dir):
+    """One request occupies the worker, one waits in the queue (size 1), the third is refused."""
+    app = create_app(make_settings(tmp_path, model_dir, queue_size=1, max_batch=1, retry_after_seconds=2))
+    state = app.state.harmony
+    release = threading.Event()
+    execute = state.batcher._execute
+
+    def slow_execute(jobs):
+        release.wait(10)
+        execute(jobs)
+
+    state.batcher._execute = slow_execute
+
+    async def scenario():
+        state.batcher.start()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            body = encode_tensor(features(1))
+            headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", **BINARY}
+            first = asyncio.create_task(client.post(INFER, content=body, headers=headers))
+            while state.batcher._queue.qsize():  # the worker took the first job
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            second = asyncio.create_task(client.post(INFER, content=body, headers=headers))
+            while not state.batcher._queue.qsize():
+                await asyncio.sleep(0.01)
+            refused = await client.post(INFER, content=body, headers=headers)
+            release.set()
+            return refused, await first, await second
+
+    try:
+        refused, first, second = asyncio.run(scenario())
+    finally:
+        release.set()
+        state.batcher.stop()
+        state.store.close()
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+    assert "inference queue is full (1 requests waiting)" in refused.json()["detail"]
+    assert first.status_code == 200 and second.status_code == 200
+
+
+def test_micro_batching_merges_concurrent_requests(tmp_path, model_dir):
+    app = create_app(make_settings(tmp_path, model_dir, max_batch=32, max_wait_ms=50))
+    state = app.state.harmony
+
+    async def scenario():
+        state.batcher.start()
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://test"
+        ) as client:
+            headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", **BINARY}
+            requests = [
+                client.post(INFER, content=encode_tensor(features(2, seed=i)), headers=headers)
+                for i in range(8)
+            ]
+            return await asyncio.gather(*requests)
+
+    try:
+        responses = asyncio.run(scenario())
+    finally:
+        state.batcher.stop()
+        state.store.close()
+    assert all(r.status_code == 200 for r in responses)
+    batches = state.metrics.counter_value(state.metrics.batches)
+    assert state.metrics.counter_value(state.metrics.inferred_rows) == 16
+    assert batches < 8  # at least two requests shared a forward pass
+    # each response holds its own rows, in order, despite sharing a batch
+    for i, response in enumerate(responses):
+        single = state.registry.default().backend(torch.from_numpy(features(2, seed=i))).detach().numpy()
+        logits = np.array(response.json()["outputs"][0]["data"]).reshape(2, 10)
+        np.testing.assert_allclose(logits, single, rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- metrics and status page
+
+
+def test_metrics_and_status_page(client, auth):
+    client.post(INFER, json=json_infer_body(features(2), parameters={"tier": "mid-android"}), headers=auth)
+    client.post(
+        INFER, content=encode_tensor(features(1)), headers={**auth, **BINARY, "X-Harmony-Tier": "made-up"}
+    )
+    client.post(INFER, json={"inputs": []}, headers=auth)
+    text = client.get("/metrics").text
+    assert 'harmony_http_requests_total{method="POST",route="/v2/models/{name}/infer",status="200"}' in text
+    assert 'route="/v2/models/{name}/infer",status="422"' in text
+    assert 'harmony_fallback_rows_total{tier="mid-android"}' in text
+    assert 'harmony_fallback_rows_total{tier="other"}' in text
+    assert "harmony_inference_batch_rows_bucket" in text and "harmony_inference_queue_depth" in text
+    assert "harmony_http_request_duration_seconds_bucket" in text
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "harmony fallback server" in page.text and "v1" in page.text and "inferred rows" in page.text
+
+
+def test_unknown_route_is_404(client):
+    assert client.get("/v3/nothing").status_code == 404
+
+
+def test_two_apps_in_one_process_have_separate_metrics(tmp_path, model_dir):
+    first = create_app(make_settings(tmp_path / "a", model_dir))
+    second = create_app(make_settings(tmp_path / "b", model_dir))
+    with TestClient(first) as a, TestClient(second) as b:
+        a.get("/v2/health/live")
+        assert 'route="/v2/health/live"' in a.get("/metrics").text
+        assert 'route="/v2/health/live"' not in b.get("/metrics").text

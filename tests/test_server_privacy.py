@@ -1,0 +1,155 @@
+"""The privacy boundary of the server, checked on the code itself: no request model, route parameter
+or server function can take a label (tokens only), and no log line or stored row holds feature
+values or tokens in the clear."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import logging
+import pkgutil
+import re
+import time
+
+import harmony_mobile.server as server_package
+import numpy as np
+import pytest
+import torch
+from fastapi.routing import APIRoute
+from fastapi.testclient import TestClient
+from harmony_mobile.server import admin, create_app, devices, schemas, status, uploads, v2
+from pydantic import BaseModel
+from test_server_support import (
+    ADMIN,
+    FEDERATION_SECRET,
+    bearer,
+    class_features,
+    enrol,
+    json_infer_body,
+    make_model_dir,
+    make_settings,
+    sealed_upload,
+)
+
+from harmony_mobile.federation.messages import SERVER_BOUND
+from harmony_mobile.federation.wire import UploadMetadata
+from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+
+torch.set_num_threads(1)
+LABEL_LIKE = re.compile(
+    r"^(y|ys|label|labels|target|targets|class|classes|class_id|class_ids|class_index|true_class)$"
+)
+
+
+def label_like(name: str) -> bool:
+    return bool(LABEL_LIKE.match(name.lower()))
+
+
+def model_field_names(model: type[BaseModel], seen=None) -> set[str]:
+    """Field names of a pydantic model and every model nested in it."""
+    seen = seen if seen is not None else set()
+    if model in seen:
+        return set()
+    seen.add(model)
+    names = set(model.model_fields)
+    for field in model.model_fields.values():
+        for candidate in getattr(field.annotation, "__args__", ()) + (field.annotation,):
+            if inspect.isclass(candidate) and issubclass(candidate, BaseModel):
+                names |= model_field_names(candidate, seen)
+    return names
+
+
+def server_modules():
+    for info in pkgutil.iter_modules(server_package.__path__):
+        yield importlib.import_module(f"harmony_mobile.server.{info.name}")
+
+
+def test_no_request_or_response_model_has_a_label_field():
+    models = [m for m in vars(schemas).values() if inspect.isclass(m) and issubclass(m, BaseModel)]
+    models.append(UploadMetadata)
+    assert len(models) > 15
+    for model in models:
+        offending = {n for n in model_field_names(model) if label_like(n)}
+        assert not offending, f"{model.__name__} has label-like fields {offending}"
+    for message in SERVER_BOUND:  # what the alignment worker consumes
+        assert not [f.name for f in dataclasses.fields(message) if label_like(f.name)]
+
+
+def test_no_route_and_no_server_function_takes_a_label(tmp_path):
+    app = create_app(make_settings(tmp_path, None))
+    routers = [app.router] + [module.router for module in (v2, devices, uploads, admin, status)]
+    routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
+    assert len(routes) > 15
+    for route in routes:
+        params = route.dependant.query_params + route.dependant.path_params + route.dependant.header_params
+        assert not [p.name for p in params if label_like(p.name)], route.path
+        for body in route.dependant.body_params:
+            annotation = body.field_info.annotation
+            if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+                assert not {n for n in model_field_names(annotation) if label_like(n)}, route.path
+    checked = 0
+    for module in server_modules():
+        for _, member in inspect.getmembers(module, inspect.isfunction):
+            if member.__module__ == module.__name__:
+                checked += 1
+                assert not [p for p in inspect.signature(member).parameters if label_like(p)], (
+                    member.__qualname__
+                )
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ == module.__name__:
+                for _, method in inspect.getmembers(cls, inspect.isfunction):
+                    assert not [p for p in inspect.signature(method).parameters if label_like(p)], (
+                        method.__qualname__
+                    )
+    assert checked > 30
+    app.state.harmony.store.close()
+
+
+@pytest.mark.parametrize("name", ["labels", "y", "class_ids", "target"])
+def test_the_label_check_itself_catches_labels(name):
+    assert label_like(name)
+    assert not label_like("label_tokens")
+
+
+def test_logs_and_store_hold_no_features_or_tokens(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG)
+    classes = np.arange(40) % 10
+    features = class_features(classes, seed=7)
+    tokens = label_tokens(round_key(FEDERATION_SECRET, 11), classes.tolist())
+    settings = make_settings(tmp_path, make_model_dir(tmp_path))
+    with TestClient(create_app(settings)) as client:
+        device = enrol(client)
+        auth = bearer(device["token"])
+        for i in range(3):
+            body = sealed_upload(device, 11, classes, features=features + i)
+            assert client.post("/v1/uploads", json=body, headers=auth).status_code == 201
+        tampered = sealed_upload(device, 11, classes, features=features)
+        tampered["round_id"] = 12
+        assert client.post("/v1/uploads", json=tampered, headers=auth).status_code == 400
+        assert (
+            client.post(
+                "/v2/models/harmony-backend/infer", json=json_infer_body(features[:2]), headers=auth
+            ).status_code
+            == 200
+        )
+        round_id = client.post(
+            "/v1/alignment/rounds", json={"steps": 6, "batch_size": 16}, headers=ADMIN
+        ).json()["id"]
+        for _ in range(600):
+            status = client.get(f"/v1/alignment/rounds/{round_id}", headers=ADMIN).json()["status"]
+            if status not in ("queued", "running"):
+                break
+            time.sleep(0.05)
+        assert status in ("published", "rejected")
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "upload stored" in logged and "upload rejected" in logged  # the logs are there and say something
+    for token in tokens:
+        assert token.hex() not in logged
+    for value in features.ravel()[:200]:
+        if value > 0:
+            assert f"{value:.4f}" not in logged and repr(float(value)) not in logged
+    stored = b"".join(p.read_bytes() for p in settings.data_dir.glob("harmony.sqlite3*"))
+    for token in set(tokens):
+        assert token.hex().encode() not in stored and token not in stored
+    assert features[:4].tobytes() not in stored

@@ -1,0 +1,128 @@
+"""Shared helpers for the server tests (no tests here): a model dir with a seeded random back-end,
+settings on a tmp data dir, enrolment, and sealed uploads built exactly as a phone builds them."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from pathlib import Path
+
+import numpy as np
+import torch
+from harmony_mobile.server import Settings
+
+from harmony_mobile.federation.wire import UploadMetadata, encode_upload
+from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+from harmony_mobile.privacy.sealing import AssociatedData, seal
+from harmony_mobile.run_dir import save_backend
+
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+FEDERATION_SECRET = b"federation-secret-held-by-phones"
+INTERFACE = InterfaceSpec()
+NUM_CLASSES = 10
+
+
+def make_model_dir(root: Path, seed: int = 0, model_version: str = "v1", fit_steps: int = 0) -> Path:
+    """A seeded random back-end; `fit_steps` > 0 first fits it briefly to `class_features`, so that
+    (like a trained back-end, unlike a random one) its predictions are confident and class-dependent."""
+    torch.manual_seed(seed)
+    backend = Backend(INTERFACE, NUM_CLASSES)
+    projection = ProjectionHead(backend.feature_dim, 32)
+    if fit_steps:
+        classes = np.arange(200) % NUM_CLASSES
+        x, y = torch.from_numpy(class_features(classes, seed=seed + 100)), torch.from_numpy(classes)
+        optimizer = torch.optim.Adam(backend.parameters(), lr=1e-3)
+        for _ in range(fit_steps):
+            loss = torch.nn.functional.cross_entropy(backend(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        backend.eval()
+    model_dir = Path(root) / "model"
+    save_backend(
+        model_dir / "backend" / "backend.pt", backend, projection, model_version, tuple(map(str, range(10)))
+    )
+    return model_dir
+
+
+def make_settings(root: Path, model_dir: Path | None, **overrides) -> Settings:
+    values = dict(
+        data_dir=Path(root) / "data",
+        model_dir=model_dir,
+        admin_token=ADMIN_TOKEN,
+        max_wait_ms=1.0,
+        rate_limit_per_second=1000.0,
+        rate_limit_burst=1000,
+    )
+    values.update(overrides)
+    return Settings(**values)
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def enrol(client, name: str = "phone", tier: str = "mid-android") -> dict:
+    response = client.post("/v1/devices", json={"name": name, "tier": tier}, headers=ADMIN)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def class_features(classes: np.ndarray, seed: int) -> np.ndarray:
+    """Features with a class-dependent mean, so token positives carry real signal."""
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(1234).standard_normal((NUM_CLASSES, *INTERFACE.shape)).astype(np.float32)
+    noise = 0.5 * rng.standard_normal((len(classes), *INTERFACE.shape)).astype(np.float32)
+    return np.maximum(centres[classes] + noise, 0).astype(np.float32)  # connectors end in a ReLU
+
+
+def sealed_upload(
+    device: dict,
+    round_id: int,
+    classes,
+    *,
+    seed: int = 0,
+    message_id: uuid.UUID | None = None,
+    features: np.ndarray | None = None,
+    **metadata_changes,
+) -> dict:
+    """The JSON body of POST /v1/uploads, built as docs/PROTOCOL.md section 4 says."""
+    classes = np.asarray(classes)
+    features = class_features(classes, seed) if features is None else features
+    tokens = label_tokens(round_key(FEDERATION_SECRET, round_id), classes.tolist())
+    fields = dict(
+        label_tokens=tuple(t.hex() for t in tokens),
+        split_depths=tuple(1 + int(c) % 3 for c in classes),
+        family="mobilenet",
+        tier=device.get("tier", "mid-android") or "mid-android",
+        model_version="fe-1",
+    )
+    fields.update(metadata_changes)
+    plaintext = encode_upload(UploadMetadata(**fields), features)
+    message_id = message_id or uuid.uuid4()
+    envelope = seal(
+        base64.b64decode(device["server_public_key"]),
+        plaintext,
+        AssociatedData(device["device_id"], round_id, message_id),
+    )
+    return {
+        "round_id": round_id,
+        "message_id": str(message_id),
+        "envelope": base64.b64encode(envelope).decode(),
+    }
+
+
+def json_infer_body(features: np.ndarray, **extra) -> dict:
+    return {
+        "inputs": [
+            {
+                "name": "features",
+                "shape": list(features.shape),
+                "datatype": "FP32",
+                "data": features.ravel().tolist(),
+            }
+        ],
+        **extra,
+    }

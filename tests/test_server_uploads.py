@@ -1,0 +1,231 @@
+"""Sealed uploads over HTTP: stored durably before 201, idempotent by message id, and anything
+tampered, mis-bound or malformed is refused with nothing stored."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from harmony_mobile.server import create_app
+from harmony_mobile.server.store import Store
+from harmony_mobile.server.uploads import stored_to_feature_upload
+from test_server_support import ADMIN, bearer, enrol, make_model_dir, make_settings, sealed_upload
+
+from harmony_mobile.federation.wire import UploadMetadata, encode_upload
+from harmony_mobile.privacy.sealing import AssociatedData, seal
+
+torch.set_num_threads(1)
+UPLOADS = "/v1/uploads"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    root = tmp_path_factory.mktemp("uploads")
+    with TestClient(create_app(make_settings(root, make_model_dir(root), max_upload_rows=16))) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def device(client):
+    return enrol(client)
+
+
+def stored_count(client) -> int:
+    return client.app.state.harmony.store.upload_stats()["uploads"]
+
+
+def post(client, device, body):
+    return client.post(UPLOADS, json=body, headers=bearer(device["token"]))
+
+
+def test_upload_is_stored_sealed_and_opens_to_a_feature_upload(client, device):
+    before = stored_count(client)
+    body = sealed_upload(device, 4, [1, 2, 1], clip_norm=3.0, noise_multiplier=0.5)
+    response = post(client, device, body)
+    assert response.status_code == 201, response.text
+    receipt = response.json()
+    assert (
+        receipt["rows"] == 3 and receipt["duplicate"] is False and receipt["message_id"] == body["message_id"]
+    )
+    assert stored_count(client) == before + 1
+    # durable: a second, independent connection sees the committed row
+    state = client.app.state.harmony
+    other = Store(state.settings.data_dir)
+    try:
+        stored = [e for e in other.envelopes() if e.message_id == body["message_id"]]
+    finally:
+        other.close()
+    assert len(stored) == 1 and stored[0].envelope == base64.b64decode(body["envelope"])  # sealed at rest
+    upload = stored_to_feature_upload(state.server_key, stored[0])
+    assert (
+        upload.client_id == device["device_id"]
+        and upload.round_id == 4
+        and upload.features.shape == (3, 64, 8, 8)
+    )
+    assert upload.label_tokens[0] == upload.label_tokens[2] != upload.label_tokens[1]
+
+
+def test_replay_is_idempotent(client, device):
+    body = sealed_upload(device, 5, [0, 1])
+    first = post(client, device, body)
+    count = stored_count(client)
+    again = post(client, device, body)
+    assert first.status_code == 201 and again.status_code == 200
+    assert again.json() == {**first.json(), "duplicate": True}
+    assert stored_count(client) == count
+
+
+def test_reused_message_id_with_other_data_is_409(client, device):
+    message_id = uuid.uuid4()
+    assert post(client, device, sealed_upload(device, 5, [0], message_id=message_id)).status_code == 201
+    count = stored_count(client)
+    conflict = post(client, device, sealed_upload(device, 5, [3], message_id=message_id))
+    assert (
+        conflict.status_code == 409 and "already used for a different envelope" in conflict.json()["detail"]
+    )
+    assert stored_count(client) == count
+
+
+def test_same_message_id_on_two_devices_is_two_uploads(client, device):
+    other = enrol(client, "second")
+    message_id = uuid.uuid4()
+    assert post(client, device, sealed_upload(device, 5, [0], message_id=message_id)).status_code == 201
+    assert post(client, other, sealed_upload(other, 5, [0], message_id=message_id)).status_code == 201
+
+
+def flip(envelope_b64: str, index: int) -> str:
+    raw = bytearray(base64.b64decode(envelope_b64))
+    raw[index] ^= 0x01
+    return base64.b64encode(bytes(raw)).decode()
+
+
+@pytest.mark.parametrize("index", [0, 4, 5, 36, 37, 48, 49, 200, -17, -1], ids=lambda i: f"byte{i}")
+def test_tampered_envelope_is_400_and_stores_nothing(client, device, index):
+    body = sealed_upload(device, 6, [1, 2])
+    count = stored_count(client)
+    response = post(client, device, {**body, "envelope": flip(body["envelope"], index)})
+    assert response.status_code == 400 and "sealed envelope rejected" in response.json()["detail"]
+    assert stored_count(client) == count
+    assert post(client, device, body).status_code == 201  # the untouched original still goes through
+
+
+@pytest.mark.parametrize("field", ["round_id", "message_id", "device"])
+def test_envelope_bound_to_other_metadata_is_400(client, device, field):
+    body = sealed_upload(device, 7, [1])
+    count = stored_count(client)
+    if field == "round_id":
+        body = {**body, "round_id": 8}
+    elif field == "message_id":
+        body = {**body, "message_id": str(uuid.uuid4())}
+    else:  # another enrolled device replays a captured envelope under its own token
+        device = enrol(client, "thief")
+    response = post(client, device, body)
+    assert response.status_code == 400 and "failed authentication" in response.json()["detail"]
+    assert stored_count(client) == count
+
+
+def test_envelope_sealed_to_another_key_is_400(client, device):
+    from harmony_mobile.privacy.sealing import generate_private_key, public_key_bytes
+
+    other_key = public_key_bytes(generate_private_key())
+    body = sealed_upload({**device, "server_public_key": base64.b64encode(other_key).decode()}, 1, [1])
+    assert post(client, device, body).status_code == 400
+
+
+def raw_envelope(device, plaintext: bytes, round_id: int = 1) -> dict:
+    message_id = uuid.uuid4()
+    envelope = seal(
+        base64.b64decode(device["server_public_key"]),
+        plaintext,
+        AssociatedData(device["device_id"], round_id, message_id),
+    )
+    return {
+        "round_id": round_id,
+        "message_id": str(message_id),
+        "envelope": base64.b64encode(envelope).decode(),
+    }
+
+
+def meta(rows: int) -> UploadMetadata:
+    return UploadMetadata(
+        label_tokens=tuple("00" * 8 for _ in range(rows)),
+        split_depths=(1,) * rows,
+        family="cnn",
+        tier="entry-android",
+        model_version="v",
+    )
+
+
+@pytest.mark.parametrize(
+    "plaintext,status,message",
+    [
+        (b"not an upload payload", 400, "upload payload is malformed: upload payload magic"),
+        (
+            encode_upload(meta(1), np.zeros((1, 64, 8, 8), np.float32))[:-8],
+            400,
+            "binary tensor header promises",
+        ),
+        (encode_upload(meta(1), np.zeros((1, 32, 8, 8), np.float32)), 422, "expected [N, 64, 8, 8]"),
+        (
+            encode_upload(meta(17), np.zeros((17, 64, 8, 8), np.float32)),
+            422,
+            "upload has 17 rows; the limit is 16",
+        ),
+        (encode_upload(meta(1), np.full((1, 64, 8, 8), np.nan, np.float32)), 422, "NaN or Inf"),
+    ],
+)
+def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, status, message):
+    count = stored_count(client)
+    response = post(client, device, raw_envelope(device, plaintext))
+    assert response.status_code == status and message in response.json()["detail"]
+    assert stored_count(client) == count
+
+
+@pytest.mark.parametrize(
+    "body,status,message",
+    [
+        (
+            {"round_id": 1, "message_id": str(uuid.uuid4()), "envelope": "%%%not base64"},
+            400,
+            "not valid base64",
+        ),
+        ({"round_id": -1, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
+        ({"round_id": 1, "message_id": "not-a-uuid", "envelope": "AAAA"}, 422, "body.message_id"),
+        ({"round_id": 1, "message_id": str(uuid.uuid4())}, 422, "body.envelope: Field required"),
+        (
+            {"round_id": 1, "message_id": str(uuid.uuid4()), "envelope": "AAAA", "labels": [1]},
+            422,
+            "body.labels",
+        ),
+        (
+            {"round_id": 1, "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
+            400,
+            "shorter than the minimum",
+        ),
+    ],
+)
+def test_bad_request_bodies(client, device, body, status, message):
+    count = stored_count(client)
+    response = post(client, device, body)
+    assert response.status_code == status and message in response.json()["detail"]
+    assert stored_count(client) == count
+
+
+def test_uppercase_message_id_is_the_same_message(client, device):
+    message_id = uuid.uuid4()
+    body = sealed_upload(device, 9, [2], message_id=message_id)
+    assert post(client, device, body).status_code == 201
+    assert post(client, device, {**body, "message_id": str(message_id).upper()}).status_code == 200
+
+
+def test_upload_counters(client, device):
+    post(client, device, sealed_upload(device, 10, [1]))
+    text = client.get("/metrics").text
+    assert 'harmony_uploads_total{outcome="accepted"}' in text
+    assert 'harmony_uploads_total{outcome="rejected"}' in text
+    assert "harmony_upload_envelope_bytes_total" in text
+    assert client.get("/v1/devices", headers=ADMIN).status_code == 200
