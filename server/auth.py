@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import Depends, HTTPException, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from harmony_mobile.server.state import StateDep
 
@@ -58,7 +59,7 @@ class RateLimiter:
             return (1.0 - tokens) / self.rate
 
 
-def authenticate(
+async def authenticate(
     state: StateDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
@@ -66,7 +67,8 @@ def authenticate(
     token = credentials.credentials
     if hmac.compare_digest(token.encode(), state.admin_token.encode()):
         return Principal("admin")
-    device = state.store.device_by_token_hash(hash_token(token))
+    # SQLite may wait on an upload's fsync: never on the event loop.
+    device = await run_in_threadpool(state.store.device_by_token_hash, hash_token(token))
     if device is None:
         raise _unauthorized("unknown bearer token")
     if device.revoked_at is not None:
@@ -85,13 +87,13 @@ def authenticate(
 PrincipalDep = Annotated[Principal, Depends(authenticate)]
 
 
-def require_admin(principal: PrincipalDep) -> Principal:
+async def require_admin(principal: PrincipalDep) -> Principal:
     if principal.role != "admin":
         raise HTTPException(status.HTTP_403_FORBIDDEN, "this endpoint needs the admin token")
     return principal
 
 
-def require_device(principal: PrincipalDep) -> Principal:
+async def require_device(principal: PrincipalDep) -> Principal:
     if principal.role != "device":
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, "this endpoint needs a device token (uploads belong to a device)"

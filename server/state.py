@@ -38,18 +38,19 @@ class ServerState:
     known_tiers: frozenset[str]
 
 
-def get_state(request: Request) -> ServerState:
+async def get_state(request: Request) -> ServerState:
+    # async: a plain `def` dependency would cost a thread-pool hop on every request
     return request.app.state.harmony
 
 
 StateDep = Annotated[ServerState, Depends(get_state)]
 
 
-def get_settings(state: StateDep) -> Settings:
+async def get_settings(state: StateDep) -> Settings:
     return state.settings
 
 
-def get_store(state: StateDep) -> Store:
+async def get_store(state: StateDep) -> Store:
     return state.store
 
 
