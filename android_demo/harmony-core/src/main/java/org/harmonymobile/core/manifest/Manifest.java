@@ -5,6 +5,7 @@ import java.util.NoSuchElementException;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.util.Immutable;
 
 /**
  * The export manifest (export/manifest.py, format 1). Obtain one only through {@link ManifestVerifier},
@@ -41,12 +42,12 @@ public record Manifest(
                 format,
                 json.getString("model_version"),
                 json.getInt("num_classes"),
-                List.copyOf(json.getStringList("class_names")),
+                Immutable.list(json.getStringList("class_names")),
                 json.getLongArray("interface_shape"),
                 json.getObject("backend").getString("model_version"),
                 signature.getString("public_key_sha256"),
-                json.getObjectList("tiers").stream().map(TierEntry::from).toList(),
-                json.getObjectList("files").stream().map(FileEntry::from).toList());
+                Immutable.list(json.getObjectList("tiers").stream().map(TierEntry::from)),
+                Immutable.list(json.getObjectList("files").stream().map(FileEntry::from)));
     }
 
     public TierEntry tier(String name) {

@@ -78,7 +78,7 @@ public final class ManifestVerifier {
         if (Files.isRegularFile(shippedKey)) {
             byte[] shipped;
             try {
-                shipped = decodeBase64(Files.readString(shippedKey, StandardCharsets.US_ASCII).trim(), PUBLIC_KEY_FILE);
+                shipped = decodeBase64(new String(Files.readAllBytes(shippedKey), StandardCharsets.US_ASCII).trim(), PUBLIC_KEY_FILE);
             } catch (IllegalArgumentException e) {
                 throw new ManifestException(e.getMessage());
             }

@@ -2,6 +2,7 @@ package org.harmonymobile.core.manifest;
 
 import java.util.List;
 import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.util.Immutable;
 
 /** A named tensor of a model: shape is batch first, the batch entry being the maximum batch. */
 public record TensorSpec(String name, long[] shape, String dtype) {
@@ -19,6 +20,6 @@ public record TensorSpec(String name, long[] shape, String dtype) {
     }
 
     static List<TensorSpec> listFrom(List<JsonObject> items) {
-        return items.stream().map(TensorSpec::from).toList();
+        return Immutable.list(items.stream().map(TensorSpec::from));
     }
 }

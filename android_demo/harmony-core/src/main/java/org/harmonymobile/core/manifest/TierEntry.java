@@ -3,6 +3,7 @@ package org.harmonymobile.core.manifest;
 import java.util.List;
 import java.util.Optional;
 import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.util.Immutable;
 
 /** A device tier as the manifest describes it: the front-end a class of phones runs. */
 public record TierEntry(
@@ -30,13 +31,13 @@ public record TierEntry(
                 TensorSpec.from(json.getObject("input")),
                 Normalization.from(json.getObject("normalization")),
                 TensorSpec.listFrom(json.getObjectList("outputs")),
-                List.copyOf(json.getStringList("class_names")),
+                Immutable.list(json.getStringList("class_names")),
                 json.getLongArray("interface_shape"),
                 json.getDouble("threshold"),
-                List.copyOf(json.getStringList("quantization")),
-                List.copyOf(json.getStringList("backends")),
+                Immutable.list(json.getStringList("quantization")),
+                Immutable.list(json.getStringList("backends")),
                 json.getDouble("latency_budget_ms"),
-                json.getObjectList("artifacts").stream().map(Artifact::from).toList());
+                Immutable.list(json.getObjectList("artifacts").stream().map(Artifact::from)));
     }
 
     /** The artifact for a backend and quantization, e.g. ("xnnpack", "int8"). */

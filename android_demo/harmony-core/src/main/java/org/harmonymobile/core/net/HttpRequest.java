@@ -2,11 +2,12 @@ package org.harmonymobile.core.net;
 
 import java.util.LinkedHashMap;
 import java.util.Map;
+import org.harmonymobile.core.util.Immutable;
 
 /** An HTTP request relative to the server's base URL; the body may be null (GET). */
 public record HttpRequest(String method, String path, Map<String, String> headers, byte[] body) {
     public HttpRequest {
-        headers = Map.copyOf(headers);
+        headers = Immutable.map(headers);
     }
 
     public static HttpRequest get(String path, Map<String, String> headers) {

@@ -4,17 +4,21 @@ import java.nio.charset.StandardCharsets;
 import java.util.List;
 import java.util.Locale;
 import java.util.Map;
-import java.util.stream.Collectors;
+import java.util.LinkedHashMap;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.util.Immutable;
 
 /** A complete HTTP response; header names are lower-cased. */
 public record HttpResponse(int status, Map<String, List<String>> headers, byte[] body) {
     public HttpResponse {
-        headers = headers.entrySet().stream()
-                .filter(e -> e.getKey() != null)
-                .collect(Collectors.toUnmodifiableMap(
-                        e -> e.getKey().toLowerCase(Locale.ROOT), e -> List.copyOf(e.getValue()), (a, b) -> a));
+        Map<String, List<String>> lowerCased = new LinkedHashMap<>();
+        for (Map.Entry<String, List<String>> header : headers.entrySet()) {
+            if (header.getKey() != null) { // HttpURLConnection lists the status line under a null key
+                lowerCased.putIfAbsent(header.getKey().toLowerCase(Locale.ROOT), Immutable.list(header.getValue()));
+            }
+        }
+        headers = Immutable.map(lowerCased);
     }
 
     public boolean isSuccess() {

@@ -12,7 +12,7 @@ public final class RetryAfter {
     private RetryAfter() {}
 
     public static Optional<Duration> parse(String value, Clock clock) {
-        if (value == null || value.isBlank()) {
+        if (value == null || value.trim().isEmpty()) {
             return Optional.empty();
         }
         String trimmed = value.trim();

@@ -4,6 +4,7 @@ import java.util.Comparator;
 import java.util.List;
 import java.util.NoSuchElementException;
 import java.util.Set;
+import java.util.stream.Collectors;
 import org.harmonymobile.core.manifest.TierEntry;
 
 /**
@@ -29,7 +30,7 @@ public final class TierSelector {
         Set<String> runnable = backendsOf(device);
         List<TierEntry> candidates = tiers.stream()
                 .filter(t -> t.artifacts().stream().anyMatch(a -> runnable.contains(a.backend())))
-                .toList();
+                .collect(Collectors.toList());
         if (candidates.isEmpty()) {
             throw new NoSuchElementException("no tier has an artifact for backends " + runnable + " of " + device.platform());
         }
@@ -39,14 +40,15 @@ public final class TierSelector {
                 .thenComparing(t -> device.hasNpu() && DeviceCapabilities.IOS.equals(device.platform())
                         && t.backends().contains("coreml"))
                 .thenComparing(TierEntry::name, Comparator.reverseOrder());
-        List<TierEntry> affordable = candidates.stream().filter(t -> t.relativeCost() <= budget).toList();
+        List<TierEntry> affordable =
+                candidates.stream().filter(t -> t.relativeCost() <= budget).collect(Collectors.toList());
         if (affordable.isEmpty()) {
-            double cheapest = candidates.stream().mapToDouble(TierEntry::relativeCost).min().orElseThrow();
+            double cheapest = candidates.stream().mapToDouble(TierEntry::relativeCost).min().getAsDouble();
             return candidates.stream()
                     .filter(t -> t.relativeCost() == cheapest)
                     .max(preference)
-                    .orElseThrow();
+                    .get();
         }
-        return affordable.stream().max(preference).orElseThrow();
+        return affordable.stream().max(preference).get();
     }
 }

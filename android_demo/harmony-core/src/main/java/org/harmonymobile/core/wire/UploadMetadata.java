@@ -8,6 +8,7 @@ import java.util.regex.Pattern;
 import org.harmonymobile.core.crypto.LabelTokens;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.util.Hex;
+import org.harmonymobile.core.util.Immutable;
 
 /**
  * The JSON part of an upload plaintext (docs/PROTOCOL.md 4.4). There is no field that can hold a
@@ -57,8 +58,8 @@ public record UploadMetadata(
         if (noiseMultiplier != null && !(noiseMultiplier >= 0)) {
             throw new IllegalArgumentException("noise multiplier must be >= 0");
         }
-        labelTokens = labelTokens.stream().map(byte[]::clone).toList();
-        splitDepths = List.copyOf(splitDepths);
+        labelTokens = Immutable.list(labelTokens.stream().map(byte[]::clone));
+        splitDepths = Immutable.list(splitDepths);
     }
 
     public static UploadMetadata of(

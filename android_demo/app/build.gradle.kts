@@ -1,0 +1,71 @@
+plugins {
+    id("com.android.application")
+    id("org.jetbrains.kotlin.android")
+}
+
+/** ExecuTorch runtime matching the exporter: the Python side pins executorch==1.5.1 (pyproject.toml). */
+val executorchVersion = "1.5.1"
+
+fun quoted(value: String) = "\"" + value.replace("\\", "\\\\").replace("\"", "\\\"") + "\""
+
+android {
+    namespace = "org.harmonymobile.demo"
+    compileSdk = 35
+
+    defaultConfig {
+        applicationId = "org.harmonymobile.demo"
+        // API 33: the platform providers' X25519 (KeyAgreement/KeyPairGenerator "XDH") that sealing needs;
+        // see android_demo/README.md for Ed25519 (manifest signatures) and the caveats.
+        minSdk = 33
+        targetSdk = 35
+        versionCode = 1
+        versionName = "0.1.0"
+        buildConfigField("String", "PINNED_MANIFEST_KEY", quoted(providers.gradleProperty("harmony.pinnedManifestKey").getOrElse("")))
+        buildConfigField("String", "DEFAULT_SERVER_URL", quoted(providers.gradleProperty("harmony.serverUrl").getOrElse("http://10.0.2.2:8000")))
+        ndk {
+            // ExecuTorch ships arm64-v8a and x86_64 (emulator) native libraries.
+            abiFilters += listOf("arm64-v8a", "x86_64")
+        }
+    }
+
+    buildFeatures {
+        buildConfig = true
+        viewBinding = true
+    }
+
+    buildTypes {
+        release {
+            isMinifyEnabled = false
+        }
+    }
+
+    compileOptions {
+        sourceCompatibility = JavaVersion.VERSION_17
+        targetCompatibility = JavaVersion.VERSION_17
+    }
+
+    kotlinOptions {
+        jvmTarget = "17"
+    }
+
+    androidResources {
+        // .pte files are memory-mapped after being copied out; keep them uncompressed in the APK.
+        noCompress += "pte"
+    }
+}
+
+dependencies {
+    implementation(project(":harmony-core"))
+
+    implementation("org.pytorch:executorch-android:$executorchVersion")
+    // Declared explicitly because a locally built AAR (libs/executorch.aar) does not bring them.
+    implementation("com.facebook.fbjni:fbjni:0.7.0")
+    implementation("com.facebook.soloader:soloader:0.10.5")
+
+    implementation("androidx.core:core-ktx:1.15.0")
+    implementation("androidx.appcompat:appcompat:1.7.0")
+    implementation("androidx.activity:activity-ktx:1.10.1")
+    implementation("androidx.lifecycle:lifecycle-runtime-ktx:2.8.7")
+    implementation("com.google.android.material:material:1.12.0")
+    implementation("org.jetbrains.kotlinx:kotlinx-coroutines-android:1.10.1")
+}

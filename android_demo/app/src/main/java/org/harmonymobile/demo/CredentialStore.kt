@@ -1,0 +1,79 @@
+package org.harmonymobile.demo
+
+import android.content.Context
+import android.security.keystore.KeyGenParameterSpec
+import android.security.keystore.KeyProperties
+import android.util.Base64
+import java.security.KeyStore
+import javax.crypto.Cipher
+import javax.crypto.KeyGenerator
+import javax.crypto.SecretKey
+import javax.crypto.spec.GCMParameterSpec
+import org.harmonymobile.core.server.DeviceCredentials
+
+/**
+ * Keeps the enrolment result. The bearer token is encrypted with an AES-256-GCM key that lives in the
+ * Android Keystore (non-exportable); only that ciphertext, the device id and the pinned server X25519
+ * key are in the app's private preferences.
+ */
+class CredentialStore(context: Context) {
+    private val prefs = context.getSharedPreferences("harmony_device", Context.MODE_PRIVATE)
+
+    var serverUrl: String?
+        get() = prefs.getString(KEY_SERVER_URL, null)
+        set(value) = prefs.edit().putString(KEY_SERVER_URL, value).apply()
+
+    fun save(credentials: DeviceCredentials) {
+        val cipher = Cipher.getInstance(TRANSFORMATION).apply { init(Cipher.ENCRYPT_MODE, keystoreKey()) }
+        val sealedToken = cipher.doFinal(credentials.token().toByteArray(Charsets.UTF_8))
+        prefs.edit()
+            .putString(KEY_DEVICE_ID, credentials.deviceId())
+            .putString(KEY_TOKEN_IV, encode(cipher.iv))
+            .putString(KEY_TOKEN, encode(sealedToken))
+            .putString(KEY_SERVER_PUBLIC, encode(credentials.serverPublicKey()))
+            .commit()
+    }
+
+    fun load(): DeviceCredentials? {
+        val deviceId = prefs.getString(KEY_DEVICE_ID, null) ?: return null
+        val iv = decode(prefs.getString(KEY_TOKEN_IV, null) ?: return null)
+        val sealedToken = decode(prefs.getString(KEY_TOKEN, null) ?: return null)
+        val serverPublic = decode(prefs.getString(KEY_SERVER_PUBLIC, null) ?: return null)
+        val cipher = Cipher.getInstance(TRANSFORMATION)
+            .apply { init(Cipher.DECRYPT_MODE, keystoreKey(), GCMParameterSpec(128, iv)) }
+        val token = String(cipher.doFinal(sealedToken), Charsets.UTF_8)
+        return DeviceCredentials(deviceId, token, serverPublic)
+    }
+
+    fun clear() {
+        prefs.edit().remove(KEY_DEVICE_ID).remove(KEY_TOKEN).remove(KEY_TOKEN_IV).remove(KEY_SERVER_PUBLIC).apply()
+    }
+
+    private fun keystoreKey(): SecretKey {
+        val keyStore = KeyStore.getInstance(ANDROID_KEYSTORE).apply { load(null) }
+        (keyStore.getKey(KEY_ALIAS, null) as? SecretKey)?.let { return it }
+        val generator = KeyGenerator.getInstance(KeyProperties.KEY_ALGORITHM_AES, ANDROID_KEYSTORE)
+        generator.init(
+            KeyGenParameterSpec.Builder(KEY_ALIAS, KeyProperties.PURPOSE_ENCRYPT or KeyProperties.PURPOSE_DECRYPT)
+                .setBlockModes(KeyProperties.BLOCK_MODE_GCM)
+                .setEncryptionPaddings(KeyProperties.ENCRYPTION_PADDING_NONE)
+                .setKeySize(256)
+                .build(),
+        )
+        return generator.generateKey()
+    }
+
+    private companion object {
+        const val ANDROID_KEYSTORE = "AndroidKeyStore"
+        const val KEY_ALIAS = "harmony-device-token"
+        const val TRANSFORMATION = "AES/GCM/NoPadding"
+        const val KEY_SERVER_URL = "server_url"
+        const val KEY_DEVICE_ID = "device_id"
+        const val KEY_TOKEN = "token_sealed"
+        const val KEY_TOKEN_IV = "token_iv"
+        const val KEY_SERVER_PUBLIC = "server_public_key"
+
+        fun encode(bytes: ByteArray): String = Base64.encodeToString(bytes, Base64.NO_WRAP)
+        fun decode(text: String): ByteArray = Base64.decode(text, Base64.NO_WRAP)
+    }
+}

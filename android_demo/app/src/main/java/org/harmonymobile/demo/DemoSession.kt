@@ -1,0 +1,86 @@
+package org.harmonymobile.demo
+
+import android.content.Context
+import java.io.File
+import java.time.Duration
+import org.harmonymobile.core.Classification
+import org.harmonymobile.core.ConfirmedUploads
+import org.harmonymobile.core.FallbackServer
+import org.harmonymobile.core.FederationKey
+import org.harmonymobile.core.HarmonyClient
+import org.harmonymobile.core.exit.ExitPolicy
+import org.harmonymobile.core.json.Json
+import org.harmonymobile.core.net.RetryPolicy
+import org.harmonymobile.core.net.RetryingTransport
+import org.harmonymobile.core.net.UrlConnectionTransport
+import org.harmonymobile.core.queue.UploadQueue
+import org.harmonymobile.core.server.DeviceCredentials
+import org.harmonymobile.core.server.Enrollment
+import org.harmonymobile.core.server.HarmonyServerClient
+import org.harmonymobile.core.util.Hex
+import org.harmonymobile.core.wire.FeatureTensor
+
+/**
+ * Everything the screen uses, wired once a model is installed: the engine, the early-exit client, and,
+ * when the device is enrolled, the fallback server and the confirmed-label upload queue.
+ * All methods block; call them off the main thread.
+ */
+class DemoSession(
+    context: Context,
+    val model: ModelInstaller.InstalledModel,
+    private val serverUrl: String,
+    credentials: DeviceCredentials?,
+) : AutoCloseable {
+
+    private val engine = ExecuTorchEngine(model.file.absolutePath, model.tier)
+    private val server = HarmonyServerClient(
+        RetryingTransport(
+            UrlConnectionTransport(serverUrl, Duration.ofSeconds(3), Duration.ofSeconds(10)),
+            // Inference is interactive: one quick retry, then the local answer stands.
+            RetryPolicy(2, Duration.ofMillis(200), 2.0, Duration.ofMillis(400), Duration.ofSeconds(2), java.util.Random()),
+        ),
+    )
+    private val uploadServer = HarmonyServerClient(
+        RetryingTransport(UrlConnectionTransport(serverUrl, Duration.ofSeconds(5), Duration.ofSeconds(30)), RetryPolicy.defaults()),
+    )
+    private val fallback: FallbackServer? = credentials?.let { device ->
+        FallbackServer { features: FeatureTensor -> server.infer(device, features, model.tier.name(), null)[0] }
+    }
+    val client = HarmonyClient(engine, ExitPolicy(model.tier.threshold()), fallback)
+    val uploads: ConfirmedUploads? = credentials?.let { device ->
+        ConfirmedUploads(
+            UploadQueue(File(context.filesDir, "upload-queue").toPath(), MAX_QUEUED, MAX_QUEUE_BYTES, UploadQueue.OverflowPolicy.REJECT_NEW),
+            uploadServer,
+            device,
+            federationKey(context),
+            model.tier.family(),
+            model.tier.name(),
+            model.tier.splitDepth(),
+            model.manifest.modelVersion(),
+        )
+    }
+    val enrolled: Boolean = credentials != null
+
+    fun classify(input: FloatArray): Classification = client.classify(input)
+
+    override fun close() = engine.close()
+
+    companion object {
+        const val MAX_QUEUED = 512
+
+        /** POST /v1/devices with the admin token (demo convenience; fleets enrol from a provisioning service). */
+        fun enroll(serverUrl: String, adminToken: String, deviceName: String, tier: String): Enrollment =
+            HarmonyServerClient(
+                RetryingTransport(UrlConnectionTransport(serverUrl, Duration.ofSeconds(5), Duration.ofSeconds(30)), RetryPolicy.defaults()),
+            ).enroll(adminToken, deviceName, tier)
+
+        const val MAX_QUEUE_BYTES = 32L * 1024 * 1024
+
+        /** The label-token key (docs/PROTOCOL.md 3): provisioned out of band, here from assets/provisioning.json. */
+        fun federationKey(context: Context): FederationKey {
+            val text = context.assets.open("provisioning.json").use { it.readBytes().toString(Charsets.UTF_8) }
+            val provisioning = Json.parseObject(text)
+            return FederationKey(Hex.decode(provisioning.getString("federation_secret_hex")), provisioning.getLong("round_id"))
+        }
+    }
+}
