@@ -257,18 +257,21 @@ class Store:
         return {"uploads": row["uploads"], "rows": row["rows"]}
 
     def envelopes(self, limit_rows: int | None = None) -> list[StoredEnvelope]:
-        """Stored envelopes, newest first, until `limit_rows` feature rows are covered."""
-        rows = self._query(
-            "SELECT id, device_id, message_id, round_id, envelope, rows FROM uploads ORDER BY id DESC"
-        )
+        """Stored envelopes, newest first, until `limit_rows` feature rows are covered (read lazily, so a
+        large store is not loaded whole)."""
         result, covered = [], 0
-        for r in rows:
-            if limit_rows is not None and covered >= limit_rows:
-                break
-            result.append(
-                StoredEnvelope(r["id"], r["device_id"], r["message_id"], r["round_id"], r["envelope"])
+        with self._lock:
+            cursor = self._db.execute(
+                "SELECT id, device_id, message_id, round_id, envelope, rows FROM uploads ORDER BY id DESC"
             )
-            covered += r["rows"]
+            for r in cursor:
+                if limit_rows is not None and covered >= limit_rows:
+                    break
+                result.append(
+                    StoredEnvelope(r["id"], r["device_id"], r["message_id"], r["round_id"], r["envelope"])
+                )
+                covered += r["rows"]
+            cursor.close()
         return result
 
     # ---------------------------------------------------------------- alignment rounds

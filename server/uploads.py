@@ -23,6 +23,7 @@ from harmony_mobile.server.store import NewUpload, StoredEnvelope, UploadReceipt
 
 from harmony_mobile.federation.messages import FeatureUpload
 from harmony_mobile.federation.wire import UploadPayload, WireFormatError, decode_upload
+from harmony_mobile.models import InterfaceSpec
 from harmony_mobile.privacy.sealing import AssociatedData, SealError, open_sealed
 
 log = logging.getLogger("harmony_mobile.server.uploads")
@@ -49,11 +50,11 @@ def open_upload(
         raise UploadRejected(400, f"upload payload is malformed: {error}") from None
 
 
-def check_payload(payload: UploadPayload, interface_shape: tuple[int, ...] | None, max_rows: int) -> None:
+def check_payload(payload: UploadPayload, interface_shape: tuple[int, ...], max_rows: int) -> None:
     rows = payload.features.shape[0]
     if rows > max_rows:
         raise UploadRejected(422, f"upload has {rows} rows; the limit is {max_rows} (max_upload_rows)")
-    if interface_shape is not None and tuple(payload.features.shape[1:]) != tuple(interface_shape):
+    if tuple(payload.features.shape[1:]) != tuple(interface_shape):
         raise UploadRejected(
             422,
             f"upload features have shape {list(payload.features.shape)}; expected [N, {', '.join(map(str, interface_shape))}]",
@@ -106,7 +107,9 @@ def upload(
     default = state.registry.default()
     try:
         payload = open_upload(state.server_key, device_id, body.round_id, message_id, envelope)
-        check_payload(payload, default.interface_shape if default else None, state.settings.max_upload_rows)
+        # Without a loaded back-end, hold uploads to the project's interface shape (64x8x8).
+        interface_shape = default.interface_shape if default else InterfaceSpec().shape
+        check_payload(payload, interface_shape, state.settings.max_upload_rows)
     except UploadRejected as error:
         state.metrics.uploads.labels("rejected").inc()
         log.info("upload rejected: device=%s message=%s status=%d", device_id, message_id, error.status_code)

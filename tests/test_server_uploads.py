@@ -229,3 +229,14 @@ def test_upload_counters(client, device):
     assert 'harmony_uploads_total{outcome="rejected"}' in text
     assert "harmony_upload_envelope_bytes_total" in text
     assert client.get("/v1/devices", headers=ADMIN).status_code == 200
+
+
+def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
+    """A server without a back-end still collects uploads, held to the project's 64x8x8 interface."""
+    with TestClient(create_app(make_settings(tmp_path, None))) as client:
+        device = enrol(client)
+        assert post(client, device, sealed_upload(device, 1, [1, 2])).status_code == 201
+        wrong = raw_envelope(device, encode_upload(meta(1), np.zeros((1, 32, 8, 8), np.float32)))
+        response = post(client, device, wrong)
+        assert response.status_code == 422 and "expected [N, 64, 8, 8]" in response.json()["detail"]
+        assert stored_count(client) == 1
