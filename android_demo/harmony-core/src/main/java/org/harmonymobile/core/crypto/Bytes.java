@@ -29,7 +29,7 @@ public final class Bytes {
         try {
             return MessageDigest.getInstance("SHA-256");
         } catch (NoSuchAlgorithmException e) {
-            throw new Hkdf.CryptoUnavailableException("SHA-256", e);
+            throw new CryptoUnavailableException("SHA-256", e);
         }
     }
 }

@@ -37,7 +37,7 @@ public final class Ed25519 {
             verifier = Signature.getInstance("Ed25519");
             key = keyFactory().generatePublic(new X509EncodedKeySpec(Bytes.concat(X509_PREFIX, rawPublicKey)));
         } catch (GeneralSecurityException e) {
-            throw new Hkdf.CryptoUnavailableException("Ed25519", e);
+            throw new CryptoUnavailableException("Ed25519", e);
         }
         try {
             verifier.initVerify(key);

@@ -1,6 +1,5 @@
 package org.harmonymobile.core.crypto;
 
-import java.security.GeneralSecurityException;
 import java.security.InvalidKeyException;
 import java.security.NoSuchAlgorithmException;
 import javax.crypto.Mac;
@@ -57,13 +56,6 @@ public final class Hkdf {
             return mac;
         } catch (NoSuchAlgorithmException | InvalidKeyException e) {
             throw new CryptoUnavailableException(HMAC, e);
-        }
-    }
-
-    /** A platform that lacks a required JCA algorithm (see the README for the Android API levels). */
-    public static final class CryptoUnavailableException extends IllegalStateException {
-        public CryptoUnavailableException(String algorithm, GeneralSecurityException cause) {
-            super("the platform's security providers lack " + algorithm + ": " + cause.getMessage(), cause);
         }
     }
 }

@@ -17,6 +17,7 @@ import javax.crypto.KeyAgreement;
 import javax.crypto.spec.GCMParameterSpec;
 import javax.crypto.spec.SecretKeySpec;
 import org.harmonymobile.core.crypto.Bytes;
+import org.harmonymobile.core.crypto.CryptoUnavailableException;
 import org.harmonymobile.core.crypto.Hkdf;
 
 /**
@@ -98,7 +99,7 @@ public final class UploadSealer {
             cipher.updateAAD(ad.encode());
             sealed = cipher.doFinal(plaintext); // ciphertext || tag
         } catch (GeneralSecurityException e) {
-            throw new Hkdf.CryptoUnavailableException("AES/GCM/NoPadding", e);
+            throw new CryptoUnavailableException("AES/GCM/NoPadding", e);
         } finally {
             Arrays.fill(key, (byte) 0);
         }
@@ -127,7 +128,7 @@ public final class UploadSealer {
             agreement.doPhase(peer, true);
             return agreement.generateSecret();
         } catch (GeneralSecurityException e) {
-            throw new Hkdf.CryptoUnavailableException("XDH (X25519) key agreement", e);
+            throw new CryptoUnavailableException("XDH (X25519) key agreement", e);
         }
     }
 
@@ -137,7 +138,7 @@ public final class UploadSealer {
             // the JDK's defaults to X25519.
             return KeyPairGenerator.getInstance("XDH").generateKeyPair();
         } catch (GeneralSecurityException e) {
-            throw new Hkdf.CryptoUnavailableException("XDH (X25519) key generation", e);
+            throw new CryptoUnavailableException("XDH (X25519) key generation", e);
         }
     }
 
