@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from harmony_mobile.algorithms import build_algorithm
+from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import evaluate

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from harmony_mobile.algorithms import build_algorithm
 from harmony_mobile.algorithms.base import calibrate_threshold, split_step
+from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
 from harmony_mobile.federation.messages import ClientUpdate

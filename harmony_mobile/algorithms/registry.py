@@ -1,0 +1,26 @@
+"""Every training method by name: HARMONY, its ablations and the baselines."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harmony_mobile.algorithms.base import Algorithm
+from harmony_mobile.algorithms.harmony import Harmony, HarmonyConfig
+
+# name -> (constructor, overrides of its config that define the variant)
+ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
+    "harmony": (Harmony, {}),
+    "harmony-meta": (Harmony, {"meta": False}),  # ablation: no meta-adaptation / simulated extractors
+    "harmony-stochastic-depth": (Harmony, {"stochastic_depth": False}),  # ablation: fixed split depth
+    "harmony-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # ablation: no SupCon alignment
+}
+
+
+def build_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorithm:
+    """An algorithm by name; `config` overrides its defaults (unknown keys are a validation error)."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
+    constructor, variant = ALGORITHMS[name]
+    if constructor is Harmony:
+        return Harmony(HarmonyConfig(**{**(config or {}), **variant}), name=name)
+    return constructor(constructor.Config(**(config or {})))

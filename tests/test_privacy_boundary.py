@@ -1,0 +1,103 @@
+"""The server never receives a label: by its message types, by its entry points, and in a real round.
+
+These tests fail if someone adds a label field to a message, gives a server entry point a
+label parameter, or lets the server's results depend on anything but features and tokens.
+"""
+
+import copy
+import dataclasses
+import inspect
+import typing
+
+import torch
+
+from harmony_mobile.federation import messages
+from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.simulation import run_rounds
+from tests.test_training import tiny_federation
+
+LABEL_WORDS = ("label", "target", "class_id", "y_true", "ground_truth")
+TOKEN_FIELD = "label_tokens"  # the one allowed name: keyed HMACs, see privacy/label_tokens.py
+
+
+def looks_like_label(name: str) -> bool:
+    return name != TOKEN_FIELD and (name in ("y", "labels") or any(word in name for word in LABEL_WORDS))
+
+
+def test_no_message_has_a_field_that_can_carry_labels():
+    for message_type in (*messages.SERVER_BOUND, *messages.CLIENT_BOUND):
+        hints = typing.get_type_hints(message_type)
+        for field in dataclasses.fields(message_type):
+            assert not looks_like_label(field.name), f"{message_type.__name__}.{field.name}"
+        if "label_tokens" in hints:
+            assert hints["label_tokens"] == tuple[bytes, ...], (
+                "tokens must stay opaque bytes, never class ids"
+            )
+
+
+def test_every_server_entry_point_takes_only_messages():
+    allowed = (*messages.SERVER_BOUND, bool, int, torch.Tensor)
+    for name, method in inspect.getmembers(SplitServer, inspect.isfunction):
+        if name.startswith("_"):
+            continue
+        hints = typing.get_type_hints(method)
+        for parameter in inspect.signature(method).parameters:
+            if parameter == "self":
+                continue
+            assert not looks_like_label(parameter), f"SplitServer.{name}({parameter})"
+            assert hints.get(parameter) in allowed, f"SplitServer.{name}({parameter}: {hints.get(parameter)})"
+
+
+class RecordingServer:
+    """Sits on the wire: checks and records every message, and hands the server a deep copy in
+    which every integer field (the shape labels would take: int tensors, tuples of ints) is poisoned."""
+
+    def __init__(self, server: SplitServer):
+        self.server = server
+        self.seen: list[object] = []
+
+    def __getattr__(self, name):
+        return getattr(self.server, name)
+
+    def _poisoned(self, message):
+        assert isinstance(message, messages.SERVER_BOUND), type(message)
+        self.seen.append(message)
+        message = copy.deepcopy(message)
+        for field in dataclasses.fields(message):
+            value = getattr(message, field.name)
+            if isinstance(value, torch.Tensor) and not value.is_floating_point():
+                object.__setattr__(message, field.name, torch.randint_like(value, 0, 10))
+            if isinstance(value, tuple) and value and all(isinstance(v, int) for v in value):
+                object.__setattr__(message, field.name, tuple(1 + (v * 7) % 3 for v in value))
+        return message
+
+    def forward(self, upload):
+        return self.server.forward(self._poisoned(upload))
+
+    def backward(self, gradients, update=True):
+        return self.server.backward(self._poisoned(gradients), update=update)
+
+
+def one_round(secret: bytes):
+    federation = tiny_federation(seed=3)
+    federation.server = RecordingServer(federation.server)
+    for client in federation.clients:
+        client.federation_secret = secret
+    run_rounds(federation, rounds=1, clients_per_round=len(federation.clients), seed=3, show_progress=False)
+    return federation
+
+
+def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fields():
+    reference = one_round(b"A" * 32)
+    other_secret = one_round(b"B" * 32)
+    # every token changed (other secret) and every integer field on the wire was poisoned...
+    first = reference.server.seen[0]
+    assert isinstance(first, messages.FeatureUpload)
+    assert first.label_tokens != other_secret.server.seen[0].label_tokens
+    # ...yet the server learned exactly the same thing: it uses tokens only as equivalence classes
+    for name, value in reference.server.server.backend.state_dict().items():
+        assert torch.equal(value, other_secret.server.server.backend.state_dict()[name]), name
+    for family in reference.family_weights:
+        for name, value in reference.family_weights[family].items():
+            assert torch.equal(value, other_secret.family_weights[family][name]), name
+    assert all(isinstance(m, messages.SERVER_BOUND) for m in reference.server.seen)
