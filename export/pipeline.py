@@ -25,6 +25,7 @@ import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def resolve_tiers(run: RunDir, names: list[str] | None) -> list[Tier]:
     if not names:
         return list(known.tiers)
     tiers = []
-    for name in names:
+    for name in dict.fromkeys(names):  # each tier once, in the order given
         try:
             tiers.append(known.get(name))
         except KeyError as error:
@@ -336,6 +337,42 @@ def export_run(
         private_key, key_created = load_or_create_signing_key(key_dir)
 
     steps.set_threads(threads)
+    with warnings.catch_warnings():
+        # torch 2.13 pytree LeafSpec FutureWarnings fire on every export (export-stack.md G7): noise only
+        warnings.simplefilter("ignore", FutureWarning)
+        return _export(
+            run,
+            selected,
+            out,
+            private_key,
+            key_created=key_created,
+            started=started,
+            max_batch=max_batch,
+            threads=threads,
+            calibration_samples=calibration_samples,
+            test_samples=test_samples,
+            latency_runs=latency_runs,
+            progress=progress,
+            console=console,
+        )
+
+
+def _export(
+    run: RunDir,
+    selected: list[Tier],
+    out: Path,
+    private_key: Ed25519PrivateKey,
+    *,
+    key_created: bool,
+    started: float,
+    max_batch: int,
+    threads: int,
+    calibration_samples: int,
+    test_samples: int | None,
+    latency_runs: int,
+    progress: bool,
+    console,
+) -> ExportResult:
     created_parents = [p for p in reversed(out.parents) if not p.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -244,7 +244,8 @@ def render_markdown(report: dict) -> str:
             sim_text = "–" if sim is None else _fmt(max(sim["rel_l2_logits"], sim["rel_l2_features"]))
             lines.append(
                 f"| {tier['tier']} | {row['quantization']} | {row['size']:,} | {row['delegates']} | "
-                f"{_fmt(p['max_abs_logits'])} | {_fmt(p['max_abs_features'])} | {p['top1_agreement']:.3f} | "
+                f"{_fmt(p['max_abs_logits'])} | {_fmt(p['max_abs_features'])} | {p['top1_agreement']:.3f} "
+                f"({round(p['top1_agreement'] * p['samples'])}/{p['samples']}) | "
                 f"{p['accuracy_reference']:.3f} → {p['accuracy_candidate']:.3f} | {sim_text} | "
                 f"{lat['eager_ms']:.3f} | {lat['pte_ms']:.3f} | {lat['pte_over_eager']:.2f} |"
             )

@@ -9,7 +9,6 @@ import stat
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from export_fixtures import FAKE_FILES, fake_export_dir
 from harmony_mobile.export.keys import (
     PRIVATE_KEY_FILE,
     PUBLIC_KEY_FILE,
@@ -30,6 +29,8 @@ from harmony_mobile.export.manifest import (
     verify_manifest,
     write_signed_manifest,
 )
+
+from tests.export_fixtures import FAKE_FILES, fake_export_dir
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from export_fixtures import make_run_dir
 from harmony_mobile.export import pipeline, steps
 from harmony_mobile.export.keys import PUBLIC_KEY_FILE, load_public_key
 from harmony_mobile.export.manifest import MANIFEST_FILE, ManifestError, verify_manifest
@@ -18,6 +17,7 @@ from typer.testing import CliRunner
 
 from harmony_mobile.cli import app
 from harmony_mobile.run_dir import RunDir, RunDirError, load_backend_file
+from tests.export_fixtures import make_run_dir
 
 TIERS = ["entry-android", "mid-ios"]
 

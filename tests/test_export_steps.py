@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from export_fixtures import digits_or_random, make_run_dir
 from harmony_mobile.export import steps
 from harmony_mobile.export.coreml import check_spec
 from harmony_mobile.export.steps import ExportError
@@ -21,6 +20,7 @@ from torch import nn
 
 from harmony_mobile.models import FamilyModel, InterfaceSpec
 from harmony_mobile.run_dir import RunDir, RunDirError, load_backend_file
+from tests.export_fixtures import digits_or_random, make_run_dir
 
 SHAPE = (1, 28, 28)
 
@@ -210,3 +210,14 @@ def test_coreml_spec_check_names_what_is_wrong():
         check_spec({**good, "inputs": [{"name": "x", "shape": [1, 1, 28, 28]}]}, SHAPE)
     with pytest.raises(ExportError, match="iOS 16"):
         check_spec({**good, "specification_version": 6}, SHAPE)
+
+
+def test_coreml_mac_check_compares_and_refuses_to_run_off_a_mac(tmp_path):
+    import numpy as np
+    from harmony_mobile.export import check_coreml_on_mac
+
+    logits, features = np.eye(4, dtype=np.float32), np.ones((4, 2, 2, 2), dtype=np.float32)
+    stats = check_coreml_on_mac.compare(logits, features, logits * 1.001, features)
+    assert stats["top1_agreement"] == 1.0 and stats["rel_l2_logits"] == pytest.approx(1e-3, rel=1e-2)
+    if __import__("sys").platform != "darwin":
+        assert check_coreml_on_mac.main([str(tmp_path)]) == 2
