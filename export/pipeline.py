@@ -330,6 +330,11 @@ def export_run(
     selected = resolve_tiers(run, tiers)
     for tier in selected:
         run.representative_client(tier.name)  # RunDirError when the run has no client of this tier
+        if tuple(tier.input_shape) != tuple(run.info.input_shape):
+            raise ExportError(
+                f"tier {tier.name} expects input {tuple(tier.input_shape)}, "
+                f"the run's data is {tuple(run.info.input_shape)}"
+            )
     out = Path(out).expanduser().absolute()
     check_output(out)
     key_created = False

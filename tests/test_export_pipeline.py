@@ -206,6 +206,20 @@ def test_unknown_tier_is_refused(run_path, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_tier_for_another_input_shape_is_refused(tmp_path):
+    from harmony_mobile.run_dir import write_run_info
+
+    run_path = make_run_dir(tmp_path / "run", clients_per_tier=1)
+    info = RunDir(run_path).info
+    tiers = info.tiers.model_copy(
+        update={"tiers": tuple(t.model_copy(update={"input_shape": (3, 32, 32)}) for t in info.tiers.tiers)}
+    )
+    write_run_info(run_path, info.model_copy(update={"tiers": tiers}))
+    with pytest.raises(ExportError, match=r"expects input \(3, 32, 32\)"):
+        export_run(run_path, tmp_path / "out", tiers=["tiny"], key_dir=tmp_path / "keys", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("where", ["under-a-file", "read-only-fs", "not-an-export"])
 def test_unwritable_output_is_refused(run_path, tmp_path, where):
     (tmp_path / "a-file").write_text("x")

@@ -221,3 +221,32 @@ def test_coreml_mac_check_compares_and_refuses_to_run_off_a_mac(tmp_path):
     assert stats["top1_agreement"] == 1.0 and stats["rel_l2_logits"] == pytest.approx(1e-3, rel=1e-2)
     if __import__("sys").platform != "darwin":
         assert check_coreml_on_mac.main([str(tmp_path)]) == 2
+
+
+def test_done_when_checks():
+    from harmony_mobile.export.verify import tier_checks
+
+    def row(quantization, size, agreement, acc_ref, acc):
+        parity = {
+            "max_abs_logits": 0.0 if quantization == "fp32" else 0.3,
+            "max_abs_features": 0.0,
+            "top1_agreement": agreement,
+            "accuracy_reference": acc_ref,
+            "accuracy_candidate": acc,
+        }
+        return {"quantization": quantization, "size": size, "undelegated": [], "vs_eager_fp32": parity}
+
+    big = {
+        "parameters": 314_090,
+        "pte": [row("fp32", 1000, 1.0, 0.9, 0.9), row("int8", 300, 0.99, 0.9, 0.895)],
+    }
+    assert all(tier_checks(big).values())
+    small = {
+        "parameters": 13_498,
+        "pte": [row("fp32", 1000, 1.0, 0.9, 0.9), row("int8", 600, 0.97, 0.9, 0.88)],
+    }
+    checks = tier_checks(small)
+    assert checks["int8_size_le_half_fp32"] is None  # the size rule applies above 100k parameters only
+    assert checks["int8_top1_agreement_ge_98"] is False and checks["int8_exit_acc_within_1pt"] is False
+    big["pte"][1]["size"] = 600
+    assert tier_checks(big)["int8_size_le_half_fp32"] is False
