@@ -7,7 +7,10 @@ Works on Linux for conversion, compression and spec inspection; predictions need
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 from pathlib import Path
+from unittest import mock
 
 import torch
 from harmony_mobile.export.steps import ExportError
@@ -23,6 +26,29 @@ def _ct():
     import coremltools as ct
 
     return ct
+
+
+@contextlib.contextmanager
+def quiet_progress_bars():
+    """coremltools prints a tqdm bar per conversion pass; inside our rich progress bar that is noise."""
+
+    def plain(iterable=None, *args, **kwargs):
+        return iterable
+
+    targets = (
+        ("coremltools.converters.mil.frontend.torch.ops", "_tqdm"),
+        ("coremltools.converters.mil.mil.passes.pass_pipeline", "tqdm"),
+        ("coremltools.optimize.coreml._quantization_passes", "tqdm"),
+    )
+    with contextlib.ExitStack() as stack:
+        for target, name in targets:
+            try:
+                module = importlib.import_module(target)
+            except ImportError:
+                continue
+            if hasattr(module, name):
+                stack.enter_context(mock.patch.object(module, name, plain))
+        yield
 
 
 def convert_to_coreml(module: nn.Module, input_shape: tuple[int, int, int]):
@@ -72,8 +98,9 @@ def export_coreml_variants(
     unknown = [v for v in variants if v not in COREML_VARIANTS]
     if unknown:
         raise ExportError(f"unknown Core ML variant(s) {unknown}; known: {', '.join(COREML_VARIANTS)}")
-    base = convert_to_coreml(module, input_shape)
-    return {variant: save_mlpackage(compress(base, variant), paths[variant]) for variant in variants}
+    with quiet_progress_bars():
+        base = convert_to_coreml(module, input_shape)
+        return {variant: save_mlpackage(compress(base, variant), paths[variant]) for variant in variants}
 
 
 def _feature_shape(feature) -> list[int] | None:

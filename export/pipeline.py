@@ -329,7 +329,7 @@ def export_run(
     run = open_run(run_dir)
     selected = resolve_tiers(run, tiers)
     for tier in selected:
-        run.representative_client(tier.name)  # RunDirError when the run has no client of this tier
+        steps.select_front_end(run, tier.name)  # RunDirError: no client of this tier, or unloadable weights
         if tuple(tier.input_shape) != tuple(run.info.input_shape):
             raise ExportError(
                 f"tier {tier.name} expects input {tuple(tier.input_shape)}, "

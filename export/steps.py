@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from harmony_mobile.models import FrontEnd
-from harmony_mobile.run_dir import ClientArtifact, RunDir
+from harmony_mobile.run_dir import ClientArtifact, RunDir, RunDirError
 
 
 class ExportError(RuntimeError):
@@ -36,7 +36,14 @@ class ExportError(RuntimeError):
 def select_front_end(run: RunDir, tier_name: str) -> tuple[ClientArtifact, FrontEnd]:
     """The personalized front-end shipped for a tier: the run's representative client of that tier."""
     client = run.representative_client(tier_name)
-    return client, run.front_end(client)
+    try:
+        return client, run.front_end(client)
+    except RuntimeError as error:  # load_state_dict: missing / unexpected keys or shape mismatches
+        first_lines = "\n".join(str(error).splitlines()[:3])
+        raise RunDirError(
+            f"client {client.client_id}'s front-end in {run.path} does not fit tier {tier_name!r} "
+            f"with this version of harmony_mobile.models (written by another version?): {first_lines}"
+        ) from None
 
 
 class ExitAndFeatures(nn.Module):
