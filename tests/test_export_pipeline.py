@@ -200,6 +200,17 @@ def test_run_without_a_trained_model_is_refused(tmp_path):
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 
+def test_weights_that_do_not_fit_the_tier_are_refused(tmp_path):
+    run = make_run_dir(tmp_path / "run", clients_per_tier=1)
+    client_file = run / "clients" / "client-002.pt"  # the "tiny" tier's client
+    state = torch.load(client_file, weights_only=True)
+    state["front_end_state"].pop(next(iter(state["front_end_state"])))
+    torch.save(state, client_file)
+    with pytest.raises(RunDirError, match="does not fit tier 'tiny'"):
+        export_run(run, tmp_path / "out", tiers=["tiny"], key_dir=tmp_path / "keys", progress=False)
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
 def test_unknown_tier_is_refused(run_path, tmp_path):
     with pytest.raises(ExportError, match="unknown tier 'watch'; known: entry-android, mid-ios, tiny"):
         export_run(run_path, tmp_path / "out", tiers=["watch"], key_dir=tmp_path / "keys", progress=False)
