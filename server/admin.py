@@ -13,8 +13,8 @@ from harmony_mobile.server.schemas import (
     SetDefaultRequest,
     VersionInfo,
 )
-from harmony_mobile.server.state import ServerState, StateDep
-from harmony_mobile.server.store import RoundRecord
+from harmony_mobile.server.state import StateDep, StoreDep
+from harmony_mobile.server.store import RoundRecord, Store
 
 router = APIRouter(prefix="/v1", tags=["alignment and registry (admin)"])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422)}
@@ -24,10 +24,9 @@ def _round(record: RoundRecord) -> RoundResponse:
     return RoundResponse(**record.__dict__)
 
 
-def _registry(state: ServerState) -> RegistryResponse:
+def _registry(store: Store) -> RegistryResponse:
     return RegistryResponse(
-        default=state.store.default_version(),
-        versions=[VersionInfo(**v.__dict__) for v in state.store.versions()],
+        default=store.default_version(), versions=[VersionInfo(**v.__dict__) for v in store.versions()]
     )
 
 
@@ -41,21 +40,21 @@ def start_round(state: StateDep, _: AdminDep, params: AlignmentParams | None = N
 
 
 @router.get("/alignment/rounds", response_model=list[RoundResponse], responses=ERRORS)
-def list_rounds(state: StateDep, _: AdminDep) -> list[RoundResponse]:
-    return [_round(r) for r in state.store.rounds()]
+def list_rounds(store: StoreDep, _: AdminDep) -> list[RoundResponse]:
+    return [_round(r) for r in store.rounds()]
 
 
 @router.get("/alignment/rounds/{round_id}", response_model=RoundResponse, responses=ERRORS)
-def get_round(round_id: int, state: StateDep, _: AdminDep) -> RoundResponse:
-    record = state.store.round(round_id)
+def get_round(round_id: int, store: StoreDep, _: AdminDep) -> RoundResponse:
+    record = store.round(round_id)
     if record is None:
         raise HTTPException(404, f"unknown alignment round {round_id}")
     return _round(record)
 
 
 @router.get("/registry/versions", response_model=RegistryResponse, responses=ERRORS)
-def list_versions(state: StateDep, _: AdminDep) -> RegistryResponse:
-    return _registry(state)
+def list_versions(store: StoreDep, _: AdminDep) -> RegistryResponse:
+    return _registry(store)
 
 
 @router.put("/registry/default", response_model=RegistryResponse, responses=ERRORS)
@@ -66,7 +65,7 @@ def set_default(body: SetDefaultRequest, state: StateDep, _: AdminDep) -> Regist
     except UnknownVersion as error:
         raise HTTPException(404, str(error)) from None
     state.metrics.model_swaps.inc()
-    return _registry(state)
+    return _registry(state.store)
 
 
 @router.post("/registry/rollback", response_model=RegistryResponse, responses=ERRORS)
@@ -77,4 +76,4 @@ def rollback(state: StateDep, _: AdminDep) -> RegistryResponse:
     except NoParentVersion as error:
         raise HTTPException(409, str(error)) from None
     state.metrics.model_swaps.inc()
-    return _registry(state)
+    return _registry(state.store)

@@ -8,7 +8,7 @@ import secrets
 from fastapi import APIRouter, HTTPException, Response, status
 from harmony_mobile.server.auth import AdminDep, AnyPrincipalDep, hash_token, new_device_token
 from harmony_mobile.server.schemas import DeviceInfo, EnrolRequest, EnrolResponse, ErrorBody, Limits
-from harmony_mobile.server.state import StateDep
+from harmony_mobile.server.state import StateDep, StoreDep
 
 from harmony_mobile.privacy.sealing import ENVELOPE_VERSION, public_key_bytes
 
@@ -44,17 +44,17 @@ def enrol(body: EnrolRequest, state: StateDep, _: AdminDep) -> EnrolResponse:
 
 
 @router.get("/devices", response_model=list[DeviceInfo], responses=ERRORS)
-def list_devices(state: StateDep, _: AdminDep) -> list[DeviceInfo]:
+def list_devices(store: StoreDep, _: AdminDep) -> list[DeviceInfo]:
     return [
         DeviceInfo(device_id=d.id, name=d.name, tier=d.tier, created_at=d.created_at, revoked_at=d.revoked_at)
-        for d in state.store.devices()
+        for d in store.devices()
     ]
 
 
 @router.delete("/devices/{device_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS)
-def revoke_device(device_id: str, state: StateDep, _: AdminDep) -> Response:
+def revoke_device(device_id: str, store: StoreDep, _: AdminDep) -> Response:
     """Revoke a device token; its next request is 401. Its stored uploads stay."""
-    if not state.store.revoke_device(device_id):
+    if not store.revoke_device(device_id):
         raise HTTPException(404, f"unknown device {device_id!r}")
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 

@@ -24,7 +24,7 @@ from harmony_mobile.server.schemas import (
     ServerMetadata,
     TensorMetadata,
 )
-from harmony_mobile.server.state import ServerState, StateDep
+from harmony_mobile.server.state import ServerState, SettingsDep, StateDep
 from pydantic import ValidationError
 
 from harmony_mobile.federation.wire import WireFormatError, decode_tensor
@@ -130,9 +130,10 @@ def live() -> LiveResponse:
 
 
 @router.get("/health/ready", response_model=ReadyResponse, responses={503: {"model": ReadyResponse}})
-def ready(state: StateDep):
+def ready(state: StateDep, settings: SettingsDep):
     if state.registry.default() is None:
-        return JSONResponse({"ready": False}, status_code=503, headers=_retry_after(state))
+        headers = {"Retry-After": str(settings.retry_after_seconds)}
+        return JSONResponse({"ready": False}, status_code=503, headers=headers)
     return ReadyResponse(ready=True)
 
 

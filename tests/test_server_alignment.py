@@ -14,7 +14,9 @@ import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
 from harmony_mobile.server.alignment import group_rows, token_purity
-from test_server_support import (
+
+from harmony_mobile.federation.messages import FeatureUpload
+from tests.test_server_support import (
     ADMIN,
     bearer,
     class_features,
@@ -24,8 +26,6 @@ from test_server_support import (
     make_settings,
     sealed_upload,
 )
-
-from harmony_mobile.federation.messages import FeatureUpload
 
 torch.set_num_threads(1)
 ROUNDS = "/v1/alignment/rounds"

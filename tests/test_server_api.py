@@ -13,7 +13,10 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
-from test_server_support import (
+
+from harmony_mobile.federation.wire import encode_tensor
+from harmony_mobile.run_dir import load_backend_file
+from tests.test_server_support import (
     ADMIN,
     ADMIN_TOKEN,
     bearer,
@@ -23,9 +26,6 @@ from test_server_support import (
     make_model_dir,
     make_settings,
 )
-
-from harmony_mobile.federation.wire import encode_tensor
-from harmony_mobile.run_dir import load_backend_file
 
 torch.set_num_threads(1)
 INFER = "/v2/models/harmony-backend/infer"

@@ -20,7 +20,11 @@ from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 from harmony_mobile.server import admin, create_app, devices, schemas, status, uploads, v2
 from pydantic import BaseModel
-from test_server_support import (
+
+from harmony_mobile.federation.messages import SERVER_BOUND
+from harmony_mobile.federation.wire import UploadMetadata
+from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+from tests.test_server_support import (
     ADMIN,
     FEDERATION_SECRET,
     bearer,
@@ -31,10 +35,6 @@ from test_server_support import (
     make_settings,
     sealed_upload,
 )
-
-from harmony_mobile.federation.messages import SERVER_BOUND
-from harmony_mobile.federation.wire import UploadMetadata
-from harmony_mobile.privacy.label_tokens import label_tokens, round_key
 
 torch.set_num_threads(1)
 LABEL_LIKE = re.compile(

@@ -13,10 +13,10 @@ from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
 from harmony_mobile.server.store import Store
 from harmony_mobile.server.uploads import stored_to_feature_upload
-from test_server_support import ADMIN, bearer, enrol, make_model_dir, make_settings, sealed_upload
 
 from harmony_mobile.federation.wire import UploadMetadata, encode_upload
 from harmony_mobile.privacy.sealing import AssociatedData, seal
+from tests.test_server_support import ADMIN, bearer, enrol, make_model_dir, make_settings, sealed_upload
 
 torch.set_num_threads(1)
 UPLOADS = "/v1/uploads"

@@ -11,9 +11,16 @@ import time
 
 import httpx
 import numpy as np
-from test_server_support import ADMIN, ADMIN_TOKEN, bearer, class_features, make_model_dir, sealed_upload
 
 from harmony_mobile.federation.wire import encode_tensor
+from tests.test_server_support import (
+    ADMIN,
+    ADMIN_TOKEN,
+    bearer,
+    class_features,
+    make_model_dir,
+    sealed_upload,
+)
 
 
 def free_port() -> int:
