@@ -123,6 +123,11 @@ class ModelRegistry:
         with self._lock:
             return self._default
 
+    def loaded(self, version: str | None) -> ServedModel | None:
+        """The model if it is already in memory (no disk or database access: safe on the event loop)."""
+        with self._lock:
+            return self._default if version is None else self._loaded.get(version)
+
     def resolve(self, version: str | None) -> ServedModel:
         if version is None:
             model = self.default()

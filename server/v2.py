@@ -205,7 +205,9 @@ INFER_BODY = {
 async def _infer(
     request: Request, state: ServerState, name: str, version: str | None, tier_header: str | None
 ) -> InferResponse:
-    model = _resolve_model(state, name, version)
+    model = state.registry.loaded(version) if name == state.settings.model_name else None
+    if model is None:  # first use of a version reads its file and the store: not on the event loop
+        model = await run_in_threadpool(_resolve_model, state, name, version)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     body = await request.body()
     max_rows = state.settings.max_request_rows

@@ -292,6 +292,13 @@ def test_registry_set_default_and_rollback(server):
     with TestClient(create_app(settings)) as restarted:
         assert restarted.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1-r1"
         assert len(restarted.get("/v1/registry/versions", headers=ADMIN).json()["versions"]) == 2
+        assert restarted.app.state.harmony.registry.loaded("v1") is None  # not the default: not in memory
+        old = restarted.post(
+            "/v2/models/harmony-backend/versions/v1/infer",
+            json=json_infer_body(class_features(np.array([4]), 99)),
+            headers=bearer(device["token"]),
+        )
+        assert old.status_code == 200 and old.json()["model_version"] == "v1"  # loaded from its artifact
 
 
 def test_a_new_export_becomes_the_default(tmp_path):
