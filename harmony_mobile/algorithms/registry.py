@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from harmony_mobile.algorithms.base import Algorithm
+from harmony_mobile.algorithms.centralized import Centralized
+from harmony_mobile.algorithms.fedavg import FedAvg
 from harmony_mobile.algorithms.harmony import Harmony, HarmonyConfig
+from harmony_mobile.algorithms.local import Local
+from harmony_mobile.algorithms.multi_exit import MultiExit
+from harmony_mobile.algorithms.splitgp import SplitGP
 
 # name -> (constructor, overrides of its config that define the variant)
 ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
@@ -13,6 +18,12 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony-meta": (Harmony, {"meta": False}),  # ablation: no meta-adaptation / simulated extractors
     "harmony-stochastic-depth": (Harmony, {"stochastic_depth": False}),  # ablation: fixed split depth
     "harmony-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # ablation: no SupCon alignment
+    # baselines (ALGORITHM.md, Baselines); each has a nested pydantic `Config`
+    "local": (Local, {}),  # every client alone, full model, no server
+    "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split
+    "multi-exit": (MultiExit, {}),  # hybrid SFL without personalization mixing (SplitGP, lambda = 0)
+    "splitgp": (SplitGP, {}),  # gamma-weighted exit/server CE, lambda-mixing, entropy fallback
+    "centralized": (Centralized, {}),  # upper bound: per family one model on pooled data
 }
 
 
