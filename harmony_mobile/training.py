@@ -47,7 +47,7 @@ class TrainConfig(BaseModel):
     classes_per_family: int | None = Field(
         default=None, ge=1, description="partition=family; None = automatic"
     )
-    rounds: int = Field(default=12, ge=1)
+    rounds: int = Field(default=10, ge=1)
     clients_per_round: int = Field(default=0, ge=0, description="0 = every client every round")
     seed: int = 0
     algorithm: str = "harmony"
@@ -56,7 +56,11 @@ class TrainConfig(BaseModel):
     )
     interface_channels: int = Field(default=64, ge=1)
     interface_size: int = Field(default=8, ge=1)
-    threads: int = Field(default=2, ge=1, description="torch intra-op threads")
+    threads: int = Field(
+        default=1,
+        ge=1,
+        description="torch intra-op threads (tiny convs gain little from more; 2 stalled on a busy machine)",
+    )
 
 
 def build_clients(

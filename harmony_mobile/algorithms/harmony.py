@@ -37,11 +37,15 @@ from harmony_mobile.models import FamilyModel
 class HarmonyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    local_steps: int = Field(default=8, ge=1, description="meta steps per client per round")
+    local_steps: int = Field(default=16, ge=1, description="meta steps per client per round")
     batch_size: int = Field(default=32, ge=2, description="support and query batch size")
-    lr: float = Field(default=2e-3, gt=0, description="Adam learning rate of the meta-update")
+    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of the meta-update")
     inner_steps: int = Field(default=1, ge=0, description="I: SGD steps of the inner personalization loop")
-    inner_lr: float = Field(default=0.05, gt=0, description="inner-loop SGD learning rate")
+    inner_lr: float = Field(
+        default=0.005,
+        gt=0,
+        description="inner-loop SGD learning rate (0.05 destabilized the first-order meta-gradient)",
+    )
     variants: int = Field(default=2, ge=1, description="V: simulated extractors per step")
     beta_max: float = Field(
         default=1.5, gt=1, description="interpolation/extrapolation range on the personalization path"

@@ -50,7 +50,10 @@ class FamilyModel(nn.Module):
         channels = stage_channels(width)
         self.stages = build_stages(family, in_channels, input_size, width)
         self.exits = nn.ModuleDict(
-            {str(d): ExitHead(channels[d - 1], num_classes) for d in range(1, NUM_STAGES + 1)}
+            {
+                str(d): ExitHead(channels[d - 1], stage_spatial(d), num_classes)
+                for d in range(1, NUM_STAGES + 1)
+            }
         )
         self.connectors = nn.ModuleDict(
             {str(d): Connector(channels[d - 1], stage_spatial(d), interface) for d in SPLIT_DEPTHS}

@@ -37,14 +37,28 @@ def global_pool(x: torch.Tensor) -> torch.Tensor:
 
 
 class ExitHead(nn.Module):
-    """Early-exit classifier over all classes, on a stage activation."""
+    """Early-exit classifier over all classes, on a stage activation.
 
-    def __init__(self, in_channels: int, num_classes: int, hidden: int = 64):
+    A strided conv, then average pooling to a 2x2 grid (not a global pool: a shallow stage's
+    channels say little once their spatial layout is averaged away), then a small MLP.
+    """
+
+    def __init__(
+        self, in_channels: int, in_size: int, num_classes: int, channels: int = 32, hidden: int = 64
+    ):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(in_channels, hidden), nn.ReLU(), nn.Linear(hidden, num_classes))
+        if in_size < 4 or in_size % 4:
+            raise ValueError(f"exit heads need a stage size divisible by 4, got {in_size}")
+        self.conv = nn.Conv2d(in_channels, channels, 3, 2, 1)
+        self.pool = nn.AvgPool2d(in_size // 4)  # (in_size / 2) -> 2x2
+        self.flat_features = channels * 4
+        self.mlp = nn.Sequential(
+            nn.Linear(self.flat_features, hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+        )
 
     def forward(self, activation: torch.Tensor) -> torch.Tensor:
-        return self.mlp(global_pool(activation))
+        pooled = self.pool(F.relu(self.conv(activation)))
+        return self.mlp(pooled.reshape(-1, self.flat_features))
 
 
 class Connector(nn.Module):
