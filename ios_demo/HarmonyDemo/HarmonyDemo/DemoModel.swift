@@ -1,0 +1,220 @@
+import Combine
+import Foundation
+import HarmonyKit
+import UIKit
+
+/// Everything the screen shows and does: the verified export, the tier and engine, the classifier
+/// with its server fallback, enrolment and the confirmed-label upload queue.
+@MainActor
+final class DemoModel: ObservableObject {
+    @Published var status = "Starting…"
+    @Published private(set) var manifest: Manifest?
+    @Published private(set) var runnableTiers: [TierEntry] = []
+    @Published private(set) var recommendedTier: String?
+    @Published private(set) var deviceClass: DeviceClass?
+    @Published private(set) var selectedTier: String = ""
+    @Published private(set) var selectedBackend: String = Artifact.backendCoreML
+    @Published private(set) var engineDescription = ""
+    @Published private(set) var samples: [SampleDigit] = []
+    @Published private(set) var image: PixelImage?
+    @Published private(set) var imageLabel: Int?
+    @Published private(set) var result: Classification?
+    @Published var confirmedLabel = 0
+    @Published private(set) var queued = 0
+    @Published private(set) var credentials: DeviceCredentials?
+    @Published private(set) var busy = false
+    /// The simulator reaches `harmony serve` on the Mac as localhost; a phone needs the Mac's address.
+    @Published var serverURL = UserDefaults.standard.string(forKey: "serverURL") ?? "http://localhost:8000" {
+        didSet { UserDefaults.standard.set(serverURL, forKey: "serverURL") }
+    }
+
+    private var client: HarmonyClient?
+    private var uploads: ConfirmedUploads?
+    private let device = DeviceProfile.current()
+
+    var tier: TierEntry? { runnableTiers.first { $0.name == selectedTier } }
+
+    /// Backends the selected tier has an iOS artifact for.
+    var backends: [String] {
+        guard let tier else { return [] }
+        return [Artifact.backendCoreML, Artifact.backendXNNPACK].filter { backend in
+            tier.artifacts.contains { $0.backend == backend }
+        }
+    }
+
+    func start() async {
+        samples = SampleDigit.loadBundled()
+        credentials = CredentialStore.load()
+        do {
+            let manifest = try await Task.detached { try ModelStore.loadManifest() }.value
+            self.manifest = manifest
+            runnableTiers = TierSelector.runnableTiers(manifest.tiers, on: device)
+            let recommended = try TierSelector.select(from: manifest.tiers, for: device)
+            recommendedTier = recommended.name
+            deviceClass = DeviceClass.of(device)
+            selectedTier = recommended.name
+            selectedBackend = backends.first ?? Artifact.backendXNNPACK
+            await loadEngine()
+        } catch {
+            status = "Model not loaded: \(error)"
+        }
+    }
+
+    /// The user picked another tier: keep the runtime if the tier has it, else take its first one.
+    func select(tier name: String) async {
+        guard name != selectedTier else { return }
+        selectedTier = name
+        if !backends.contains(selectedBackend) {
+            selectedBackend = backends.first ?? Artifact.backendXNNPACK
+        }
+        await loadEngine()
+    }
+
+    func select(backend: String) async {
+        guard backend != selectedBackend else { return }
+        selectedBackend = backend
+        await loadEngine()
+    }
+
+    /// (Re)builds the engine for the selected tier and backend.
+    func loadEngine() async {
+        guard let tier, let artifact = ModelStore.artifact(of: tier, backend: selectedBackend) else {
+            status = "Tier \(selectedTier) has no \(selectedBackend) artifact"
+            return
+        }
+        busy = true
+        defer { busy = false }
+        status = "Verifying and loading \(artifact.path)…"
+        do {
+            let engine = try await Task.detached { try await ModelStore.makeEngine(tier: tier, artifact: artifact) }.value
+            client = HarmonyClient(engine: engine, exitPolicy: try ExitPolicy(threshold: tier.threshold), fallback: fallback(for: tier))
+            uploads = try makeUploads(for: tier)
+            engineDescription = "\(artifact.path) (\(artifact.quantization), threshold \(tier.threshold))"
+            status = "Ready"
+            await refreshQueue()
+        } catch {
+            client = nil
+            status = "Could not load \(artifact.path): \(error)"
+        }
+    }
+
+    func classify(_ sample: SampleDigit) async {
+        await classify(sample.image, label: sample.label)
+    }
+
+    func classify(photo: UIImage) async {
+        guard let tier else { return }
+        let shape = tier.input.shape
+        guard shape.count == 4,
+              let image = PixelImage.from(photo: photo, channels: shape[1], height: shape[2], width: shape[3])
+        else {
+            status = "Could not read the picture"
+            return
+        }
+        await classify(image, label: nil)
+    }
+
+    private func classify(_ picture: PixelImage, label: Int?) async {
+        guard let client, let tier else { return }
+        let image = picture.withChannels(tier.input.shape[1])
+        self.image = image
+        imageLabel = label
+        confirmedLabel = label ?? result?.predictedClass ?? 0
+        do {
+            let input = try image.modelInput(for: tier)
+            result = try await client.classify(input)
+            if label == nil, let answer = result?.predictedClass, answer >= 0 {
+                confirmedLabel = answer
+            }
+            status = "Ready"
+        } catch {
+            status = "Classification failed: \(error)"
+        }
+    }
+
+    // MARK: - Server
+
+    func enroll(adminToken: String) async {
+        guard let url = URL(string: serverURL) else {
+            status = "Not a URL: \(serverURL)"
+            return
+        }
+        busy = true
+        defer { busy = false }
+        do {
+            let enrollment = try await HarmonyHTTPClient(baseURL: url).enroll(
+                adminToken: adminToken, name: "ios-demo", tier: selectedTier.isEmpty ? nil : selectedTier)
+            var notice: String?
+            if let text = enrollment.manifest, let signature = enrollment.manifestSignature, let manifest {
+                // The server's manifest must be signed by the pinned key too; say so if it is another export.
+                let served = try ModelStore.pinnedVerifier().verify(
+                    manifestBytes: Data(text.utf8), signatureFile: Data(signature.utf8))
+                if served.modelVersion != manifest.modelVersion {
+                    notice = "the server serves model \(served.modelVersion), this app has \(manifest.modelVersion)"
+                }
+            }
+            try CredentialStore.save(enrollment.credentials)
+            credentials = enrollment.credentials
+            await loadEngine()
+            if let notice {
+                status = "Enrolled as \(enrollment.deviceID); \(notice)"
+            }
+        } catch {
+            status = "Enrolment failed: \(error)"
+        }
+    }
+
+    func forgetEnrollment() async {
+        CredentialStore.delete()
+        credentials = nil
+        await loadEngine()
+    }
+
+    func confirmAndUpload() async {
+        guard let uploads, let result else {
+            status = "Enrol this device to upload"
+            return
+        }
+        do {
+            try await uploads.enqueue(features: result.features, confirmedClass: confirmedLabel)
+            status = "Upload queued (label \(confirmedLabel))"
+        } catch {
+            status = "Could not queue the upload: \(error)"
+            return
+        }
+        await flush()
+    }
+
+    func flush() async {
+        guard let uploads else { return }
+        do {
+            let sent = try await uploads.flush()
+            status = sent > 0 ? "Sent \(sent) upload(s)" : status
+        } catch {
+            status = "Upload failed: \(error)"
+        }
+        await refreshQueue()
+    }
+
+    private func refreshQueue() async {
+        queued = (try? await uploads?.pendingCount()) ?? 0
+    }
+
+    private func fallback(for tier: TierEntry) -> (any FallbackServer)? {
+        guard let credentials, let url = URL(string: serverURL) else { return nil }
+        // Interactive: short timeouts, one quick retry, then the local answer stands.
+        let client = HarmonyHTTPClient(baseURL: url, policy: .interactive, requestTimeout: 3, resourceTimeout: 10)
+        return HTTPFallbackServer(client: client, device: credentials, tier: tier.name)
+    }
+
+    private func makeUploads(for tier: TierEntry) throws -> ConfirmedUploads? {
+        guard let credentials, let url = URL(string: serverURL), let manifest else { return nil }
+        let directory = try FileManager.default.url(
+            for: .applicationSupportDirectory, in: .userDomainMask, appropriateFor: nil, create: true
+        ).appendingPathComponent("upload-queue", isDirectory: true)
+        return try ConfirmedUploads(
+            queue: UploadQueue(directory: directory, maxEntries: 512, maxBytes: 32 * 1024 * 1024),
+            client: HarmonyHTTPClient(baseURL: url), device: credentials, federationKey: Provisioning.federationKey(),
+            family: tier.family, tier: tier.name, splitDepth: tier.splitDepth, modelVersion: manifest.modelVersion)
+    }
+}

@@ -1,0 +1,255 @@
+import CryptoKit
+import XCTest
+@testable import HarmonyKit
+
+/// Byte equality with the Python implementation on every golden vector kind of tests/vectors.
+final class GoldenVectorTests: XCTestCase {
+    // MARK: - feature_encoding.json (HMFT tensors, HMUP plaintexts)
+
+    func testTensorsEncodeToTheGoldenBytes() throws {
+        let vectors = try Vectors.load("feature_encoding.json", as: FeatureEncodingVectors.self)
+        XCTAssertEqual(vectors.tensors.count, 5)
+        for vector in vectors.tensors {
+            // float32 values are written as the exact decimal of their double value: narrowing gives the bits back
+            let tensor = try FeatureTensor(values: vector.values.map { Float($0) }, shape: vector.shape)
+            XCTAssertEqual(Hex.encode(tensor.encoded()), vector.hmft, vector.name)
+            let decoded = try FeatureTensor.decode(hex(vector.hmft))
+            XCTAssertEqual(decoded.shape, vector.shape, vector.name)
+            XCTAssertEqual(Hex.encode(decoded.encoded()), vector.hmft, vector.name)
+        }
+    }
+
+    func testTheDocumentedTensorExample() throws {
+        let tensor = try FeatureTensor(values: [1.0, -2.5], shape: [1, 2])
+        XCTAssertEqual(Hex.encode(tensor.encoded()), "484d46540101020001000000020000000000803f000020c0")
+    }
+
+    func testUploadPlaintextsAndMetadataAreByteEqual() throws {
+        let vectors = try Vectors.load("feature_encoding.json", as: FeatureEncodingVectors.self)
+        let secret = try hex(Vectors.load("label_tokens.json", as: LabelTokenVectors.self).federationSecret)
+        XCTAssertEqual(vectors.uploads.count, 2)
+        for vector in vectors.uploads {
+            let tokens = try LabelTokens(federationSecret: secret, roundID: vector.roundId)
+            let labelTokens = try vector.classes.map { try tokens.token(classID: $0) }
+            XCTAssertEqual(labelTokens.map { Hex.encode($0) }, vector.metadata.labelTokens, vector.name)
+            let metadata = try UploadMetadata(
+                labelTokens: labelTokens, splitDepths: vector.metadata.splitDepths, family: vector.metadata.family,
+                tier: vector.metadata.tier, modelVersion: vector.metadata.modelVersion,
+                clipNorm: vector.metadata.clipNorm, noiseMultiplier: vector.metadata.noiseMultiplier)
+            XCTAssertEqual(metadata.jsonText(), vector.metadataJson, vector.name)
+            let features = try FeatureTensor(values: vector.values.map { Float($0) }, shape: vector.shape)
+            let plaintext = try UploadPlaintext.encode(metadata: metadata, features: features)
+            XCTAssertEqual(Hex.encode(plaintext), vector.plaintext, vector.name)
+        }
+    }
+
+    func testTheProtocolAppendixPlaintext() throws {
+        // docs/PROTOCOL.md A.2: two rows of shape (1, 2, 2), values 0, 0.25, ..., 1.75
+        let metadata = try UploadMetadata(
+            labelTokens: [hex("0123456789abcdef"), hex("fedcba9876543210")], splitDepths: [1, 2], family: "cnn",
+            tier: "entry-android", modelVersion: "v1")
+        let features = try FeatureTensor(values: (0..<8).map { Float($0) / 4 }, shape: [2, 1, 2, 2])
+        let expected = "484d555001880000007b226c6162656c5f746f6b656e73223a5b22303132333435363738396162636465"
+            + "66222c2266656463626139383736353433323130225d2c2273706c69745f646570746873223a5b312c325d2c2266"
+            + "616d696c79223a22636e6e222c2274696572223a22656e7472792d616e64726f6964222c226d6f64656c5f7665"
+            + "7273696f6e223a227631227d484d46540101040002000000010000000200000002000000000000000000803e00"
+            + "00003f0000403f0000803f0000a03f0000c03f0000e03f"
+        XCTAssertEqual(Hex.encode(try UploadPlaintext.encode(metadata: metadata, features: features)), expected)
+    }
+
+    // MARK: - label_tokens.json
+
+    func testLabelTokensAndRoundKeys() throws {
+        let vectors = try Vectors.load("label_tokens.json", as: LabelTokenVectors.self)
+        let secret = try hex(vectors.federationSecret)
+        XCTAssertEqual(vectors.cases.map(\.roundId), [0, 1, 7, 12, Int64.max])
+        for vector in vectors.cases {
+            let tokens = try LabelTokens(federationSecret: secret, roundID: vector.roundId)
+            XCTAssertEqual(Hex.encode(tokens.roundKey), vector.roundKey, "round \(vector.roundId)")
+            XCTAssertEqual(vector.tokens.count, 12)
+            for (classID, token) in vector.tokens {
+                XCTAssertEqual(Hex.encode(try tokens.token(classID: Int(classID)!)), token, "round \(vector.roundId) class \(classID)")
+            }
+        }
+    }
+
+    func testShortFederationSecretsAreRefused() {
+        XCTAssertThrowsError(try LabelTokens(federationSecret: Data(count: 15), roundID: 0))
+    }
+
+    // MARK: - sealed_upload.json
+
+    func testSealedEnvelopesAreByteEqual() throws {
+        let vectors = try Vectors.load("sealed_upload.json", as: SealedUploadVectors.self)
+        XCTAssertEqual(vectors.cases.count, 3)
+        let ephemeral = try Curve25519.KeyAgreement.PrivateKey(rawRepresentation: hex(vectors.ephemeralPrivateKey))
+        XCTAssertEqual(Hex.encode(ephemeral.publicKey.rawRepresentation), vectors.ephemeralPublicKey)
+        let server = try Curve25519.KeyAgreement.PrivateKey(rawRepresentation: hex(vectors.serverPrivateKey))
+        XCTAssertEqual(Hex.encode(server.publicKey.rawRepresentation), vectors.serverPublicKey)
+        let sealer = try UploadSealer(serverPublicKey: hex(vectors.serverPublicKey))
+        for vector in vectors.cases {
+            let ad = try AssociatedData(
+                deviceID: vector.deviceId, roundID: vector.roundId, messageID: XCTUnwrap(UUID(uuidString: vector.messageId)))
+            XCTAssertEqual(Hex.encode(ad.encoded()), vector.associatedData, vector.name)
+            let envelope = try sealer.sealDeterministically(
+                hex(vector.plaintext), associatedData: ad, ephemeralPrivateKey: hex(vectors.ephemeralPrivateKey),
+                nonce: hex(vectors.nonce))
+            XCTAssertEqual(Hex.encode(envelope), vector.envelope, vector.name)
+            let opened = try UploadSealer.open(hex(vector.envelope), serverPrivateKey: server, associatedData: ad)
+            XCTAssertEqual(Hex.encode(opened), vector.plaintext, vector.name)
+        }
+    }
+
+    func testTheFullInterfaceUploadIsReproducedFromScratch() throws {
+        // sealed_upload.json case 3: one (1, 64, 8, 8) row, values (i - 2048) / 512, class 4, round 7 tokens
+        let vectors = try Vectors.load("sealed_upload.json", as: SealedUploadVectors.self)
+        let secret = try hex(Vectors.load("label_tokens.json", as: LabelTokenVectors.self).federationSecret)
+        let metadata = try UploadMetadata(
+            labelTokens: [LabelTokens(federationSecret: secret, roundID: 7).token(classID: 4)], splitDepths: [1],
+            family: "mobilenet", tier: "mid-android", modelVersion: "golden-v1")
+        let features = try FeatureTensor(
+            values: (0..<4096).map { (Float($0) - 2048) / 512 }, shape: [1] + FrontEndContract.interfaceShape)
+        let plaintext = try UploadPlaintext.encode(metadata: metadata, features: features)
+        XCTAssertEqual(Hex.encode(plaintext), vectors.cases[2].plaintext)
+    }
+
+    func testRandomSealsOpenAndTamperingFails() throws {
+        let server = Curve25519.KeyAgreement.PrivateKey()
+        let sealer = try UploadSealer(serverPublicKey: server.publicKey.rawRepresentation)
+        let ad = try AssociatedData(deviceID: "dev_test", roundID: 3, messageID: UUID())
+        let plaintext = Data("features".utf8)
+        let first = try sealer.seal(plaintext, associatedData: ad)
+        let second = try sealer.seal(plaintext, associatedData: ad)
+        XCTAssertNotEqual(first, second, "fresh ephemeral key and nonce per upload")
+        XCTAssertEqual(first.count, UploadSealer.headerBytes + plaintext.count + UploadSealer.tagBytes)
+        XCTAssertEqual(try UploadSealer.open(first, serverPrivateKey: server, associatedData: ad), plaintext)
+        var tampered = first
+        tampered[tampered.count - 1] ^= 1
+        XCTAssertThrowsError(try UploadSealer.open(tampered, serverPrivateKey: server, associatedData: ad))
+        let otherRound = try AssociatedData(deviceID: "dev_test", roundID: 4, messageID: ad.messageID)
+        XCTAssertThrowsError(try UploadSealer.open(first, serverPrivateKey: server, associatedData: otherRound))
+    }
+
+    // MARK: - exit_decisions.json
+
+    func testExitDecisions() throws {
+        let vectors = try Vectors.load("exit_decisions.json", as: ExitDecisionVectors.self)
+        XCTAssertFalse(vectors.cases.isEmpty)
+        for vector in vectors.cases {
+            let decision = try ExitPolicy(threshold: vector.threshold).decide(vector.logits.map { Float($0) })
+            XCTAssertEqual(decision.predictedClass, vector.predictedClass, "\(vector.logits)")
+            XCTAssertEqual(decision.confidence, vector.confidence, accuracy: 1e-12, "\(vector.logits)")
+            XCTAssertEqual(decision.exitLocally, vector.exitLocally, "\(vector.logits)")
+        }
+    }
+
+    func testNonFiniteLogitsNeverExit() throws {
+        let policy = try ExitPolicy(threshold: 0.5)
+        for logits: [Float] in [[.nan, 1], [.infinity, 0], [-.infinity, 2]] {
+            let decision = policy.decide(logits)
+            XCTAssertFalse(decision.exitLocally)
+            XCTAssertEqual(decision.predictedClass, -1)
+        }
+        XCTAssertThrowsError(try ExitPolicy(threshold: 0))
+        XCTAssertThrowsError(try ExitPolicy(threshold: 1.01))
+    }
+
+    // MARK: - manifest_signature.json
+
+    func testManifestSignatureVerifiesAndArtifactsMatch() throws {
+        let vectors = try Vectors.load("manifest_signature.json", as: ManifestVectors.self)
+        let verifier = try ManifestVerifier(pinnedPublicKey: hex(vectors.publicKey))
+        XCTAssertEqual(try ManifestVerifier(publicKeyFile: vectors.signingKeyPub).pinnedPublicKey, verifier.pinnedPublicKey)
+        let manifest = try verifier.verify(
+            manifestBytes: Data(vectors.manifestText.utf8), signatureFile: Data(vectors.signatureFile.utf8))
+        XCTAssertEqual(manifest.tiers.map(\.name), ["entry-android", "flagship"])
+        XCTAssertEqual(manifest.modelVersion, "golden-v1")
+        let tier = try XCTUnwrap(manifest.tier(named: "entry-android"))
+        XCTAssertEqual(tier.threshold, 0.9)
+        XCTAssertEqual(tier.input.name, FrontEndContract.inputName)
+        XCTAssertEqual(tier.outputs.map(\.name), [FrontEndContract.logitsOutputName, FrontEndContract.featuresOutputName])
+        XCTAssertEqual(try FrontEndContract.check(tier).features, 1)
+
+        let directory = try writeExport(vectors)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        XCTAssertEqual(try verifier.verifyDirectory(directory), manifest)
+        for artifact in manifest.tiers.flatMap(\.artifacts) {
+            XCTAssertNoThrow(try ManifestVerifier.verifyArtifact(artifact, in: directory))
+        }
+        let artifact = try XCTUnwrap(tier.artifact(backend: "xnnpack", quantization: "int8"))
+        try Data("golden pte int8 tampered".utf8).write(to: directory.appendingPathComponent(artifact.path))
+        XCTAssertThrowsError(try ManifestVerifier.verifyArtifact(artifact, in: directory))
+    }
+
+    func testTamperedManifestsAreRejected() throws {
+        let vectors = try Vectors.load("manifest_signature.json", as: ManifestVectors.self)
+        let verifier = try ManifestVerifier(pinnedPublicKey: hex(vectors.publicKey))
+        let manifest = Data(vectors.manifestText.utf8)
+        let signature = Data(vectors.signatureFile.utf8)
+        for index in stride(from: 0, to: manifest.count, by: max(1, manifest.count / 40)) {
+            var changed = manifest
+            changed[index] ^= 0x01
+            XCTAssertThrowsError(try verifier.verify(manifestBytes: changed, signatureFile: signature), "byte \(index)")
+        }
+        XCTAssertThrowsError(try verifier.verify(manifestBytes: manifest + Data("\n".utf8), signatureFile: signature))
+        var raw = try XCTUnwrap(Data(base64Encoded: vectors.signatureFile))
+        raw[0] ^= 0x80
+        XCTAssertThrowsError(try verifier.verify(manifestBytes: manifest, signatureFile: Data(raw.base64EncodedString().utf8)))
+        XCTAssertThrowsError(try verifier.verify(manifestBytes: manifest, signatureFile: Data("not base64!".utf8)))
+        let otherKey = Curve25519.Signing.PrivateKey()
+        let stranger = try ManifestVerifier(pinnedPublicKey: otherKey.publicKey.rawRepresentation)
+        XCTAssertThrowsError(try stranger.verify(manifestBytes: manifest, signatureFile: signature))
+        // Signed by the other key, but the pinned key is still the golden one.
+        let forged = try otherKey.signature(for: manifest).base64EncodedString()
+        XCTAssertThrowsError(try verifier.verify(manifestBytes: manifest, signatureFile: Data(forged.utf8)))
+        // A replaced signing_key.pub beside the manifest is refused.
+        let directory = try writeExport(vectors)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        try Data(otherKey.publicKey.rawRepresentation.base64EncodedString().utf8)
+            .write(to: directory.appendingPathComponent(ManifestVerifier.publicKeyFile))
+        XCTAssertThrowsError(try verifier.verifyDirectory(directory))
+    }
+
+    func testTreeDigestMatchesThePythonExporter() throws {
+        // Fixtures/tree_digest.json holds export/manifest.py path_digest() of Fixtures/tree (checked by
+        // tests/test_ios_contract.py on the Python side).
+        struct Expected: Decodable {
+            let sha256: String
+            let size: Int64
+        }
+        let expected = try JSONDecoder().decode(
+            Expected.self, from: Data(contentsOf: Vectors.fixtures.appendingPathComponent("tree_digest.json")))
+        let actual = try ManifestVerifier.treeDigest(of: Vectors.fixtures.appendingPathComponent("tree", isDirectory: true))
+        XCTAssertEqual(actual.sha256, expected.sha256)
+        XCTAssertEqual(actual.size, expected.size)
+    }
+
+    func testJSONNumbersFollowPydantic() {
+        let cases: [(Double, String)] = [
+            (1.0, "1.0"), (0.5, "0.5"), (0.0, "0.0"), (-2.5, "-2.5"), (100.0, "100.0"), (0.1, "0.1"),
+            (0.0001, "0.0001"), (1e-5, "0.00001"), (1.5e-5, "0.000015"), (1e-6, "1e-6"), (1e-7, "1e-7"),
+            (2.5e-10, "2.5e-10"), (1e15, "1000000000000000.0"), (1e16, "1e+16"), (1.5e16, "1.5e+16"),
+            (123456789012345680.0, "1.2345678901234568e+17"), (5e-324, "5e-324"),
+            (1.7976931348623157e308, "1.7976931348623157e+308"),
+        ]
+        for (value, text) in cases {
+            XCTAssertEqual(JSONText.number(value), text, "\(value)")
+        }
+        XCTAssertEqual(JSONText.string("a\"\\/\u{01}\n\té😀"), "\"a\\\"\\\\/\\u0001\\n\\té😀\"")
+    }
+
+    // MARK: - helpers
+
+    private func writeExport(_ vectors: ManifestVectors) throws -> URL {
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(UUID().uuidString, isDirectory: true)
+        for artifact in vectors.artifacts {
+            let url = directory.appendingPathComponent(artifact.path)
+            try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try XCTUnwrap(Data(base64Encoded: artifact.contentBase64)).write(to: url)
+        }
+        try Data(vectors.manifestText.utf8).write(to: directory.appendingPathComponent(ManifestVerifier.manifestFile))
+        try Data(vectors.signatureFile.utf8).write(to: directory.appendingPathComponent(ManifestVerifier.signatureFile))
+        try Data(vectors.signingKeyPub.utf8).write(to: directory.appendingPathComponent(ManifestVerifier.publicKeyFile))
+        return directory
+    }
+}

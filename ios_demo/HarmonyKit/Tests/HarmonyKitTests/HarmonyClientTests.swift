@@ -1,0 +1,103 @@
+import CryptoKit
+import XCTest
+@testable import HarmonyKit
+
+final class FakeEngine: InferenceEngine, @unchecked Sendable {
+    let backend = "fake"
+    let logits: [Float]
+
+    init(logits: [Float]) {
+        self.logits = logits
+    }
+
+    func run(_ input: [Float]) throws -> FrontEndOutput {
+        try FrontEndOutput(
+            exitLogits: logits,
+            features: FeatureTensor(values: [Float](repeating: 0.25, count: 4096), shape: [1, 64, 8, 8]))
+    }
+}
+
+struct FakeServer: FallbackServer {
+    let answer: ServerPrediction?
+
+    func predict(_ features: FeatureTensor) async throws -> ServerPrediction {
+        XCTAssertEqual(features.shape, [1] + FrontEndContract.interfaceShape)
+        guard let answer else {
+            throw ServerError(status: 503, detail: "inference queue full", retryAfter: 1)
+        }
+        return answer
+    }
+}
+
+final class HarmonyClientTests: XCTestCase {
+    let server = ServerPrediction(modelVersion: "v1", logits: [0, 0, 5], topClass: 2, confidence: 0.98)
+
+    func testAConfidentFrontEndAnswersLocally() async throws {
+        let client = HarmonyClient(
+            engine: FakeEngine(logits: [8, 0, 0]), exitPolicy: try ExitPolicy(threshold: 0.9),
+            fallback: FakeServer(answer: server))
+        let result = try await client.classify([Float](repeating: 0, count: 784))
+        XCTAssertEqual(result.source, .localExit)
+        XCTAssertEqual(result.predictedClass, 0)
+        XCTAssertNil(result.server)
+    }
+
+    func testAnUnsureFrontEndAsksTheServer() async throws {
+        let client = HarmonyClient(
+            engine: FakeEngine(logits: [1, 0.5, 0]), exitPolicy: try ExitPolicy(threshold: 0.9),
+            fallback: FakeServer(answer: server))
+        let result = try await client.classify([Float](repeating: 0, count: 784))
+        XCTAssertEqual(result.source, .server)
+        XCTAssertEqual(result.predictedClass, 2)
+        XCTAssertEqual(result.confidence, 0.98)
+        XCTAssertEqual(result.local.predictedClass, 0)
+        XCTAssertFalse(result.local.exitLocally)
+    }
+
+    func testAFailingOrMissingServerLeavesTheLocalAnswer() async throws {
+        for fallback: (any FallbackServer)? in [FakeServer(answer: nil), nil] {
+            let client = HarmonyClient(
+                engine: FakeEngine(logits: [1, 0.5, 0]), exitPolicy: try ExitPolicy(threshold: 0.9), fallback: fallback)
+            let result = try await client.classify([Float](repeating: 0, count: 784))
+            XCTAssertEqual(result.source, .localAfterServerFailure)
+            XCTAssertEqual(result.predictedClass, 0)
+            XCTAssertNotNil(result.serverError)
+        }
+    }
+
+    func testConfirmedUploadsAreSealedQueuedAndFlushed() async throws {
+        let vectors = try Vectors.load("sealed_upload.json", as: SealedUploadVectors.self)
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent(UUID().uuidString)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        let receipt = #"{"upload_id":1,"message_id":"x","rows":1,"duplicate":false,"received_at":"2026-11-29T15:04:05Z"}"#
+        let transport = ScriptedTransport([.respond(HTTPResponse(status: 201, body: Data(receipt.utf8)))])
+        let device = try DeviceCredentials(deviceID: "dev_golden", token: "t", serverPublicKey: hex(vectors.serverPublicKey))
+        let uploads = try ConfirmedUploads(
+            queue: UploadQueue(directory: directory, maxEntries: 8, maxBytes: 1 << 20),
+            client: HarmonyHTTPClient(transport: transport), device: device,
+            federationKey: FederationKey(secret: Data("harmony golden federation secret".utf8), roundID: 7),
+            family: "mobilenet", tier: "mid-android", splitDepth: 1, modelVersion: "golden-v1")
+        let features = try FeatureTensor(values: (0..<4096).map { (Float($0) - 2048) / 512 }, shape: [1, 64, 8, 8])
+        let queued = try await uploads.enqueue(features: features, confirmedClass: 4).upload
+
+        // The queued body is the JSON of PROTOCOL.md 4.1; its envelope opens with the server key to the
+        // golden HMUP plaintext of sealed_upload.json case 3 (same features, class, round, tier).
+        let body = try XCTUnwrap(JSONSerialization.jsonObject(with: queued.body) as? [String: Any])
+        XCTAssertEqual(body["round_id"] as? Int, 7)
+        XCTAssertEqual(body["message_id"] as? String, queued.messageID.lowercaseString)
+        let envelope = try XCTUnwrap(Data(base64Encoded: XCTUnwrap(body["envelope"] as? String)))
+        let server = try Curve25519.KeyAgreement.PrivateKey(rawRepresentation: hex(vectors.serverPrivateKey))
+        let ad = try AssociatedData(deviceID: "dev_golden", roundID: 7, messageID: queued.messageID)
+        XCTAssertEqual(Hex.encode(try UploadSealer.open(envelope, serverPrivateKey: server, associatedData: ad)),
+                       vectors.cases[2].plaintext)
+
+        let delivered = try await uploads.flush()
+        XCTAssertEqual(delivered, 1)
+        let left = try await uploads.pendingCount()
+        XCTAssertEqual(left, 0)
+        let sentRecorded = await transport.requests.first
+        let sent = try XCTUnwrap(sentRecorded)
+        XCTAssertEqual(sent.path, Endpoint.uploads.path)
+        XCTAssertEqual(sent.body, queued.body)
+    }
+}

@@ -1,0 +1,126 @@
+import Foundation
+import XCTest
+
+/// The golden vectors of tests/vectors (written by tests/vectors/generate.py from the Python
+/// implementation), read in place through #filePath: no copy to keep in sync. Paths:
+///
+///     <repo>/ios_demo/HarmonyKit/Tests/HarmonyKitTests/Vectors.swift   (this file)
+///     <repo>/tests/vectors/*.json
+enum Vectors {
+    static let repositoryRoot: URL = URL(fileURLWithPath: #filePath)
+        .deletingLastPathComponent() // HarmonyKitTests
+        .deletingLastPathComponent() // Tests
+        .deletingLastPathComponent() // HarmonyKit
+        .deletingLastPathComponent() // ios_demo
+        .deletingLastPathComponent() // repository root
+
+    static let directory = repositoryRoot.appendingPathComponent("tests/vectors", isDirectory: true)
+
+    static let fixtures = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+        .appendingPathComponent("Fixtures", isDirectory: true)
+
+    /// Decodes tests/vectors/<name>; keys are snake_case in the files.
+    static func load<T: Decodable>(_ name: String, as type: T.Type = T.self) throws -> T {
+        let url = directory.appendingPathComponent(name)
+        guard FileManager.default.fileExists(atPath: url.path) else {
+            throw XCTSkip("golden vector \(url.path) not found (run the tests from a checkout of the repository)")
+        }
+        let decoder = JSONDecoder()
+        decoder.keyDecodingStrategy = .convertFromSnakeCase
+        return try decoder.decode(type, from: Data(contentsOf: url))
+    }
+}
+
+func hex(_ text: String) throws -> Data {
+    try Hex.decode(text)
+}
+
+// MARK: - File shapes
+
+struct ManifestVectors: Decodable {
+    struct ArtifactFile: Decodable {
+        let path: String
+        let contentBase64: String
+    }
+
+    let publicKey: String
+    let signingKeyPub: String
+    let manifestText: String
+    let signatureFile: String
+    let artifacts: [ArtifactFile]
+}
+
+struct SealedUploadVectors: Decodable {
+    struct Case: Decodable {
+        let name: String
+        let deviceId: String
+        let roundId: Int64
+        let messageId: String
+        let associatedData: String
+        let plaintext: String
+        let envelope: String
+    }
+
+    let serverPrivateKey: String
+    let serverPublicKey: String
+    let ephemeralPrivateKey: String
+    let ephemeralPublicKey: String
+    let nonce: String
+    let cases: [Case]
+}
+
+struct LabelTokenVectors: Decodable {
+    struct Case: Decodable {
+        let roundId: Int64
+        let roundKey: String
+        let tokens: [String: String]
+    }
+
+    let federationSecret: String
+    let cases: [Case]
+}
+
+struct ExitDecisionVectors: Decodable {
+    struct Case: Decodable {
+        let logits: [Double]
+        let threshold: Double
+        let predictedClass: Int
+        let confidence: Double
+        let exitLocally: Bool
+    }
+
+    let cases: [Case]
+}
+
+struct FeatureEncodingVectors: Decodable {
+    struct TensorCase: Decodable {
+        let name: String
+        let shape: [Int]
+        let values: [Double]
+        let hmft: String
+    }
+
+    struct Metadata: Decodable {
+        let labelTokens: [String]
+        let splitDepths: [Int]
+        let family: String
+        let tier: String
+        let modelVersion: String
+        let clipNorm: Double?
+        let noiseMultiplier: Double?
+    }
+
+    struct UploadCase: Decodable {
+        let name: String
+        let roundId: Int64
+        let classes: [Int]
+        let metadata: Metadata
+        let metadataJson: String
+        let shape: [Int]
+        let values: [Double]
+        let plaintext: String
+    }
+
+    let tensors: [TensorCase]
+    let uploads: [UploadCase]
+}
