@@ -98,9 +98,44 @@ def train(
 
 
 @app.command()
-def bench() -> None:
-    """Run every method on the same partitions and write the benchmark report."""
-    not_built_yet("bench", 4)
+def bench(
+    profile: Annotated[
+        str, typer.Option(help="quick | full (benchmarks/configs/<name>.yaml) or a path to a profile YAML")
+    ] = "quick",
+    out: Annotated[
+        Path | None, typer.Option(help="report folder (default benchmarks/results/<profile>)")
+    ] = None,
+    work_dir: Annotated[
+        Path | None,
+        typer.Option(help="where runs are written (default ~/.cache/harmony-mobile/bench/<profile>)"),
+    ] = None,
+    data_root: Annotated[Path | None, typer.Option(help="folder with official dataset archives")] = None,
+    resume: Annotated[
+        bool, typer.Option(help="reuse finished runs in the work dir instead of redoing them")
+    ] = False,
+    seeds: Annotated[str | None, typer.Option(help="comma-separated seeds overriding the profile's")] = None,
+    methods: Annotated[
+        str | None, typer.Option(help="comma-separated methods overriding the profile's")
+    ] = None,
+) -> None:
+    """Run every method on the same partitions, tiers and budget over several seeds; write the report."""
+    from pydantic import ValidationError
+
+    from harmony_mobile.bench.runner import bench as run_bench
+
+    try:
+        run_bench(
+            profile,
+            out,
+            work_dir,
+            str(data_root) if data_root else None,
+            resume,
+            [int(s) for s in seeds.split(",")] if seeds else None,
+            [m.strip() for m in methods.split(",")] if methods else None,
+            log=console.print,
+        )
+    except (FileNotFoundError, ValidationError, ValueError) as error:
+        fail(str(error))
 
 
 class _ExportGroup(typer.core.TyperGroup):
