@@ -93,13 +93,14 @@ def run_rounds(
         for round_id in range(start, rounds):
             generator = round_generator(seed, round_id)
             torch.manual_seed(seed * 100_003 + round_id)  # dropout masks inside modules
+            # random order too: the server's contrastive memory then mixes families within a round
             sampled = np.random.default_rng((seed, round_id)).choice(
                 len(federation.clients), size=min(clients_per_round, len(federation.clients)), replace=False
             )
             if federation.server is not None:
                 federation.server.start_round(round_id)
             updates = []
-            for index in sorted(sampled):
+            for index in sampled:
                 client = federation.clients[index]
                 federation.broadcast(client)
                 updates.append(
