@@ -298,9 +298,39 @@ def serve(
 
 
 @app.command()
-def demo() -> None:
-    """The whole product end to end on bundled data: train, export, serve, simulated phones."""
-    not_built_yet("demo", 7)
+def demo(
+    out: Annotated[Path, typer.Option(help="output directory (run, export, server data, report)")] = Path(
+        "demo-output"
+    ),
+    dataset: Annotated[str, typer.Option(help="bundled data set: mnist5k or digits")] = "mnist5k",
+    rounds: Annotated[
+        int | None, typer.Option(help="training rounds (default: the demo's small budget)")
+    ] = None,
+    drift_steps: Annotated[
+        int | None, typer.Option(help="local fine-tuning steps that make phones drift")
+    ] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+    reuse_run: Annotated[
+        bool,
+        typer.Option("--reuse-run", help="keep a finished training run in OUT/run with the same settings"),
+    ] = False,
+) -> None:
+    """The whole product end to end on bundled data: train, export, serve, simulated phones, drift, alignment."""
+    from harmony_mobile.demo import DemoConfig, DemoError, run_demo
+
+    config = DemoConfig(out=out, dataset=dataset, seed=seed, reuse_run=reuse_run)
+    if rounds is not None:
+        config.rounds = rounds
+    if drift_steps is not None:
+        config.drift_steps = drift_steps
+    try:
+        # piped output (make demo | tee, CI logs) gets a width at which the summary table fits
+        run_demo(config, console if console.is_terminal else Console(width=170))
+    except KeyboardInterrupt:
+        console.print("[yellow]demo interrupted; the server was stopped[/yellow]")
+        raise typer.Exit(code=130) from None
+    except DemoError as error:
+        fail(str(error))
 
 
 @app.command()

@@ -1,0 +1,99 @@
+"""A small `harmony demo` end to end: the same code path as `make demo` (training, export with the
+ExecuTorch toolchain, a real `harmony serve` subprocess, phones on the device runtime running .pte,
+drift, sealed uploads, an alignment round) on the digits data, two tiers and a tiny budget."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import yaml
+from rich.console import Console
+
+from harmony_mobile.demo import PHASES, DemoConfig, run_demo
+
+TIERS = {
+    "tiers": [
+        {"name": "entry-android", "family": "cnn", "split_depth": 1, "quantization": ["fp32", "int8"]},
+        {"name": "mid-android", "family": "mobilenet", "split_depth": 2, "quantization": ["fp32", "int8"]},
+    ]
+}
+CONFIRMED = 24
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo")
+    tiers_file = root / "tiers.yaml"
+    tiers_file.write_text(yaml.safe_dump(TIERS))
+    config = DemoConfig(
+        out=root / "out",
+        dataset="digits",
+        tiers_file=str(tiers_file),
+        clients_per_tier=2,
+        rounds=2,
+        max_test=40,
+        confirmed=CONFIRMED,
+        drift_steps=40,
+        latency_runs=2,
+        alignment={"steps": 20, "min_replay_agreement": 0.5},
+    )
+    console = Console(record=True, width=160)
+    report = run_demo(config, console)
+    return config, report, console.export_text()
+
+
+def test_every_phone_used_the_server_and_uploaded(demo):
+    config, report, _ = demo
+    assert set(report["results"]) == {"entry-android", "mid-android"}
+    for tier, phases in report["results"].items():
+        assert list(phases) == list(PHASES)
+        for phase, r in phases.items():
+            assert r["samples"] > r["ood_samples"] > 0, (tier, phase)
+            assert r["fallback_rate"] > 0 and r["server_failures"] == 0, (tier, phase, r)
+            assert r["infer_bytes"] > 0 and r["infer_bytes"] % (8 + 16 + 4 * 64 * 8 * 8) == 0
+            assert abs(r["exit_rate"] + r["fallback_rate"] - 1) < 1e-9
+            assert 0 < r["median_latency_ms"] < 1000
+        for phase in ("deployed", "drifted"):
+            assert report["uploads"][tier][phase]["rows"] == CONFIRMED
+            assert report["uploads"][tier][phase]["upload_bytes"] > CONFIRMED * 64 * 8 * 8 * 4
+
+
+def test_drift_moved_the_features(demo):
+    _, report, _ = demo
+    for tier, drift in report["drift"].items():
+        assert drift["feature_shift"] > 0.01, tier
+
+
+def test_alignment_round_trained_on_every_upload_and_finished(demo):
+    _, report, _ = demo
+    alignment = report["alignment"]
+    assert alignment["status"] in ("published", "rejected"), alignment
+    assert alignment["metrics"]["rows"] == 2 * 2 * CONFIRMED  # two phones, two phases, each stored once
+    versions = [v["version"] for v in report["registry"]["versions"]]
+    if alignment["status"] == "published":
+        assert (
+            alignment["new_version"] in versions and report["registry"]["default"] == alignment["new_version"]
+        )
+        served = {r["aligned"]["server_fallback_accuracy"] for r in report["results"].values()}
+        assert served  # the aligned phase ran against the new default version
+    else:
+        assert versions == [report["export"]["model_version"]]
+
+
+def test_report_written_and_server_stopped(demo):
+    config, report, printed = demo
+    markdown = (config.out / "demo-report.md").read_text()
+    for tier in report["results"]:
+        assert f"| {tier} | deployed |" in markdown and f"| {tier} | aligned |" in markdown
+    assert (config.out / "plots" / "accuracy.png").stat().st_size > 1000
+    assert (
+        json.loads((config.out / "demo-report.json").read_text())["alignment"]["id"]
+        == report["alignment"]["id"]
+    )
+    assert "drift and recovery" in printed
+    assert report["server"]["exit_status"] in (0, -15)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(report["server"]["url"] + "/v2/health/live", timeout=2)
+    assert "Traceback" not in (config.out / "server.log").read_text()

@@ -1,0 +1,288 @@
+"""The Python device runtime (harmony_mobile/device.py) on a real exported .pte and the real server app.
+
+One small export (the fp32-only `tiny` tier of a random-initialized run dir) is built once per
+module; the server is the FastAPI app in process (TestClient); "server down" is an HTTP transport
+that refuses every connection, exactly what httpx raises when nothing listens on the port.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+import torch
+from fastapi.testclient import TestClient
+from harmony_mobile.export.keys import encode_public_key, load_or_create_signing_key
+from harmony_mobile.export.pipeline import export_run
+from harmony_mobile.server import create_app
+from harmony_mobile.server.uploads import stored_to_feature_upload
+
+from harmony_mobile.device import (
+    DeviceCredentials,
+    DeviceError,
+    FederationKey,
+    Phone,
+    QueueFullError,
+    UploadQueue,
+    load_front_end,
+    load_manifest,
+    normalize,
+)
+from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+from tests.export_fixtures import make_run_dir
+from tests.test_server_support import ADMIN, FEDERATION_SECRET, enrol, make_settings
+
+TIER = "tiny"
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    root = tmp_path_factory.mktemp("device")
+    run = make_run_dir(root / "run")
+    key, _ = load_or_create_signing_key(root / "keys")
+    export_run(
+        run, root / "export", tiers=[TIER], private_key=key, latency_runs=2, test_samples=8, progress=False
+    )
+    return root / "export", encode_public_key(key.public_key())
+
+
+@pytest.fixture
+def server(tmp_path, export):
+    export_dir, _ = export
+    with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
+        yield client
+
+
+def refused(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
+
+
+def make_phone(tmp_path, export, http, *, threshold: float | None = None, round_id: int = 3) -> Phone:
+    export_dir, pinned = export
+    manifest = load_manifest(export_dir, pinned)
+    if threshold is not None:  # the tier's calibrated threshold, overridden to force one path
+        manifest["tiers"][0]["threshold"] = threshold
+    program = load_front_end(export_dir, manifest, TIER, "fp32")
+    credentials = DeviceCredentials.from_enrolment(enrol(http, tier=TIER))
+    return Phone(
+        manifest=manifest,
+        tier=TIER,
+        program=program,
+        server_url="http://testserver",
+        credentials=credentials,
+        federation_key=FederationKey(FEDERATION_SECRET, round_id),
+        queue=UploadQueue(tmp_path / "queue"),
+        http=http,
+    )
+
+
+def pixels(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, 1, 28, 28)).astype(np.uint8)
+
+
+# --------------------------------------------------------------------------- trust
+
+
+def test_manifest_verified_with_the_pinned_key(export, tmp_path):
+    export_dir, pinned = export
+    manifest = load_manifest(export_dir, pinned)
+    assert manifest["tiers"][0]["name"] == TIER
+
+    other, _ = load_or_create_signing_key(tmp_path / "other-keys")
+    with pytest.raises(DeviceError, match="signature"):
+        load_manifest(export_dir, encode_public_key(other.public_key()))
+
+    tampered = tmp_path / "tampered"
+    shutil.copytree(export_dir, tampered)
+    text = (tampered / "manifest.json").read_text()
+    (tampered / "manifest.json").write_text(text.replace('"threshold":', '"threshold": 0.0, "was":', 1))
+    with pytest.raises(DeviceError, match="signature"):
+        load_manifest(tampered, pinned)
+
+
+def test_pte_checked_against_the_manifest_before_loading(export, tmp_path):
+    export_dir, pinned = export
+    copy = tmp_path / "copy"
+    shutil.copytree(export_dir, copy)
+    manifest = load_manifest(copy, pinned)
+    program = load_front_end(copy, manifest, TIER, "fp32")
+    assert program.size > 0
+    path = copy / manifest["tiers"][0]["artifacts"][0]["path"]
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(DeviceError, match="does not match the signed manifest"):
+        load_front_end(copy, manifest, TIER, "fp32")
+    with pytest.raises(DeviceError, match="no tier"):
+        load_front_end(copy, manifest, "nope", "fp32")
+
+
+def test_normalization_follows_the_manifest(export):
+    export_dir, pinned = export
+    entry = load_manifest(export_dir, pinned)["tiers"][0]
+    x = normalize(np.full((1, 28, 28), 255, dtype=np.uint8), entry["normalization"])
+    mean, std = entry["normalization"]["mean"][0], entry["normalization"]["std"][0]
+    assert x.shape == (1, 1, 28, 28)
+    assert torch.allclose(x, torch.full_like(x, (1.0 - mean) / std))
+
+
+# --------------------------------------------------------------------------- inference
+
+
+def test_confident_front_end_answers_locally(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server, threshold=0.0)
+    result = phone.classify(pixels(1)[0])
+    assert result.source == "local" and result.prediction == result.exit_prediction
+    assert result.features.shape == (1, 64, 8, 8)
+    assert phone.stats.local == 1 and phone.stats.infer_bytes == 0
+
+
+def test_unconfident_front_end_asks_the_server(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server, threshold=1.01)
+    result = phone.classify(pixels(1)[0])
+    assert result.source == "server", result.error
+    assert result.server_version == server.app.state.harmony.registry.default().version
+    # the server's answer is g(features) of exactly what the .pte produced
+    expected = server.app.state.harmony.registry.default().backend(result.features).argmax(1).item()
+    assert result.prediction == expected
+    assert phone.stats.infer_bytes == 8 + 4 * 4 + 4 * 64 * 8 * 8
+
+
+def test_server_down_answers_with_the_local_exit(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server, threshold=1.01)
+    phone.connect(httpx.Client(base_url="http://testserver", transport=httpx.MockTransport(refused)))
+    result = phone.classify(pixels(1)[0])
+    assert result.source == "local_after_server_failure"
+    assert result.prediction == result.exit_prediction and "ConnectError" in result.error
+    assert phone.stats.server_failures == 1
+
+
+# --------------------------------------------------------------------------- uploads
+
+
+def test_upload_is_sealed_and_carries_tokens_not_labels(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server, round_id=5)
+    _, features, _ = phone.run_front_end(pixels(3))
+    (queued,) = phone.confirm(features, [1, 7, 1])
+    body = json.loads(queued.body)
+    assert set(body) == {"round_id", "message_id", "envelope"} and body["round_id"] == 5
+    assert body["message_id"] == queued.message_id
+    assert base64.b64decode(body["envelope"])[:4] == b"HMSE"
+    assert b"label" not in base64.b64decode(body["envelope"])  # the metadata JSON is inside the ciphertext
+
+    assert phone.flush().delivered == 1
+    (upload,) = server.app.state.harmony.store.envelopes(limit_rows=100)
+    opened = stored_to_feature_upload(server.app.state.harmony.server_key, upload)
+    key = round_key(FEDERATION_SECRET, 5)
+    assert opened.label_tokens == label_tokens(key, [1, 7, 1])
+    assert opened.tier == TIER and opened.round_id == 5
+    assert torch.equal(opened.features, features)
+
+
+def test_server_down_then_up_flushes_each_upload_exactly_once(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server)
+    phone.connect(httpx.Client(base_url="http://testserver", transport=httpx.MockTransport(refused)))
+    _, features, _ = phone.run_front_end(pixels(4))
+    queued = [*phone.confirm(features[:2], [0, 1]), *phone.confirm(features[2:], [2, 3])]
+    result = phone.flush()
+    assert result.delivered == 0 and result.remaining == 2 and "ConnectError" in result.error
+
+    # the phone process dies; a new one opens the same queue directory: nothing lost
+    reopened = UploadQueue(tmp_path / "queue")
+    assert [u.message_id for u in reopened.pending()] == [u.message_id for u in queued]
+    assert [u.body for u in reopened.pending()] == [u.body for u in queued]
+    phone.queue = reopened
+
+    phone.connect(server)  # server up again
+    result = phone.flush()
+    assert (result.delivered, result.remaining, result.error) == (2, 0, None)
+    envelopes = server.app.state.harmony.store.envelopes(limit_rows=100)
+    assert sorted(e.message_id for e in envelopes) == sorted(u.message_id for u in queued)
+    assert phone.stats.upload_rows_acknowledged == 4 and phone.stats.duplicates == 0
+    assert phone.flush().delivered == 0  # nothing left to send
+
+
+def test_resend_after_lost_ack_is_stored_once(tmp_path, export, server):
+    """The server stored the upload but the ack was lost: the entry stays, the resend is a duplicate."""
+    phone = make_phone(tmp_path, export, server)
+    _, features, _ = phone.run_front_end(pixels(2))
+    (queued,) = phone.confirm(features, [4, 4])
+
+    def lost_ack(request: httpx.Request) -> httpx.Response:
+        server.post(request.url.path, content=request.content, headers=dict(request.headers))
+        raise httpx.ReadTimeout("ack lost", request=request)
+
+    phone.connect(httpx.Client(base_url="http://testserver", transport=httpx.MockTransport(lost_ack)))
+    assert phone.flush().remaining == 1
+    phone.connect(server)
+    assert phone.flush().delivered == 1
+    assert phone.stats.duplicates == 1
+    envelopes = server.app.state.harmony.store.envelopes(limit_rows=100)
+    assert [e.message_id for e in envelopes] == [queued.message_id]
+
+
+def test_permanent_refusal_moves_the_entry_aside(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server)
+    _, features, _ = phone.run_front_end(pixels(1))
+    (queued,) = phone.confirm(features, [2])
+    body = json.loads(queued.body)
+    envelope = bytearray(base64.b64decode(body["envelope"]))
+    envelope[-1] ^= 1  # tampered on disk: the server cannot authenticate it (400)
+    body["envelope"] = base64.b64encode(bytes(envelope)).decode()
+    queued.path.write_bytes(json.dumps(body).encode())
+    (good,) = phone.confirm(features, [2])
+    result = phone.flush()
+    assert (result.delivered, result.rejected, result.remaining) == (1, 1, 0)
+    assert phone.queue.rejected() == 1
+    assert [e.message_id for e in server.app.state.harmony.store.envelopes(limit_rows=10)] == [
+        good.message_id
+    ]
+
+
+def test_transient_refusal_keeps_the_entry(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server)
+    _, features, _ = phone.run_front_end(pixels(1))
+    phone.confirm(features, [2])
+    unavailable = httpx.MockTransport(lambda request: httpx.Response(503, json={"detail": "busy"}))
+    phone.connect(httpx.Client(base_url="http://testserver", transport=unavailable))
+    result = phone.flush()
+    assert (result.delivered, result.remaining) == (0, 1) and result.error.startswith("503")
+
+
+def test_queue_is_bounded_and_refuses_new_entries(tmp_path):
+    queue = UploadQueue(tmp_path / "q", max_entries=2)
+    first = queue.enqueue(lambda message_id: message_id.encode())
+    queue.enqueue(lambda message_id: b"x")
+    with pytest.raises(QueueFullError):
+        queue.enqueue(lambda message_id: b"y")
+    assert [u.message_id for u in queue.pending()][0] == first.message_id
+    assert first.body == first.message_id.encode()  # the id handed to the body builder is the entry's id
+    small = UploadQueue(tmp_path / "small", max_bytes=10)
+    with pytest.raises(QueueFullError):
+        small.enqueue(lambda message_id: b"0123456789A")
+    assert len(small) == 0
+
+
+def test_queue_ignores_half_written_files(tmp_path):
+    queue = UploadQueue(tmp_path / "q")
+    queue.enqueue(lambda message_id: b"body")
+    (tmp_path / "q" / ".tmp-crashed").write_bytes(b"half")
+    reopened = UploadQueue(tmp_path / "q")
+    assert len(reopened) == 1 and not (tmp_path / "q" / ".tmp-crashed").exists()
+    second = reopened.enqueue(lambda message_id: b"next")
+    assert [u.sequence for u in reopened.pending()] == [1, second.sequence] and second.sequence == 2
+
+
+def test_admin_token_cannot_upload(tmp_path, export, server):
+    """Sanity of the fixture: the phone's own token is what authenticates uploads (403 for admin)."""
+    phone = make_phone(tmp_path, export, server)
+    _, features, _ = phone.run_front_end(pixels(1))
+    (queued,) = phone.confirm(features, [0])
+    response = server.post(
+        "/v1/uploads", content=queued.body, headers={**ADMIN, "content-type": "application/json"}
+    )
+    assert response.status_code == 403
