@@ -66,9 +66,6 @@ class HarmonyConfig(BaseModel):
     contrastive_weight: float = Field(default=0.5, ge=0, description="SupCon weight on the server; 0 = off")
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
     bank_size: int = Field(default=512, ge=0, description="server's same-round contrastive memory (rows)")
-    family_adversarial_weight: float = Field(
-        default=0.0, ge=0, description="server-side family-invariance (gradient reversal on family); 0 = off"
-    )
     server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of g and h")
     personalize_epochs: int = Field(default=2, ge=0, description="final personalization epochs on local data")
     calibration_target: float = Field(
@@ -93,7 +90,6 @@ class Harmony:
             contrastive_weight=c.contrastive_weight,
             temperature=c.temperature,
             bank_size=c.bank_size,
-            family_adversarial_weight=c.family_adversarial_weight,
         )
 
     def client_round(

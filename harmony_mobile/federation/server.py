@@ -23,8 +23,6 @@ from harmony_mobile.federation.messages import (
 from harmony_mobile.models import Backend, ProjectionHead
 from harmony_mobile.privacy.label_tokens import tokens_to_groups
 
-MAX_FAMILIES = 8
-
 
 class ServerConfig(BaseModel):
     """How the server trains during federated rounds."""
@@ -38,23 +36,6 @@ class ServerConfig(BaseModel):
         description="projected embeddings of earlier uploads in the same round, kept (detached, MoCo-style "
         "memory bank) as extra contrastive candidates, so positives come from other clients and families",
     )
-    family_adversarial_weight: float = Field(
-        default=0.0,
-        ge=0,
-        description="weight of a family classifier trained through gradient reversal on g's penultimate "
-        "features, so g cannot use 'which family sent this' as a shortcut for 'which classes are likely'; "
-        "uses only the family field of the upload; 0 = off",
-    )
-
-
-class _ReverseGradient(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return -grad
 
 
 @dataclass
@@ -63,7 +44,6 @@ class _Pending:
     logits: torch.Tensor
     embeddings: torch.Tensor | None
     tokens: tuple[bytes, ...]
-    family_loss: torch.Tensor | None
 
 
 class SplitServer:
@@ -71,11 +51,7 @@ class SplitServer:
         self.backend = backend
         self.projection = projection
         self.config = config
-        self.families: dict[str, int] = {}
-        self.family_head = torch.nn.Linear(backend.feature_dim, MAX_FAMILIES)
-        self.optimizer = torch.optim.Adam(
-            [*backend.parameters(), *projection.parameters(), *self.family_head.parameters()], lr=config.lr
-        )
+        self.optimizer = torch.optim.Adam([*backend.parameters(), *projection.parameters()], lr=config.lr)
         self.round_id = -1
         self._pending: dict[str, _Pending] = {}
         self._bank_embeddings: list[torch.Tensor] = []
@@ -93,18 +69,7 @@ class SplitServer:
         penultimate = self.backend.features(features)
         logits = self.backend.classifier(penultimate)
         embeddings = self.projection(penultimate) if self.config.contrastive_weight > 0 else None
-        family_loss = None
-        if self.config.family_adversarial_weight > 0:
-            family = self.families.setdefault(upload.family, len(self.families))
-            if family >= self.family_head.out_features:
-                raise ValueError(
-                    f"family-adversarial training supports {self.family_head.out_features} families"
-                )
-            family_logits = self.family_head(_ReverseGradient.apply(penultimate))
-            family_loss = torch.nn.functional.cross_entropy(family_logits, torch.full((len(logits),), family))
-        self._pending[upload.client_id] = _Pending(
-            features, logits, embeddings, upload.label_tokens, family_loss
-        )
+        self._pending[upload.client_id] = _Pending(features, logits, embeddings, upload.label_tokens)
         return ServerLogits(upload.client_id, upload.round_id, logits.detach())
 
     def backward(self, gradients: LogitGradients, update: bool = True) -> InterfaceGradients:
@@ -117,8 +82,6 @@ class SplitServer:
         loss = (pending.logits * gradients.grad_logits).sum()
         if pending.embeddings is not None and update:
             loss = loss + self.config.contrastive_weight * self._contrastive_loss(pending)
-        if pending.family_loss is not None and update:
-            loss = loss + self.config.family_adversarial_weight * pending.family_loss
         self.optimizer.zero_grad()
         loss.backward()
         if update:
