@@ -19,6 +19,12 @@ from harmony_mobile.models import Backend
 OOD_FRACTIONS = (0.0, 0.2, 0.5)
 
 
+def nan_mean(values: list[float]) -> float:
+    """Mean over the defined values (NaN = undefined, e.g. an OOD rate at p=0); NaN if none is defined."""
+    defined = [v for v in values if not np.isnan(v)]
+    return float(np.mean(defined)) if defined else float("nan")
+
+
 @torch.no_grad()
 def predict(
     client: Client, backend: Backend | None, images: torch.Tensor, exit_rule: str = "max_softmax"
@@ -124,7 +130,7 @@ def evaluate(
     mean = {}
     for p in ood_fractions:
         rows = [per_client[c.name][f"p={p:g}"] for c in clients]
-        mean[f"p={p:g}"] = {key: float(np.nanmean([r[key] for r in rows])) for key in rows[0]}
+        mean[f"p={p:g}"] = {key: nan_mean([r[key] for r in rows]) for key in rows[0]}
     summary = {
         "accuracy_without_ood": mean["p=0"]["accuracy"] if "p=0" in mean else float("nan"),
         "accuracy_with_ood": float(np.mean([mean[f"p={p:g}"]["accuracy"] for p in ood_fractions if p > 0])),
