@@ -24,6 +24,7 @@ RNG = np.random.default_rng(0)
 
 # --------------------------------------------------------------------------- writers of official formats
 
+
 def idx_bytes(array: np.ndarray, magic: bytes | None = None) -> bytes:
     magic = magic or bytes([0, 0, 0x08, array.ndim])
     return magic + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
@@ -53,9 +54,11 @@ def write_pickle(path: Path, obj) -> None:
 
 
 def cifar_batch(n: int, label_key: bytes, num_classes: int) -> dict:
-    return {b"data": RNG.integers(0, 256, (n, 3072)).astype(np.uint8),
-            label_key: [int(v) for v in RNG.integers(0, num_classes, n)],  # lists, as in the real files
-            b"batch_label": b"tiny"}
+    return {
+        b"data": RNG.integers(0, 256, (n, 3072)).astype(np.uint8),
+        label_key: [int(v) for v in RNG.integers(0, num_classes, n)],  # lists, as in the real files
+        b"batch_label": b"tiny",
+    }
 
 
 def write_cifar10(root: Path, per_batch=3) -> list[dict]:
@@ -89,6 +92,7 @@ def assert_well_formed(ds, n, shape, num_classes):
 
 # --------------------------------------------------------------------------- file-based loaders
 
+
 def test_cifar10_concatenates_train_then_test_and_normalizes_per_channel(tmp_path):
     batches = write_cifar10(tmp_path)
     ds = load_dataset("cifar10", tmp_path)
@@ -112,8 +116,15 @@ def test_cifar100_uses_fine_labels(tmp_path):
 
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gz"])
-@pytest.mark.parametrize("name, folder", [("mnist", "mnist"), ("fashion_mnist", "fashion_mnist"),
-                                          ("mnist", "MNIST/raw"), ("fashion_mnist", "FashionMNIST/raw")])
+@pytest.mark.parametrize(
+    "name, folder",
+    [
+        ("mnist", "mnist"),
+        ("fashion_mnist", "fashion_mnist"),
+        ("mnist", "MNIST/raw"),
+        ("fashion_mnist", "FashionMNIST/raw"),
+    ],
+)
 def test_idx_loaders_in_our_and_torchvision_layouts(tmp_path, name, folder, gz):
     arrays = write_idx_set(tmp_path / folder, gz=gz)
     ds = load_dataset(name, tmp_path)
@@ -136,6 +147,7 @@ def test_limit_keeps_the_first_samples(tmp_path):
 
 
 # --------------------------------------------------------------------------- bundled datasets
+
 
 def test_mnist5k_is_real_mnist_normalized_and_class_balanced_in_any_prefix():
     ds = load_dataset("mnist5k")
@@ -163,8 +175,14 @@ def test_unknown_dataset_lists_the_known_ones():
 
 def test_find_available_checks_files_without_loading(tmp_path):
     assert set(find_available(tmp_path)) == set(DATASETS)
-    assert find_available(tmp_path) == {"mnist5k": True, "digits": True, "mnist": False,
-                                        "fashion_mnist": False, "cifar10": False, "cifar100": False}
+    assert find_available(tmp_path) == {
+        "mnist5k": True,
+        "digits": True,
+        "mnist": False,
+        "fashion_mnist": False,
+        "cifar10": False,
+        "cifar100": False,
+    }
     write_cifar10(tmp_path)
     write_idx_set(tmp_path / "FashionMNIST" / "raw", gz=True)
     available = find_available(tmp_path)
@@ -173,6 +191,7 @@ def test_find_available_checks_files_without_loading(tmp_path):
 
 
 # --------------------------------------------------------------------------- bad files
+
 
 def test_missing_files_name_every_expected_path(tmp_path):
     with pytest.raises(DatasetError) as error:
@@ -245,8 +264,10 @@ def test_cifar_pickle_missing_keys(tmp_path):
 
 def test_cifar_pickle_with_wrong_array_size(tmp_path):
     write_cifar100(tmp_path)
-    write_pickle(tmp_path / "cifar-100-python" / "test",
-                 {b"data": np.zeros((2, 3000), np.uint8), b"fine_labels": [0, 1]})
+    write_pickle(
+        tmp_path / "cifar-100-python" / "test",
+        {b"data": np.zeros((2, 3000), np.uint8), b"fine_labels": [0, 1]},
+    )
     with pytest.raises(DatasetError, match=r"\(N, 3072\)"):
         load_dataset("cifar100", tmp_path)
 

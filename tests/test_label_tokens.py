@@ -25,7 +25,9 @@ def test_equal_labels_in_one_round_give_equal_tokens_across_clients(labels, roun
 
 @given(st.integers(0, 99), st.integers(0, 10_000))
 def test_tokens_change_across_rounds(class_id, round_id):
-    assert label_token(round_key(SECRET, round_id), class_id) != label_token(round_key(SECRET, round_id + 1), class_id)
+    assert label_token(round_key(SECRET, round_id), class_id) != label_token(
+        round_key(SECRET, round_id + 1), class_id
+    )
 
 
 @given(st.integers(0, 999), st.integers(0, 1000))

