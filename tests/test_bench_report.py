@@ -126,3 +126,31 @@ def test_profiles_share_one_budget_and_pass_hyper_parameters_to_relatives():
         BenchProfile(**{**profile.model_dump(), "methods": ["nope"]})
     for name in ("quick", "full"):
         assert load_profile(name).name == name
+
+
+def test_a_tiny_benchmark_runs_end_to_end_and_counts_uplink_bytes(tmp_path):
+    from harmony_mobile.bench.runner import run_benchmark
+
+    profile = BenchProfile(
+        name="tiny",
+        seeds=[0],
+        settings=[{"name": "digits-family", "dataset": "digits", "dataset_limit": 600}],
+        methods=["harmony", "splitgp", "fedavg", "local"],
+        budget={"rounds": 1, "local_steps": 2, "samples_per_step": 16},
+        train={"clients_per_tier": 1},
+        algorithm_config={"harmony": {"personalize_epochs": 1}},
+    )
+    results = run_benchmark(profile, tmp_path / "runs", log=lambda _: None)
+    runs = {r["method"]: r for r in results["runs"]}
+    harmony, splitgp = runs["harmony"]["uplink"], runs["splitgp"]["uplink"]
+    # HARMONY uploads V=2 variants of each query row, SplitGP one row per sample, 64x8x8 float32 each
+    assert harmony["feature_bytes"] == harmony["uploaded_rows"] * 64 * 8 * 8 * 4
+    assert harmony["label_bytes"] == 8 * harmony["uploaded_rows"]
+    assert splitgp["uploaded_rows"] > 0 and splitgp["update_bytes"] > 0
+    assert runs["local"]["uplink"]["total"] == 0  # nothing leaves a local-only phone
+    assert runs["fedavg"]["uplink"]["feature_bytes"] == 0 and runs["fedavg"]["uplink"]["update_bytes"] > 0
+    assert 0 <= runs["harmony"]["validation"]["accuracy_with_ood"] <= 1
+    assert "validation" not in runs["fedavg"]
+    assert set(results["projections"]["methods"]) == {"splitgp", "harmony"}
+    report = write_report(results, tmp_path / "report")
+    assert "| harmony |" in report.read_text()

@@ -49,6 +49,9 @@ class SplitGPConfig(BaseModel):
     personalize_epochs: int = Field(
         default=0, ge=0, description="optional fine-tuning epochs after the mix (SplitGP has none)"
     )
+    personalize_batch_size: int | None = Field(
+        default=None, ge=2, description="batch size of the fine-tuning; None = batch_size"
+    )
     calibration_target: float = Field(
         default=0.98, gt=0, le=1, description="local-exit accuracy target for the entropy threshold"
     )
@@ -110,7 +113,6 @@ class SplitGP:
         c = self.config
         self._mix(client)
         if c.personalize_epochs > 0:
-            personalize_split(
-                client, server, c.personalize_epochs, c.batch_size, c.lr, 1 - c.gamma, generator
-            )
+            batch = c.personalize_batch_size or c.batch_size
+            personalize_split(client, server, c.personalize_epochs, batch, c.lr, 1 - c.gamma, generator)
         calibrate_client(client, c.calibration_target, self.exit_rule)

@@ -186,6 +186,15 @@ def plot_pca(projections: dict, path: Path) -> bool:
     return True
 
 
+def _code_line(code: dict | None) -> str:
+    if not code or not code.get("commit"):
+        return ""
+    line = f"Code: commit `{code['commit']}`"
+    if code.get("uncommitted"):
+        line += " with uncommitted changes in " + ", ".join(f"`{f}`" for f in code["uncommitted"])
+    return line + "."
+
+
 def _json_safe(value):
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
@@ -252,6 +261,8 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         f"Shared training settings: `{json.dumps(profile.get('train', {}))}`. Total wall time "
         f"{results['total_wall_seconds'] / 60:.1f} min on {results['machine'].get('cpu_count')} CPUs, "
         "1 torch thread.",
+        "",
+        _code_line(results.get("machine", {}).get("code")),
         "",
         "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
         "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "

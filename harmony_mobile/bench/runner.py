@@ -176,6 +176,8 @@ def validation_metrics(run: RunDir, exit_rule: str, seed: int, ood_fractions=(0.
     all_val = np.unique(np.concatenate([np.asarray(c.val_idx, dtype=np.int64) for c in artifacts]))
     per_p: dict[str, list[float]] = {f"p={p:g}": [] for p in ood_fractions}
     fallback: dict[str, list[float]] = {f"p={p:g}": [] for p in ood_fractions}
+    ood_fallback: list[float] = []  # fraction of OOD val samples that fall back
+    ood_server: list[float] = []  # the back-end's accuracy on OOD val samples
     for artifact in artifacts:
         front_end = run.front_end(artifact)
         own = np.asarray(artifact.val_idx, dtype=np.int64)
@@ -189,9 +191,14 @@ def validation_metrics(run: RunDir, exit_rule: str, seed: int, ood_fractions=(0.
                 continue
             exit_logits, features = front_end(dataset.images[index])
             exits = exit_confidence(exit_logits, exit_rule) >= artifact.threshold
-            prediction = torch.where(exits, exit_logits.argmax(1), backend(features).argmax(1))
+            server_prediction = backend(features).argmax(1)
+            prediction = torch.where(exits, exit_logits.argmax(1), server_prediction)
             per_p[f"p={p:g}"].append((prediction == dataset.labels[index]).float().mean().item())
             fallback[f"p={p:g}"].append((~exits).float().mean().item())
+            if p > 0:
+                ood = ~np.isin(labels[index], artifact.classes)
+                ood_fallback.append((~exits)[ood].float().mean().item())
+                ood_server.append((server_prediction == dataset.labels[index])[ood].float().mean().item())
     accuracy = {k: float(np.mean(v)) if v else float("nan") for k, v in per_p.items()}
     with_ood = [accuracy[f"p={p:g}"] for p in ood_fractions if p > 0]
     return {
@@ -199,6 +206,8 @@ def validation_metrics(run: RunDir, exit_rule: str, seed: int, ood_fractions=(0.
         "fallback_rate": {k: float(np.mean(v)) if v else float("nan") for k, v in fallback.items()},
         "accuracy_without_ood": accuracy.get("p=0", float("nan")),
         "accuracy_with_ood": float(np.mean(with_ood)) if with_ood else float("nan"),
+        "ood_fallback_rate": float(np.mean(ood_fallback)) if ood_fallback else float("nan"),
+        "server_accuracy_on_ood": float(np.mean(ood_server)) if ood_server else float("nan"),
     }
 
 
@@ -244,10 +253,30 @@ def pca_projection(run_path: Path, seed: int, max_points: int = 800) -> dict:
     }
 
 
+def code_version() -> dict:
+    """The commit the benchmark ran on and the training files that differed from it (if any)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=False
+        ).stdout
+
+    try:
+        changed = git("status", "--porcelain", "--", "harmony_mobile").splitlines()
+        return {
+            "commit": git("rev-parse", "--short", "HEAD").strip(),
+            "uncommitted": [line[3:] for line in changed],
+        }
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "uncommitted": []}
+
+
 def machine_info() -> dict:
     import os
 
     return {
+        "code": code_version(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
