@@ -60,6 +60,16 @@ def test_every_phone_used_the_server_and_uploaded(demo):
             assert report["uploads"][tier][phase]["upload_bytes"] > CONFIRMED * 64 * 8 * 8 * 4
 
 
+def test_outage_answered_locally_and_lost_no_upload(demo):
+    _, report, _ = demo
+    for tier, outage in report["outage"].items():
+        assert outage["answered"] == outage["local_exit"] + outage["local_after_server_failure"], tier
+        assert outage["local_after_server_failure"] > 0, outage
+        assert outage["queued_uploads"] >= 1 and outage["flush_error"], outage
+        assert outage["delivered_after_restart"] == outage["queued_uploads"], outage
+        assert report["uploads"][tier]["drifted"]["duplicates"] == 0
+
+
 def test_drift_moved_the_features(demo):
     _, report, _ = demo
     for tier, drift in report["drift"].items():
