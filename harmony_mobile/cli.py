@@ -22,14 +22,9 @@ app = typer.Typer(
 console = Console()
 
 
-def not_built_yet(command: str, issue: int) -> None:
-    """Say plainly that a sub-command is not implemented yet, and fail."""
-    console.print(f"[yellow]`harmony {command}` is not implemented yet (tracked in issue #{issue}).[/yellow]")
-    raise typer.Exit(code=2)
-
-
 def fail(message: str) -> None:
-    console.print(f"[red]error:[/red] {message}")
+    # soft_wrap: file paths in messages stay whole, so they can be copied
+    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
     raise typer.Exit(code=2)
 
 

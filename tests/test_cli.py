@@ -1,0 +1,47 @@
+"""The `harmony` command's own behaviour: help, info, and clear errors for bad training flags."""
+
+from typer.testing import CliRunner
+
+from harmony_mobile.cli import app
+
+runner = CliRunner()
+
+
+def test_help_lists_every_sub_command():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("train", "bench", "export", "serve", "demo", "info"):
+        assert command in result.output
+
+
+def test_info_prints_versions_tiers_and_datasets():
+    result = runner.invoke(app, ["info"])
+    assert result.exit_code == 0, result.output
+    for text in ("executorch", "1.5.1", "flagship", "mnist5k"):
+        assert text in result.output
+
+
+def test_train_rejects_bad_flags_with_the_reason(tmp_path):
+    result = runner.invoke(app, ["train", str(tmp_path / "run"), "--algorithm", "nope"])
+    assert result.exit_code == 2
+    assert "unknown algorithm 'nope'" in result.output
+
+    result = runner.invoke(app, ["train", str(tmp_path / "run2"), "--partition", "zigzag"])
+    assert result.exit_code == 2
+    assert "partition" in result.output
+
+    result = runner.invoke(
+        app, ["train", str(tmp_path / "run3"), "--dataset", "cifar10", "--data-root", str(tmp_path)]
+    )
+    assert result.exit_code == 2
+    assert "cifar-10-batches-py" in result.output
+
+    result = runner.invoke(app, ["train", str(tmp_path / "run4"), "--config", str(tmp_path / "missing.yaml")])
+    assert result.exit_code == 2
+    assert "config file not found" in result.output
+
+    bad_config = tmp_path / "bad.yaml"
+    bad_config.write_text("rounds: 3\nlearning_rate: 1\n")
+    result = runner.invoke(app, ["train", str(tmp_path / "run5"), "--config", str(bad_config)])
+    assert result.exit_code == 2
+    assert "learning_rate" in result.output
