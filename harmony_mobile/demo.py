@@ -65,6 +65,7 @@ from harmony_mobile.federation.wire import encode_tensor
 from harmony_mobile.run_dir import ClientArtifact, RunDir
 
 PHASES = ("deployed", "drifted", "aligned")
+UPLOAD_ROWS = 32  # confirmed samples per sealed upload
 PHASE_TITLES = {
     "deployed": "deployed (trained back-end)",
     "drifted": "after local drift",
@@ -343,7 +344,9 @@ def confirm(phone: Phone, data: PhoneData, dataset, info, phase: str) -> int:
     index = data.confirmed[phase]
     pixels = to_pixels(dataset.images[index], info.mean, info.std)
     _, features, _ = phone.run_front_end(pixels)
-    phone.confirm(features, dataset.labels[index].tolist())
+    labels = dataset.labels[index].tolist()
+    for start in range(0, len(labels), UPLOAD_ROWS):  # one upload per confirmation session
+        phone.confirm(features[start : start + UPLOAD_ROWS], labels[start : start + UPLOAD_ROWS])
     return len(index)
 
 
@@ -787,7 +790,9 @@ RECOVERY_COLUMNS = (
 
 def _recovered(a: float, b: float, c: float) -> str:
     """Share of the drift loss won back; a loss under one point is within sampling noise."""
-    return _pct((c - b) / (a - b)) if a - b >= 0.01 else "no drift loss"
+    if a - b < 0.01:
+        return "no drift loss"
+    return _pct((c - b) / (a - b)) if c <= a else f"all, {100 * (c - a):+.1f} pts beyond"
 
 
 def recovery_rows(report: dict) -> list[list[str]]:
