@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="reuse finished runs in the work dir")
     parser.add_argument("--seeds", default=None, help="comma-separated seeds overriding the profile's")
     parser.add_argument("--methods", default=None, help="comma-separated methods overriding the profile's")
+    parser.add_argument("--report-only", action="store_true", help="re-render the report from results.json")
     args = parser.parse_args()
     bench(
         args.profile,
@@ -38,6 +39,7 @@ def main() -> None:
         args.resume,
         [int(s) for s in args.seeds.split(",")] if args.seeds else None,
         args.methods.split(",") if args.methods else None,
+        report_only=args.report_only,
     )
 
 

@@ -112,6 +112,9 @@ def bench(
     methods: Annotated[
         str | None, typer.Option(help="comma-separated methods overriding the profile's")
     ] = None,
+    report_only: Annotated[
+        bool, typer.Option(help="re-render the report from the out folder's results.json, no training")
+    ] = False,
 ) -> None:
     """Run every method on the same partitions, tiers and budget over several seeds; write the report."""
     from pydantic import ValidationError
@@ -128,6 +131,7 @@ def bench(
             [int(s) for s in seeds.split(",")] if seeds else None,
             [m.strip() for m in methods.split(",")] if methods else None,
             log=console.print,
+            report_only=report_only,
         )
     except (FileNotFoundError, ValidationError, ValueError) as error:
         fail(str(error))

@@ -97,6 +97,8 @@ def test_report_has_a_table_per_setting_plots_and_round_tripping_json(tmp_path):
     assert "–" in fedavg_row  # no fallback / alignment for a no-split method
     assert "**+20.0 ± 0.0 points**" in text  # HARMONY - SplitGP
     assert "`harmony-meta` -5.0" in text  # ablation cost
+    assert "target of at least +5 points: **met**" in text
+    assert "Every ablation costs accuracy on average: **yes**" in text
     assert "tuned on validation only" in text
     for png in ("accuracy_vs_ood.png", "pca_features.png"):
         data = (tmp_path / png).read_bytes()
@@ -107,6 +109,9 @@ def test_report_has_a_table_per_setting_plots_and_round_tripping_json(tmp_path):
     assert loaded["aggregated"]["toy-family"]["harmony"]["acc_p0"]["mean"] == pytest.approx(0.91)
     assert loaded["aggregated"]["toy-family"]["fedavg"]["alignment_score"]["mean"] is None  # NaN -> null
     assert loaded["projections"]["methods"]["harmony"]["family"][0] == "cnn"
+    # the report re-renders from its own results.json (NaN stored as null) with the same table
+    rerendered = write_report(loaded, tmp_path / "again").read_text()
+    assert rerendered.split("## Plots")[0] == text.split("## Plots")[0]
 
 
 def test_profiles_share_one_budget_and_pass_hyper_parameters_to_relatives():

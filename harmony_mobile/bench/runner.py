@@ -342,8 +342,10 @@ def bench(
     seeds: list[int] | None = None,
     methods: list[str] | None = None,
     log: Callable[[str], None] = print,
+    report_only: bool = False,
 ) -> Path:
-    """Load a profile, run it, write the report; returns the report path.
+    """Load a profile, run it, write the report; returns the report path. `report_only` re-renders
+    the report from an earlier results.json without training.
 
     Defaults: report in benchmarks/results/<profile>/, runs in ~/.cache/harmony-mobile/bench/<profile>/
     (deleted and redone unless `resume`)."""
@@ -359,6 +361,15 @@ def bench(
     if updates:
         profile = BenchProfile(**{**profile.model_dump(), **updates})
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
+    if report_only:  # re-render from results.json (numbers unchanged; notes from the current profile)
+        results_file = out_dir / "results.json"
+        if not results_file.is_file():
+            raise FileNotFoundError(f"no {results_file} to re-render; run the benchmark first")
+        results = json.loads(results_file.read_text())
+        results["profile"]["notes"] = profile.notes
+        report = write_report(results, out_dir)
+        log(f"report: {report} (re-rendered from {results_file})")
+        return report
     work_dir = (
         Path(work_dir) if work_dir else Path.home() / ".cache" / "harmony-mobile" / "bench" / profile.name
     )
