@@ -62,6 +62,8 @@ def evaluate_client(
     exit_rule: str = "max_softmax",
 ) -> dict[str, float]:
     split = partition.clients[client.client_id]
+    if not np.isin(labels.numpy()[partition.ood_pool], split.classes, invert=True).any():
+        p = 0.0  # the client holds every class (e.g. Dirichlet alpha 0.5): it has no OOD samples
     index, is_ood = ood_test_indices(split, labels.numpy(), partition.ood_pool, p, seed)
     y = labels[index]
     out = predict(client, backend, images[index], exit_rule)

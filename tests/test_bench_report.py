@@ -159,3 +159,27 @@ def test_a_tiny_benchmark_runs_end_to_end_and_counts_uplink_bytes(tmp_path):
     assert set(results["projections"]["methods"]) == {"splitgp", "harmony"}
     report = write_report(results, tmp_path / "report")
     assert "| harmony |" in report.read_text()
+
+
+def test_a_client_holding_every_class_is_evaluated_without_ood():
+    """Dirichlet alpha 0.5 (the full profile) gives some clients every class: no OOD exists for them."""
+    import torch
+
+    from harmony_mobile.data import load_dataset
+    from harmony_mobile.data.partition import make_partition
+    from harmony_mobile.evaluation import evaluate
+    from harmony_mobile.models import Backend, InterfaceSpec, load_tiers
+    from harmony_mobile.training import TrainConfig, build_clients
+
+    dataset = load_dataset("digits")
+    tiers = load_tiers().with_input_shape(dataset.input_shape)
+    partition = make_partition("dirichlet", dataset.labels.numpy(), 12, 0, alpha=0.5)
+    everything = [c.client_id for c in partition.clients if len(c.classes) == 10]
+    assert everything  # seed 0 has such a client
+    clients = build_clients(TrainConfig(clients_per_tier=3), tiers, dataset, partition, InterfaceSpec())
+    results = evaluate(
+        clients, Backend(InterfaceSpec(), 10).eval(), dataset.images, dataset.labels, partition, 0
+    )
+    name = clients[everything[0]].name
+    assert results["per_client"][name]["p=0.5"]["accuracy"] == results["per_client"][name]["p=0"]["accuracy"]
+    assert torch.isfinite(torch.tensor(results["summary"]["accuracy_with_ood"]))
