@@ -97,13 +97,14 @@ class DemoConfig:
     # rows; when that version is wrong on a whole group of rows (a drifted phone's classes it never
     # trained on) distillation keeps it wrong (measured: any weight >= 0.02 blocked the correction).
     # The demo relies on SupCon over label tokens alone and on the label-free purity check to publish
-    # safely; held-out agreement with the old version is expected to drop, hence 0.5.
+    # safely; held-out agreement with the old version drops to about 1 - the share of rows it got
+    # wrong (0.55 measured with the default demo), hence 0.4.
     alignment: dict[str, Any] = field(
         default_factory=lambda: {
             "steps": 150,
             "learning_rate": 1e-3,
             "distill_weight": 0.0,
-            "min_replay_agreement": 0.5,
+            "min_replay_agreement": 0.4,
             "purity_tolerance": 0.0,
         }
     )
