@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -438,6 +439,27 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
+def classify_phase(
+    console: Console,
+    phones: dict[str, Phone],
+    data: dict[str, PhoneData],
+    results: dict[str, dict],
+    stage: str,
+    after: Callable[[str, Phone, Progress, Any], None] | None = None,
+) -> None:
+    """Every phone classifies its test data (a progress bar per tier) into results[tier][stage];
+    `after` runs per phone once it is done (the deployed phase confirms labels and uploads)."""
+    with progress_bar(console) as progress:
+        tasks = {
+            tier: progress.add_task("", total=len(d.labels), stage=stage, tier=tier)
+            for tier, d in data.items()
+        }
+        for tier, phone in phones.items():
+            results[tier][stage] = classify_all(phone, data[tier], progress, tasks[tier])
+            if after is not None:
+                after(tier, phone, progress, tasks[tier])
+
+
 def prepare_output(out: Path, reuse_run: bool) -> None:
     out.mkdir(parents=True, exist_ok=True)
     keep = {"run", "export", "keys"} if reuse_run else set()
@@ -554,16 +576,13 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
                 )
 
             console.rule("[bold]4. phones classify their own data (ID + OOD), users confirm labels")
-            with progress_bar(console) as progress:
-                tasks = {
-                    tier: progress.add_task("", total=len(d.labels), stage="deployed", tier=tier)
-                    for tier, d in data.items()
-                }
-                for tier, phone in phones.items():
-                    results[tier]["deployed"] = classify_all(phone, data[tier], progress, tasks[tier])
-                    rows = confirm(phone, data[tier], dataset, info, "deployed")
-                    uploads[tier]["deployed"] = deliver(phone, rows)
-                    progress.update(tasks[tier], description=f"+{uploads[tier]['deployed']['rows']} uploads")
+
+            def confirm_and_upload(tier: str, phone: Phone, progress: Progress, task) -> None:
+                rows = confirm(phone, data[tier], dataset, info, "deployed")
+                uploads[tier]["deployed"] = deliver(phone, rows)
+                progress.update(task, description=f"+{uploads[tier]['deployed']['rows']} uploads")
+
+            classify_phase(console, phones, data, results, "deployed", after=confirm_and_upload)
             t = mark("deployed", t)
             show_phase(console, results, "deployed")
 
@@ -595,13 +614,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
                         description=f"features moved {drift[tier]['feature_shift']:.0%}",
                     )
             t = mark("drift", t)
-            with progress_bar(console) as progress:
-                tasks = {
-                    tier: progress.add_task("", total=len(d.labels), stage="drifted", tier=tier)
-                    for tier, d in data.items()
-                }
-                for tier, phone in phones.items():
-                    results[tier]["drifted"] = classify_all(phone, data[tier], progress, tasks[tier])
+            classify_phase(console, phones, data, results, "drifted")
             t = mark("drifted", t)
             show_phase(console, results, "drifted")
 
@@ -671,13 +684,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
             )
 
             console.rule("[bold]8. phones classify again against the aligned back-end")
-            with progress_bar(console) as progress:
-                tasks = {
-                    tier: progress.add_task("", total=len(d.labels), stage="aligned", tier=tier)
-                    for tier, d in data.items()
-                }
-                for tier, phone in phones.items():
-                    results[tier]["aligned"] = classify_all(phone, data[tier], progress, tasks[tier])
+            classify_phase(console, phones, data, results, "aligned")
             t = mark("aligned", t)
             registry = server.admin("GET", "/v1/registry/versions").json()
         finally:
