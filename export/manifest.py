@@ -126,6 +126,26 @@ class BackendEntry(_Strict):
     state_dict_file: str = Field(description="run_dir.save_backend format; the server loads this")
     exported_program_file: str = Field(description="torch.export .pt2 of g (features -> logits)")
 
+    @classmethod
+    def describe(
+        cls,
+        model_version: str,
+        interface_shape: list[int],
+        num_classes: int,
+        state_dict_file: str = "backend/backend.pt",
+        exported_program_file: str = "backend/backend.pt2",
+    ) -> BackendEntry:
+        """The entry of a back-end g: batch-1 `features` of the interface shape in, `logits` out."""
+        return cls(
+            model_version=model_version,
+            interface_shape=list(interface_shape),
+            num_classes=num_classes,
+            input=TensorSpec(name="features", shape=[1, *interface_shape]),
+            outputs=[TensorSpec(name="logits", shape=[1, num_classes])],
+            state_dict_file=state_dict_file,
+            exported_program_file=exported_program_file,
+        )
+
 
 class SignatureInfo(_Strict):
     algorithm: Literal["Ed25519"] = "Ed25519"

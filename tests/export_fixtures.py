@@ -88,15 +88,7 @@ def fake_export_dir(directory: Path, key_dir: Path) -> Path:
         ),
         fake_tier(directory, "mid-ios", [("coreml", "coreml-fp16", "mid-ios/front_coreml-fp16.mlpackage")]),
     ]
-    backend = BackendEntry(
-        model_version="test-v1",
-        interface_shape=[64, 8, 8],
-        num_classes=10,
-        input=TensorSpec(name="features", shape=[1, 64, 8, 8]),
-        outputs=[TensorSpec(name="logits", shape=[1, 10])],
-        state_dict_file="backend/backend.pt",
-        exported_program_file="backend/backend.pt2",
-    )
+    backend = BackendEntry.describe("test-v1", [64, 8, 8], 10)
     manifest = build_manifest(
         directory,
         model_version="test-v1",

@@ -132,15 +132,7 @@ def _model_dir(path: Path) -> tuple[Path, bytes]:
         run={"algorithm": "random"},
         class_names=class_names,
         interface_shape=[64, 8, 8],
-        backend=BackendEntry(
-            model_version="interop-v1",
-            interface_shape=[64, 8, 8],
-            num_classes=10,
-            input=TensorSpec(name="features", shape=[1, 64, 8, 8]),
-            outputs=[TensorSpec(name="logits", shape=[1, 10])],
-            state_dict_file="backend/backend.pt",
-            exported_program_file="backend/backend.pt2",
-        ),
+        backend=BackendEntry.describe("interop-v1", [64, 8, 8], 10),
         tiers=[tier],
         public_key=key.public_key(),
     )

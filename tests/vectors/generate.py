@@ -132,15 +132,7 @@ def manifest_vectors() -> dict:
                 [("xnnpack", "fp32", "flagship/front_fp32.pte")],
             ),
         ]
-        backend = BackendEntry(
-            model_version="golden-v1",
-            interface_shape=[64, 8, 8],
-            num_classes=10,
-            input=TensorSpec(name="features", shape=[1, 64, 8, 8]),
-            outputs=[TensorSpec(name="logits", shape=[1, 10])],
-            state_dict_file="backend/backend.pt",
-            exported_program_file="backend/backend.pt2",
-        )
+        backend = BackendEntry.describe("golden-v1", [64, 8, 8], 10)
         manifest = build_manifest(
             directory,
             model_version="golden-v1",
