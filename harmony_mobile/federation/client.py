@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harmony_mobile.federation.messages import Broadcast
 from harmony_mobile.models import FamilyModel, Tier, parameter_names
 from harmony_mobile.privacy.label_tokens import label_tokens, round_key
 
@@ -35,6 +36,14 @@ class Client:
     @property
     def split_depth(self) -> int:
         return self.tier.split_depth
+
+    def receive(self, broadcast: Broadcast) -> None:
+        """Start from the meta-weights the server broadcast for this client's family."""
+        if broadcast.family != self.tier.family:
+            raise ValueError(
+                f"{self.name} runs family {self.tier.family!r}, got meta-weights of {broadcast.family!r}"
+            )
+        self.model.load_state_dict(broadcast.meta_weights)
 
     def held_parameters(self, full: bool = False) -> dict[str, torch.nn.Parameter]:
         """The parameters this client holds (its depth's stages, exits, connectors; or the full model)."""

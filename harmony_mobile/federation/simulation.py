@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harmony_mobile.algorithms.base import Algorithm
 from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.messages import Broadcast
 from harmony_mobile.federation.server import SplitServer
 
 
@@ -30,8 +31,12 @@ class Federation:
     family_weights: dict[str, dict[str, torch.Tensor]]  # meta-weights per model family
     server: SplitServer | None
 
-    def broadcast(self, client: Client) -> None:
-        client.model.load_state_dict(self.family_weights[client.tier.family])
+    def broadcast(self, client: Client, round_id: int = -1) -> None:
+        """Send a client its family's meta-weights as a Broadcast message (round -1: after the rounds)."""
+        family = client.tier.family
+        client.receive(
+            Broadcast(round_id, family, self.family_weights[family], backend_version=f"round-{round_id}")
+        )
 
 
 CHECKPOINT = "checkpoints/last.pt"
@@ -102,7 +107,7 @@ def run_rounds(
             updates = []
             for index in sampled:
                 client = federation.clients[index]
-                federation.broadcast(client)
+                federation.broadcast(client, round_id)
                 updates.append(
                     federation.algorithm.client_round(client, federation.server, round_id, generator)
                 )
