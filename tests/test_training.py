@@ -173,3 +173,28 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
     (tmp_path / "other" / "notes.txt").write_text("x")
     with pytest.raises(RunDirError, match="not empty"):
         train(config, tmp_path / "other", show_progress=False)
+
+
+@pytest.mark.parametrize("own_classes_only", [True, False])
+def test_restricted_softmax_sends_no_gradient_to_classes_the_client_does_not_hold(own_classes_only):
+    federation = tiny_federation()
+    client, server = federation.clients[0], federation.server
+    federation.broadcast(client)
+    server.start_round(0)
+    sent = []
+    backward = server.backward
+    server.backward = lambda message, update=True: sent.append(message) or backward(message, update)
+    images, labels = client.train_x[:16], client.train_y[:16]
+    _, features = client.model(images, client.split_depth)
+    logits = server.backend(features.detach()).detach()
+    split_step(client, server, features, labels, (client.split_depth,) * 16, 0, 1.0, True, own_classes_only)
+
+    absent = [c for c in range(10) if c not in client.classes]
+    assert absent, "the family partition must leave this client some OOD classes"
+    grad = sent[0].grad_logits
+    if own_classes_only:
+        assert torch.all(grad[:, absent] == 0)
+        expected = (logits + client.absent_class_mask()).softmax(1) - torch.eye(10)[labels]
+        assert torch.allclose(grad, expected / 16, atol=1e-6)
+    else:
+        assert torch.all(grad[:, absent] > 0)  # the full softmax pushes every absent class down

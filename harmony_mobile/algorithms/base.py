@@ -60,10 +60,16 @@ def split_step(
     round_id: int,
     weight: float,
     update_server: bool = True,
+    own_classes_only: bool = False,
 ) -> float:
     """One U-shaped exchange. The client uploads features with label tokens, receives logits,
     computes its own cross-entropy and sends back only dL/dlogits; the server returns dL/dz,
-    which is back-propagated into the client's front-end. Returns the server-side CE."""
+    which is back-propagated into the client's front-end. Returns the server-side CE.
+
+    `own_classes_only`: the CE's softmax runs over the client's own classes (restricted softmax,
+    as in FedRS). With the full softmax every client teaches g that its family's features are
+    never the classes it does not hold, which is exactly what g must answer for that family's
+    OOD fallbacks."""
     upload = FeatureUpload(
         client_id=client.name,
         round_id=round_id,
@@ -75,7 +81,7 @@ def split_step(
         model_version=f"round-{round_id}",
     )
     logits = server.forward(upload).logits.requires_grad_(True)
-    server_ce = F.cross_entropy(logits, labels)
+    server_ce = F.cross_entropy(logits + client.absent_class_mask() if own_classes_only else logits, labels)
     (grad_logits,) = torch.autograd.grad(weight * server_ce, logits)
     reply = server.backward(LogitGradients(client.name, round_id, grad_logits), update=update_server)
     features.backward(reply.grad_features)
@@ -125,6 +131,7 @@ def personalize_split(
     lr: float,
     gamma: float,
     generator: torch.Generator,
+    own_classes_only: bool = False,
 ) -> None:
     """Final personalization of a split method: exit loss + gamma * server CE against a frozen server."""
     params = client.held_parameters()
@@ -136,9 +143,8 @@ def personalize_split(
         exit_loss(client.model, images, labels, client.split_depth).backward()
         if gamma > 0:
             _, features = client.model(images, client.split_depth)
-            split_step(
-                client, server, features, labels, (client.split_depth,) * len(labels), -1, gamma, False
-            )
+            depths = (client.split_depth,) * len(labels)
+            split_step(client, server, features, labels, depths, -1, gamma, False, own_classes_only)
         optimizer.step()
 
 

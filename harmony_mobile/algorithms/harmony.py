@@ -63,6 +63,10 @@ class HarmonyConfig(BaseModel):
         default=True, description="inner loop + simulated extractors (False: plain exit + split loss)"
     )
     gamma: float = Field(default=1.0, ge=0, description="weight of the server CE in the client loss")
+    own_classes_only: bool = Field(
+        default=True,
+        description="the client's server CE is a softmax over its own classes only (see split_step)",
+    )
     contrastive_weight: float = Field(default=0.5, ge=0, description="SupCon weight on the server; 0 = off")
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
     bank_size: int = Field(default=512, ge=0, description="server's same-round contrastive memory (rows)")
@@ -129,7 +133,16 @@ class Harmony:
                     activation = F.dropout2d(activation, c.channel_drop, training=True)
                 features = variant.connectors[str(depth)](activation)
                 depths = (depth,) * len(query_y)
-                server_total += split_step(client, server, features, query_y, depths, round_id, c.gamma)
+                server_total += split_step(
+                    client,
+                    server,
+                    features,
+                    query_y,
+                    depths,
+                    round_id,
+                    c.gamma,
+                    own_classes_only=c.own_classes_only,
+                )
                 for name, p in theta.items():
                     if variant_params[name].grad is not None:
                         p.grad += variant_params[name].grad / c.variants
@@ -178,5 +191,7 @@ class Harmony:
 
     def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
         c = self.config
-        personalize_split(client, server, c.personalize_epochs, c.batch_size, c.lr, c.gamma, generator)
+        personalize_split(
+            client, server, c.personalize_epochs, c.batch_size, c.lr, c.gamma, generator, c.own_classes_only
+        )
         calibrate_client(client, c.calibration_target, self.exit_rule)

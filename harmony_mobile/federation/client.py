@@ -54,6 +54,13 @@ class Client:
         index = torch.randint(len(self.train_y), (size,), generator=generator)
         return self.train_x[index], self.train_y[index]
 
+    def absent_class_mask(self) -> torch.Tensor:
+        """0 for the client's own classes, -inf for the rest: added to logits to restrict a softmax."""
+        num_classes = self.model.num_classes
+        mask = torch.full((num_classes,), float("-inf"))
+        mask[list(self.classes)] = 0.0
+        return mask
+
     def tokens(self, round_id: int, labels: torch.Tensor) -> tuple[bytes, ...]:
         if round_id not in self._round_keys:
             self._round_keys[round_id] = round_key(self.federation_secret, round_id)
