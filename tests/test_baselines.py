@@ -47,6 +47,7 @@ def test_every_baseline_and_ablation_is_registered_with_a_validated_config():
         "harmony-meta",
         "harmony-stochastic-depth",
         "harmony-contrastive",
+        "harmony-full-softmax",
     } <= set(ALGORITHMS)
     for name in BASELINES:
         algo = build_algorithm(name, TINY)
@@ -55,6 +56,8 @@ def test_every_baseline_and_ablation_is_registered_with_a_validated_config():
         assert (algo.server_config() is None) == (not algo.uses_split)
         with pytest.raises(ValidationError):
             build_algorithm(name, {"no_such_option": 1})
+    assert build_algorithm("harmony").config.own_classes_only
+    assert not build_algorithm("harmony-full-softmax").config.own_classes_only
     assert build_algorithm("multi-exit").config.mix_lambda == 0.0
     assert build_algorithm("splitgp").config.mix_lambda == 0.2
     assert build_algorithm("splitgp").exit_rule == "neg_entropy"

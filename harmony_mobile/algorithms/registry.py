@@ -18,6 +18,8 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony-meta": (Harmony, {"meta": False}),  # ablation: no meta-adaptation / simulated extractors
     "harmony-stochastic-depth": (Harmony, {"stochastic_depth": False}),  # ablation: fixed split depth
     "harmony-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # ablation: no SupCon alignment
+    # ablation: the client's server CE over all classes instead of its own (see split_step)
+    "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
     # baselines (ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split

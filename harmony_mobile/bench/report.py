@@ -208,9 +208,10 @@ def _json_safe(value):
 
 METHOD_NOTES = """\
 - `harmony`: ALGORITHM.md (meta-adaptation over simulated extractors, stochastic split depth,
-  label-token SupCon on the server, final personalization, max-softmax exit calibrated on val).
-  `harmony-meta` / `-stochastic-depth` / `-contrastive`: exactly one mechanism off, same
-  hyper-parameters otherwise.
+  label-token SupCon on the server, final personalization, max-softmax exit calibrated on val),
+  with the client's server CE a softmax over the client's own classes (restricted softmax).
+  `harmony-meta` / `-stochastic-depth` / `-contrastive` / `-full-softmax`: exactly one mechanism
+  off, same hyper-parameters otherwise.
 - `splitgp`: loss gamma CE(exit) + (1 - gamma) CE(server); client model lambda own + (1 - lambda)
   average (lambda = 0.2); entropy-threshold fallback calibrated on val to the same local-exit
   accuracy target as HARMONY. The original sends labels to the server; here the server CE goes
