@@ -94,21 +94,10 @@ class DemoConfig:
     drift_steps: int = 100
     drift_lr: float = 2e-3
     drift_batch: int = 32
-    # The round's defaults (docs/PROTOCOL.md 7) distill to the current version on the same stored
-    # rows; when that version is wrong on a whole group of rows (a drifted phone's classes it never
-    # trained on) distillation keeps it wrong (measured: any weight >= 0.02 blocked the correction).
-    # The demo relies on SupCon over label tokens alone and on the label-free purity check to publish
-    # safely; held-out agreement with the old version drops to about 1 - the share of rows it got
-    # wrong (0.55 measured with the default demo), hence 0.4.
-    alignment: dict[str, Any] = field(
-        default_factory=lambda: {
-            "steps": 150,
-            "learning_rate": 1e-3,
-            "distill_weight": 0.0,
-            "min_replay_agreement": 0.4,
-            "purity_tolerance": 0.0,
-        }
-    )
+    # JSON body of POST /v1/alignment/rounds: empty = the server's defaults (docs/PROTOCOL.md 7).
+    # The round distills to the current version on the replay set shipped in backend.pt (features
+    # of the clients' training images), not on the uploads it must correct.
+    alignment: dict[str, Any] = field(default_factory=dict)
     latency_runs: int = 20  # export's own latency measurement per .pte
     reuse_run: bool = False  # keep a finished run in OUT/run with the same configuration
     alignment_timeout: float = 600.0
@@ -884,10 +873,17 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         + ".",
         "",
         f"Alignment round: status **{alignment.get('status')}**, new back-end `{alignment.get('new_version')}`, "
-        f"{metrics.get('rows')} stored rows ({metrics.get('train_rows')} train / {metrics.get('holdout_rows')} "
-        f"held out); held-out agreement with the previous version {metrics.get('holdout_agreement', float('nan')):.3f}, "
-        f"token purity {metrics.get('holdout_purity_before', float('nan')):.3f} -> "
-        f"{metrics.get('holdout_purity_after', float('nan')):.3f}. Parameters: `{json.dumps(config['alignment'])}`.",
+        f"SupCon on {metrics.get('rows')} new stored rows ({metrics.get('train_rows')} train / "
+        f"{metrics.get('holdout_rows')} held out), distillation to the previous version on "
+        f"{metrics.get('replay_rows')} replay rows ({metrics.get('replay_shipped_rows')} shipped with the "
+        f"back-end, {metrics.get('replay_stored_rows')} stored; {metrics.get('replay_holdout_rows')} held out). "
+        f"Held-out replay agreement with the previous version {metrics.get('replay_agreement', float('nan')):.3f} "
+        f"(check: {metrics.get('replay_check')}), token purity of the new rows "
+        f"{metrics.get('holdout_purity_before', float('nan')):.3f} -> "
+        f"{metrics.get('holdout_purity_after', float('nan')):.3f}, predictions changed on "
+        f"{metrics.get('holdout_changed', float('nan')):.1%} of them"
+        + (f"; rejected because {metrics['rejected_because']}" if metrics.get("rejected_because") else "")
+        + f". Parameters: `{json.dumps(config['alignment'])}` (empty: the server's defaults).",
         "",
         "## Server outage",
         "",

@@ -7,6 +7,8 @@ RUN_DIR/
   checkpoints/             round checkpoints for resume (training's own format)
   clients/client-007.pt    one personalized front-end per client + its threshold and data indices
   backend.pt               server back-end g and projection head h (state dicts) + model version
+                           + the replay set: label-free interface features of the clients' training
+                           images (float16), the "earlier features" of alignment rounds
 """
 
 from __future__ import annotations
@@ -84,9 +86,17 @@ def save_client(run_path: Path, client: ClientArtifact) -> None:
 
 
 def save_backend(
-    path: Path, backend: Backend, projection: ProjectionHead, model_version: str, class_names: tuple[str, ...]
+    path: Path,
+    backend: Backend,
+    projection: ProjectionHead,
+    model_version: str,
+    class_names: tuple[str, ...],
+    replay: torch.Tensor | None = None,
 ) -> None:
-    """Write g and h with what a reader needs to rebuild them (the server loads this same file)."""
+    """Write g and h with what a reader needs to rebuild them (the server loads this same file).
+
+    `replay` (N, *interface) is the back-end's replay set: features without labels or tokens that
+    the server's alignment rounds distill on (harmony_mobile/federation/replay.py); stored as float16."""
     state = {
         "model_version": model_version,
         "interface": list(backend.interface.shape),
@@ -96,6 +106,12 @@ def save_backend(
         "backend": backend.state_dict(),
         "projection": projection.state_dict(),
     }
+    if replay is not None and replay.shape[0] > 0:
+        if tuple(replay.shape[1:]) != tuple(backend.interface.shape):
+            raise ValueError(
+                f"replay features have shape {list(replay.shape)}; expected N rows of {list(backend.interface.shape)}"
+            )
+        state["replay"] = replay.detach().to(torch.float16).contiguous()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, path)
 
@@ -106,6 +122,7 @@ class LoadedBackend:
     projection: ProjectionHead
     model_version: str
     class_names: tuple[str, ...]
+    replay: torch.Tensor  # (N, *interface) float16; N = 0 for a file written without a replay set
 
 
 def load_backend_file(path: str | Path) -> LoadedBackend:
@@ -119,8 +136,17 @@ def load_backend_file(path: str | Path) -> LoadedBackend:
     backend.load_state_dict(state["backend"])
     projection = ProjectionHead(backend.feature_dim, state["projection_dim"])
     projection.load_state_dict(state["projection"])
+    replay = state.get("replay", torch.zeros(0, *backend.interface.shape, dtype=torch.float16))
+    if tuple(replay.shape[1:]) != tuple(backend.interface.shape):
+        raise RunDirError(
+            f"{path}: replay features have shape {list(replay.shape)}, not N rows of {list(backend.interface.shape)}"
+        )
     return LoadedBackend(
-        backend.eval(), projection.eval(), state["model_version"], tuple(state["class_names"])
+        backend.eval(),
+        projection.eval(),
+        state["model_version"],
+        tuple(state["class_names"]),
+        replay.to(torch.float16),
     )
 
 

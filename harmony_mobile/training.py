@@ -20,6 +20,7 @@ from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import evaluate
 from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
@@ -226,7 +227,9 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
                 front_end_state=client.model.front_end(client.split_depth).state_dict(),
             ),
         )
-    save_backend(run_path / "backend.pt", backend, projection, version, dataset.class_names)
+    # the replay set alignment rounds keep the back-end's predictions on (federation/replay.py)
+    replay = collect_replay(clients, config.seed) if algorithm.uses_split else None
+    save_backend(run_path / "backend.pt", backend, projection, version, dataset.class_names, replay)
     write_run_info(run_path, info.model_copy(update={"model_version": version}))
     results["train_seconds"] = time.perf_counter() - started
     results["rounds"] = len(history)

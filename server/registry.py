@@ -7,7 +7,9 @@ Publishing order (atomic for readers, safe on crash):
   3. swap the in-memory default under a lock.
 A crash before 2 leaves an unreferenced file and the old default; after 2 the next start serves
 the new version. In-flight requests keep the model object they resolved, so a swap never mixes
-versions inside one request.
+versions inside one request. Every file carries its lineage's replay set (run_dir.save_backend):
+a published version inherits its parent's unchanged, so uploaded features never leave their
+sealed envelopes.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class ServedModel:
     backend: Backend
     projection: ProjectionHead
     class_names: tuple[str, ...]
+    replay: torch.Tensor  # (N, *interface) float16, label-free features of training images; N may be 0
 
     @property
     def num_classes(self) -> int:
@@ -104,7 +107,15 @@ class ModelRegistry:
         if self.store.version(name) is not None:
             name = f"{name}-{sha[:8]}"
         self.store.add_version(
-            VersionRecord(name, sha, None, "import", utc_now(), {"source": str(source)}), make_default=True
+            VersionRecord(
+                name,
+                sha,
+                None,
+                "import",
+                utc_now(),
+                {"source": str(source), "replay_rows": int(loaded.replay.shape[0])},
+            ),
+            make_default=True,
         )
         return name
 
@@ -144,7 +155,9 @@ class ModelRegistry:
         if record is None:
             raise UnknownVersion(version, self.version_names())
         loaded = load_backend_file(self.artifacts / f"{record.sha256}.pt")
-        model = ServedModel(version, record.sha256, loaded.backend, loaded.projection, loaded.class_names)
+        model = ServedModel(
+            version, record.sha256, loaded.backend, loaded.projection, loaded.class_names, loaded.replay
+        )
         with self._lock:
             return self._loaded.setdefault(version, model)
 
@@ -161,17 +174,18 @@ class ModelRegistry:
         class_names: tuple[str, ...],
         parent: str,
         metrics: dict,
+        replay: torch.Tensor,
     ) -> ServedModel:
         backend, projection = backend.eval(), projection.eval()
         with tempfile.TemporaryDirectory(dir=self.artifacts) as scratch:
             scratch_file = Path(scratch) / "backend.pt"
-            save_backend(scratch_file, backend, projection, version, class_names)
+            save_backend(scratch_file, backend, projection, version, class_names, replay)
             sha = sha256_file(scratch_file)
             self._store_file(scratch_file, sha)
         self.store.add_version(
             VersionRecord(version, sha, parent, "alignment", utc_now(), metrics), make_default=True
         )
-        model = ServedModel(version, sha, backend, projection, class_names)
+        model = ServedModel(version, sha, backend, projection, class_names, replay.to(torch.float16))
         with self._lock:
             self._loaded[version] = model
             self._default = model

@@ -154,28 +154,45 @@ class UploadReceiptResponse(BaseModel):
 
 
 class AlignmentParams(_Strict):
+    """One alignment round (server/alignment.py): SupCon on the new stored rows, distillation to the
+    current version on the replay rows (features it was trained on), and a two-part publish check."""
+
     steps: int = Field(default=60, ge=1, le=10_000, description="optimizer steps")
-    batch_size: int = Field(default=64, ge=4, le=1024)
+    batch_size: int = Field(default=64, ge=4, le=1024, description="new rows per step (and replay rows)")
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
     distill_weight: float = Field(
-        default=1.0, ge=0, description="weight of distillation to the current version"
+        default=1.0,
+        ge=0,
+        description="weight of distillation to the current version's predictions on the replay rows",
     )
     distill_temperature: float = Field(default=2.0, gt=0)
     holdout_fraction: float = Field(
-        default=0.2, gt=0, lt=1, description="rows held out for the publish check"
+        default=0.2,
+        gt=0,
+        lt=1,
+        description="share of new rows and of replay rows held out for the publish check",
     )
     min_replay_agreement: float = Field(
         default=0.9,
         ge=0,
         le=1,
-        description="publish only if the new version agrees this often with the current",
+        description="publish only if, on held-out replay rows, the new version predicts the current"
+        " version's class at least this often (the class mapping is kept)",
     )
     purity_tolerance: float = Field(
-        default=0.0, ge=0, le=1, description="allowed drop of held-out token purity (the label-free accuracy)"
+        default=0.0,
+        ge=0,
+        le=1,
+        description="allowed drop of held-out token purity of the new rows (the label-free accuracy)",
+    )
+    require_replay: bool = Field(
+        default=True,
+        description="with no replay rows the class mapping cannot be checked: reject the round (false:"
+        " train SupCon alone and publish on token purity alone)",
     )
     max_rows: int = Field(default=20_000, ge=8, description="newest stored rows used by the round")
-    min_rows: int = Field(default=16, ge=4, description="fewer stored rows fail the round")
+    min_rows: int = Field(default=16, ge=4, description="fewer new stored rows fail the round")
     seed: int = 0
 
 

@@ -37,7 +37,7 @@ def demo(tmp_path_factory):
         confirmed=CONFIRMED,
         drift_steps=40,
         latency_runs=2,
-        alignment={"steps": 20, "min_replay_agreement": 0.5},
+        alignment={"steps": 20},  # otherwise the server's defaults
     )
     console = Console(record=True, width=160)
     report = run_demo(config, console)
@@ -81,6 +81,8 @@ def test_alignment_round_trained_on_every_upload_and_finished(demo):
     alignment = report["alignment"]
     assert alignment["status"] in ("published", "rejected"), alignment
     assert alignment["metrics"]["rows"] == 2 * 2 * CONFIRMED  # two phones, two phases, each stored once
+    assert alignment["metrics"]["replay_shipped_rows"] > 0  # training wrote a replay set into backend.pt
+    assert alignment["metrics"]["distillation"] == "on replay rows"
     versions = [v["version"] for v in report["registry"]["versions"]]
     if alignment["status"] == "published":
         assert (

@@ -16,8 +16,10 @@ from harmony_mobile.server import create_app
 from harmony_mobile.server.alignment import group_rows, token_purity
 
 from harmony_mobile.federation.messages import FeatureUpload
+from harmony_mobile.run_dir import load_backend_file
 from tests.test_server_support import (
     ADMIN,
+    INTERFACE,
     bearer,
     class_features,
     enrol,
@@ -85,10 +87,14 @@ def test_round_publishes_a_new_default_version(server):
     assert record["progress"] == 1.0 and record["parent_version"] == "v1" and record["new_version"] == "v1-r1"
     metrics = record["metrics"]
     assert metrics["rows"] == 120 and metrics["holdout_rows"] == 24 and metrics["step"] == 12
-    assert (
-        metrics["holdout_agreement"] >= 0.9
-        and metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]
+    assert (metrics["replay_rows"], metrics["replay_shipped_rows"], metrics["replay_stored_rows"]) == (
+        200,
+        200,
+        0,
     )
+    assert metrics["replay_holdout_rows"] == 40 and metrics["distillation"] == "on replay rows"
+    assert metrics["replay_check"] == "passed" and metrics["replay_agreement"] >= 0.9
+    assert metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]
     assert (
         metrics["holdout_supcon_after"] < metrics["holdout_supcon_before"]
     )  # the space moved toward token positives
@@ -102,18 +108,115 @@ def test_round_publishes_a_new_default_version(server):
     assert (old_version, new_version) == ("v1", "v1-r1") and new_logits != old_logits
     assert client.get(ROUNDS, headers=ADMIN).json()[0]["id"] == record["id"]
     sha = registry["versions"][1]["sha256"]
-    assert (client.app.state.harmony.registry.artifacts / f"{sha}.pt").is_file()  # content-addressed
+    artifacts = client.app.state.harmony.registry.artifacts
+    assert (artifacts / f"{sha}.pt").is_file()  # content-addressed
+    parent = load_backend_file(artifacts / f"{registry['versions'][0]['sha256']}.pt")
+    assert torch.equal(load_backend_file(artifacts / f"{sha}.pt").replay, parent.replay)  # inherited
     assert 'harmony_alignment_rounds_total{status="published"} 1.0' in client.get("/metrics").text
 
 
 def test_round_that_would_change_the_class_mapping_is_rejected(server):
+    """A large step without distillation collapses the back-end onto one class: token purity is then
+    perfect (every group agrees with itself), so only the replay check can stop it."""
     client, device, _ = server
-    params = {**FAST, "steps": 30, "learning_rate": 0.3, "distill_weight": 0.0, "min_replay_agreement": 1.0}
+    params = {**FAST, "steps": 30, "learning_rate": 0.3, "distill_weight": 0.0}
     record = wait_for_round(client, client.post(ROUNDS, json=params, headers=ADMIN).json()["id"])
     assert record["status"] == "rejected", record
-    assert "held-out" in record["metrics"]["rejected_because"] and record["new_version"] is None
+    metrics = record["metrics"]
+    assert metrics["replay_check"] == "failed" and metrics["replay_agreement"] < 0.5
+    assert metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]  # purity alone would publish
+    assert (
+        metrics["rejected_because"].startswith("held-out replay agreement") and record["new_version"] is None
+    )
+    assert metrics["distillation"] == "off: distill_weight 0"
     assert client.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
     assert infer_version(client, device)[0] == "v1"
+
+
+DRIFTED_CLASS = 7
+
+
+def drifted_features(rows: int, seed: int) -> np.ndarray:
+    """A drifted phone's features of DRIFTED_CLASS: far from every class the back-end was fitted to."""
+    centre = np.random.default_rng(999).standard_normal(INTERFACE.shape).astype(np.float32)
+    noise = 0.5 * np.random.default_rng(seed).standard_normal((rows, *INTERFACE.shape)).astype(np.float32)
+    return np.maximum(centre + noise, 0).astype(np.float32)
+
+
+def served_predictions(client, version: str, features: np.ndarray) -> np.ndarray:
+    model = client.app.state.harmony.registry.get(version)
+    with torch.no_grad():
+        return model.backend(torch.from_numpy(features)).argmax(1).numpy()
+
+
+def test_round_fixes_rows_the_current_version_gets_wrong_and_keeps_the_replay_mapping(server):
+    """The ALGORITHM.md round: a drifted phone's rows of one class (one token group, together with
+    other phones' rows of that class) are misclassified by the current version. SupCon on the new
+    rows pulls them to their group; distillation on the replay rows keeps the mapping, so the group
+    lands on the class the other phones' rows already had. Distilling on the new rows themselves
+    (the earlier code) kept them wrong and the round was rejected."""
+    client, device, _ = server
+    body = sealed_upload(
+        device, 3, np.full(40, DRIFTED_CLASS), features=drifted_features(40, seed=5), tier="drifted-phone"
+    )
+    assert client.post("/v1/uploads", json=body, headers=bearer(device["token"])).status_code == 201
+    unseen = drifted_features(100, seed=77)  # never uploaded
+    replay = client.app.state.harmony.registry.default().replay.float().numpy()
+    before_unseen = served_predictions(client, "v1", unseen)
+    assert (before_unseen == DRIFTED_CLASS).mean() < 0.2, np.bincount(before_unseen, minlength=10)
+
+    record = wait_for_round(client, client.post(ROUNDS, json={}, headers=ADMIN).json()["id"])
+    assert record["status"] == "published", record
+    metrics = record["metrics"]
+    assert metrics["rows"] == 160 and metrics["replay_check"] == "passed"
+    assert metrics["holdout_purity_after"] > metrics["holdout_purity_before"] + 0.1
+    after_unseen = served_predictions(client, record["new_version"], unseen)
+    assert (after_unseen == DRIFTED_CLASS).mean() > 0.8, np.bincount(after_unseen, minlength=10)
+    kept = served_predictions(client, record["new_version"], replay) == served_predictions(
+        client, "v1", replay
+    )
+    assert kept.mean() >= 0.95 and metrics["replay_agreement"] >= 0.95
+
+
+def test_round_with_no_replay_rows_says_so(tmp_path):
+    model_dir = make_model_dir(tmp_path, fit_steps=20, replay_rows=0)  # a back-end file without a replay set
+    with TestClient(create_app(make_settings(tmp_path, model_dir))) as client:
+        device = enrol(client)
+        store_uploads(client, device)
+        record = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+        assert record["status"] == "rejected" and record["new_version"] is None, record
+        metrics = record["metrics"]
+        assert metrics["replay_rows"] == 0 and metrics["replay_check"] == "impossible: no replay rows"
+        assert metrics["distillation"] == "off: no replay rows" and "step" not in metrics  # did not train
+        assert metrics["rejected_because"].startswith("no replay rows (0)")
+        assert client.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
+
+        allowed = {**FAST, "require_replay": False}
+        record = wait_for_round(client, client.post(ROUNDS, json=allowed, headers=ADMIN).json()["id"])
+        metrics = record["metrics"]
+        purity_kept = metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]
+        assert record["status"] == ("published" if purity_kept else "rejected"), metrics  # purity alone
+        assert metrics["replay_rows"] == 0 and metrics["distillation"] == "off: no replay rows"
+        assert metrics["replay_check"] == "skipped: no replay rows (require_replay=false)"
+        assert "replay_agreement" not in metrics and metrics["step"] == FAST["steps"]
+
+
+def test_next_round_replays_the_rows_the_current_version_was_trained_on(server):
+    client, device, _ = server
+    first = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+    assert first["status"] == "published" and first["metrics"]["trained_through_upload_id"] == 4
+    second = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+    assert second["status"] == "failed" and "at least 16 new stored rows, found 0" in second["error"]
+    store_uploads(client, device, uploads=2, round_ids=(5,))
+    third = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+    assert third["status"] == "published" and third["parent_version"] == "v1-r1", third
+    metrics = third["metrics"]
+    assert metrics["rows"] == 60 and metrics["trained_through_upload_id"] == 6
+    assert (metrics["replay_rows"], metrics["replay_shipped_rows"], metrics["replay_stored_rows"]) == (
+        320,
+        200,
+        120,
+    )
 
 
 def test_round_params_are_validated(server):
@@ -128,7 +231,7 @@ def test_too_few_rows_fails_the_round(tmp_path):
         device = enrol(client)
         store_uploads(client, device, uploads=1, rows=5)
         record = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
-        assert record["status"] == "failed" and "at least 16 stored rows, found 5" in record["error"]
+        assert record["status"] == "failed" and "at least 16 new stored rows, found 5" in record["error"]
 
 
 def test_crash_mid_round_keeps_old_version_and_uploads(server, monkeypatch):

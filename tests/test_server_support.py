@@ -24,9 +24,13 @@ INTERFACE = InterfaceSpec()
 NUM_CLASSES = 10
 
 
-def make_model_dir(root: Path, seed: int = 0, model_version: str = "v1", fit_steps: int = 0) -> Path:
+def make_model_dir(
+    root: Path, seed: int = 0, model_version: str = "v1", fit_steps: int = 0, replay_rows: int = 200
+) -> Path:
     """A seeded random back-end; `fit_steps` > 0 first fits it briefly to `class_features`, so that
-    (like a trained back-end, unlike a random one) its predictions are confident and class-dependent."""
+    (like a trained back-end, unlike a random one) its predictions are confident and class-dependent.
+    The file carries a replay set of `replay_rows` label-free rows of the same classes (as training
+    writes one: features of the clients' training images), 0 for a file without one."""
     torch.manual_seed(seed)
     backend = Backend(INTERFACE, NUM_CLASSES)
     projection = ProjectionHead(backend.feature_dim, 32)
@@ -40,9 +44,15 @@ def make_model_dir(root: Path, seed: int = 0, model_version: str = "v1", fit_ste
             loss.backward()
             optimizer.step()
         backend.eval()
+    replay = torch.from_numpy(class_features(np.arange(replay_rows) % NUM_CLASSES, seed=seed + 200))
     model_dir = Path(root) / "model"
     save_backend(
-        model_dir / "backend" / "backend.pt", backend, projection, model_version, tuple(map(str, range(10)))
+        model_dir / "backend" / "backend.pt",
+        backend,
+        projection,
+        model_version,
+        tuple(map(str, range(10))),
+        replay,
     )
     return model_dir
 

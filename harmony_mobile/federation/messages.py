@@ -84,5 +84,18 @@ class ClientUpdate:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-SERVER_BOUND = (FeatureUpload, LogitGradients, ClientUpdate)
+@dataclass(frozen=True)
+class ReplayFeatures:
+    """Client -> server once, at the end of training: interface features of a sample of the client's
+    training images through its final front-end, with no label and no token. The server keeps them
+    with the back-end as the replay set its alignment rounds distill on (federation/replay.py)."""
+
+    client_id: str
+    features: torch.Tensor  # (N, C_z, S_z, S_z)
+    split_depth: int
+    family: str
+    tier: str
+
+
+SERVER_BOUND = (FeatureUpload, LogitGradients, ClientUpdate, ReplayFeatures)
 CLIENT_BOUND = (Broadcast, ServerLogits, InterfaceGradients)

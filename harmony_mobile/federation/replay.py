@@ -1,0 +1,41 @@
+"""The back-end's replay set: the "earlier features" of alignment rounds (ALGORITHM.md).
+
+At the end of training every client sends `ReplayFeatures`: interface features of a random sample
+of its own training images through its final (personalized) front-end, without labels or tokens.
+The server saw features of these images during training, so holding them adds nothing it did not
+receive; they travel inside backend.pt (run_dir.save_backend) to the export and the fallback
+server, whose alignment rounds keep the back-end's predictions on them (the class mapping) and
+check on a held-out part of them that the mapping was kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.messages import ReplayFeatures
+
+REPLAY_ROWS = 512  # the whole set (8 KiB a row in float16 at 64x8x8: 4 MiB), split evenly over clients
+MIN_ROWS_PER_CLIENT = 8
+
+
+def replay_features(client: Client, rows: int, generator: torch.Generator) -> ReplayFeatures:
+    """Client side: features of `rows` of the client's training images (its labels stay on the client)."""
+    index = torch.randperm(len(client.train_x), generator=generator)[:rows]
+    front_end = client.model.front_end(client.split_depth)
+    was_training = front_end.training
+    front_end.eval()
+    with torch.no_grad():
+        _, features = front_end(client.train_x[index])
+    front_end.train(was_training)
+    return ReplayFeatures(client.name, features, client.split_depth, client.tier.family, client.tier.name)
+
+
+def collect_replay(clients: list[Client], seed: int, total_rows: int = REPLAY_ROWS) -> torch.Tensor:
+    """Server side of the exchange: the pooled replay set, float16 (N, *interface)."""
+    if not clients:
+        raise ValueError("a replay set needs at least one client")
+    per_client = max(MIN_ROWS_PER_CLIENT, total_rows // len(clients))
+    generator = torch.Generator().manual_seed(seed)
+    messages = [replay_features(client, per_client, generator) for client in clients]
+    return torch.cat([m.features for m in messages]).to(torch.float16)
