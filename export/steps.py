@@ -10,6 +10,7 @@ Version-specific traps of torch 2.13 / executorch 1.5.1 / torchao 0.18 handled h
   * F4/G4: a PT2E module keeps the export's shape guards; calibration runs at exported shapes.
   * F5: torchao weight-only int8 configs lower "fine" but ignore the weight scales; we only use
     PT2E static per-channel with the XNNPACK quantizer, and verify.py compares every .pte to eager.
+  * int8 outputs: the layer computing exit_logits stays fp32 (see FLOAT_OUTPUTS below, issue #5).
   * G5: a missing partitioner still gives a valid but ~100x slower .pte; `assert_fully_delegated`.
 """
 
@@ -111,15 +112,70 @@ def export_program(
 # --------------------------------------------------------------------------- PT2E int8
 
 
+# The layer that computes `exit_logits` stays fp32 inside the int8 program (issue #5). The phone
+# decides on these logits (argmax, and max softmax >= threshold for answering locally), and an int8
+# output tensor rounds them to one per-tensor step (0.39 logits on the MobileNet tier) and clips them
+# where the calibration histogram ends (+30 while real logits reach +40): near-ties become exact ties,
+# which argmax breaks towards the lower class. On 2.7k images of the mid-android client's classes,
+# 30 of 34 int8-vs-fp32 top-1 flips were such ties; with this layer in fp32 there are no ties and
+# 17 flips, all at fp32 top-2 margins < 0.5 logits (plain int8 noise: every other layer, depthwise
+# convs included, contributes about equally). Every tier's flips drop 1.8-3.4x. Cost: one small
+# Linear (hidden x classes) in fp32, ~1 KB, run by XNNPACK in the same delegate. The `features`
+# output stays int8: an fp32 connector did not change back-end agreement but adds up to ~28 KB.
+# Measurements and alternatives tried: export/README.md, "int8: what is quantized".
+FLOAT_OUTPUTS = (0,)  # indices into ExitAndFeatures' outputs: exit_logits
+_LAYER_OPS = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
+_PASS_THROUGH_OPS = (
+    torch.ops.aten.relu.default,
+    torch.ops.aten.reshape.default,
+    torch.ops.aten.view.default,
+    torch.ops.aten.flatten.using_ints,
+)
+
+
+def output_layer_nodes(graph: torch.fx.Graph, outputs: tuple[int, ...] = FLOAT_OUTPUTS) -> set[str]:
+    """Names of the nodes computing the given graph outputs: walking back from each output through
+    activation/reshape ops to the first conv or linear, all included (empty when there is none)."""
+    output = next(n for n in reversed(graph.nodes) if n.op == "output")
+    names: set[str] = set()
+    for index in outputs:
+        node, walked = output.args[0][index], []
+        while isinstance(node, torch.fx.Node) and node.target in _PASS_THROUGH_OPS:
+            walked.append(node.name)
+            node = node.args[0]
+        if isinstance(node, torch.fx.Node) and node.target in _LAYER_OPS:
+            names.update(walked + [node.name])
+    return names
+
+
+def _not_an_output_layer(node: torch.fx.Node) -> bool:
+    """XNNPACK quantizer filter: quantize every node except those computing FLOAT_OUTPUTS."""
+    return node.name not in output_layer_nodes(node.graph)
+
+
 def xnnpack_quantizer():
+    """Static int8, per-channel weights, for every supported op except the exit-logits layer (above)."""
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,
         get_symmetric_quantization_config,
     )
 
-    return XNNPACKQuantizer().set_global(
+    quantizer = XNNPACKQuantizer().set_global(
         get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False)
     )
+    return quantizer.set_filter_function(_not_an_output_layer)
+
+
+def float_layers(program: torch.fx.GraphModule) -> list[str]:
+    """Module paths of the convs/linears of a PT2E-converted program whose weights are not int8."""
+    names = []
+    for node in program.graph.nodes:
+        if node.op == "call_function" and node.target in _LAYER_OPS:
+            weight = node.args[1]
+            if not (isinstance(weight, torch.fx.Node) and "dequantize" in str(weight.target)):
+                stack = node.meta.get("nn_module_stack") or {"": (node.name, None)}
+                names.append(list(stack.values())[-1][0])
+    return names
 
 
 def quantize_int8_pt2e(
@@ -128,7 +184,8 @@ def quantize_int8_pt2e(
     calibration: torch.Tensor,
     max_batch: int = 1,
 ) -> nn.Module:
-    """PT2E static int8, per-channel weights (XNNPACK quantizer), calibrated on `calibration` images.
+    """PT2E static int8, per-channel weights (XNNPACK quantizer), calibrated on `calibration` images;
+    the exit-logits layer stays fp32 (FLOAT_OUTPUTS).
 
     Returns the converted GraphModule (the eager simulation of the int8 program; it keeps the
     export's batch guards, so call it with batches in 1..max_batch).
@@ -247,6 +304,7 @@ class PteBuild:
     delegates: int
     max_batch: int
     reference: nn.Module  # the eager module the .pte must match (fp32 wrapper, or PT2E converted module)
+    float_layers: list[str]  # int8: the layers left in fp32 (module paths); fp32: empty
 
 
 def build_pte(
@@ -269,7 +327,8 @@ def build_pte(
     delegates = assert_fully_delegated(program)
     buffer = program.buffer
     assert_planned_batch(buffer, max_batch)
-    return PteBuild(quantization, buffer, delegates, max_batch, reference)
+    kept_float = float_layers(reference) if quantization == "int8" else []
+    return PteBuild(quantization, buffer, delegates, max_batch, reference, kept_float)
 
 
 # --------------------------------------------------------------------------- server back-end

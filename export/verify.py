@@ -229,7 +229,8 @@ def render_markdown(report: dict) -> str:
         "",
         f"Run `{report['run']}`, dataset `{report['dataset']}`, torch threads {report['threads']}, "
         f"latency = median of {report['latency_runs']} batch-1 calls after 10 warm-up, eager and .pte in the same "
-        "process. Parity on the representative client's ID test images.",
+        "process. Parity on the representative client's held-out ID images: its test split plus its "
+        "validation split (neither is used for training or int8 calibration).",
         "",
         "## ExecuTorch (.pte, XNNPACK)",
         "",
@@ -249,19 +250,28 @@ def render_markdown(report: dict) -> str:
                 f"{p['accuracy_reference']:.3f} → {p['accuracy_candidate']:.3f} | {sim_text} | "
                 f"{lat['eager_ms']:.3f} | {lat['pte_ms']:.3f} | {lat['pte_over_eager']:.2f} |"
             )
+    kept = sorted(
+        {layer for t in report["tiers"] for r in t.get("pte", []) for layer in r.get("float_layers", [])}
+    )
+    if kept:
+        lines += [
+            "",
+            f"int8 keeps in fp32: {', '.join(f'`{k}`' for k in kept)}, the layer computing `exit_logits`: "
+            "int8-rounded logits turn near-ties into exact ties (export/README.md, int8).",
+        ]
     lines += [
         "",
         "## Done-when checks",
         "",
-        "| tier | parameters | test samples | check | result |",
+        "| tier | parameters | images (test + val) | check | result |",
         "|---|---|---|---|---|",
     ]
     for tier in report["tiers"]:
+        split = tier.get("verification_images")
+        images = f"{tier['test_samples']}" + (f" ({split['test']} + {split['val']})" if split else "")
         for name, ok in tier["checks"].items():
             result = "n/a" if ok is None else ("pass" if ok else "**FAIL**")
-            lines.append(
-                f"| {tier['tier']} | {tier['parameters']:,} | {tier['test_samples']} | {name} | {result} |"
-            )
+            lines.append(f"| {tier['tier']} | {tier['parameters']:,} | {images} | {name} | {result} |")
     coreml = [(t["tier"], c) for t in report["tiers"] for c in t.get("coreml", [])]
     if coreml:
         lines += [

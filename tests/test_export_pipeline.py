@@ -123,8 +123,13 @@ def test_verification_report(exported):
     assert report["threads"] == 1 and report["versions"]["executorch"].startswith("1.5.1")
     for tier in report["tiers"]:
         assert tier["checks"]["fully_delegated"] and tier["checks"]["fp32_max_abs_le_1e-4"]
-        assert tier["test_samples"] == 64
+        assert tier["test_samples"] == 104  # the client's 64 test + 40 validation images
+        assert tier["verification_images"] == {"test": 64, "val": 40}
         rows = {r["quantization"]: r for r in tier["pte"]}
+        assert (
+            rows["int8"]["float_layers"] == ["front_end.exit_head.mlp.2"]
+            and rows["fp32"]["float_layers"] == []
+        )
         assert rows["fp32"]["delegates"] >= 1 and rows["int8"]["undelegated"] == []
         fp32 = rows["fp32"]["vs_eager_fp32"]
         assert max(fp32["max_abs_logits"], fp32["max_abs_features"]) <= 1e-4

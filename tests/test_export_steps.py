@@ -123,6 +123,64 @@ def test_int8_pte_is_close_to_eager_and_matches_its_pt2e_simulation(module, int8
     assert versus_simulation.rel_l2_logits < 0.02 and versus_simulation.rel_l2_features < 0.02
 
 
+def _layer_nodes(program):
+    layers = (torch.ops.aten.conv2d.default, torch.ops.aten.linear.default)
+    return [n for n in program.graph.nodes if n.op == "call_function" and n.target in layers]
+
+
+def _weight_is_int8(layer) -> bool:
+    weight = layer.args[1]
+    return isinstance(weight, torch.fx.Node) and "dequantize_per_channel" in str(weight.target)
+
+
+@pytest.mark.parametrize("family, depth", [("cnn", 1), ("mobilenet", 2)])
+def test_int8_keeps_only_the_exit_logits_layer_fp32_and_stays_fully_delegated(family, depth, data):
+    """Issue 5: int8-rounded exit logits turn near-ties into exact ties (argmax then picks the lower
+    class). The layer computing exit_logits stays fp32; every other conv/linear (depthwise
+    included) keeps int8 per-channel weights, and the .pte is still one XNNPACK delegate."""
+    images, _ = data
+    torch.manual_seed(0)
+    front_end = FamilyModel(family, 1, 28, 10, 1.0, InterfaceSpec()).front_end(depth)
+    module = steps.wrap_front_end(front_end, SHAPE, 10)
+    build = steps.build_pte(module, SHAPE, "int8", calibration=images[:32])
+    assert build.float_layers == ["front_end.exit_head.mlp.2"] and build.delegates == 1
+
+    program = build.reference
+    output = next(n for n in program.graph.nodes if n.op == "output")
+    exit_layer = output.args[0][0]
+    assert exit_layer.target == torch.ops.aten.linear.default and not _weight_is_int8(exit_layer)
+    others = [n for n in _layer_nodes(program) if n is not exit_layer]
+    assert others and all(_weight_is_int8(n) for n in others)
+    if family == "mobilenet":
+        depthwise = [n for n in others if len(n.args) > 6 and n.args[6] > 1]  # conv2d groups
+        assert len(depthwise) == 4  # one per inverted residual, two per stage, all int8
+    # the logits are not on an int8 grid: an int8 output has at most 256 distinct values
+    logits, _ = run_eager(program, images[:64])
+    assert logits.unique().numel() > 256
+
+
+def test_output_layer_nodes_walks_back_through_activations_and_reshapes():
+    class TwoOutputs(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.linear = nn.Conv2d(1, 4, 3), nn.Linear(4 * 26 * 26, 10)
+
+        def forward(self, image):
+            features = torch.relu(self.conv(image))
+            return self.linear(features.reshape(-1, 4 * 26 * 26)), features.reshape(-1, 4, 26, 26)
+
+    graph = steps.export_program(TwoOutputs(), SHAPE).module().graph
+    targets = {n.name: n.target for n in graph.nodes}
+    exit_nodes = steps.output_layer_nodes(graph)
+    assert [targets[n] for n in exit_nodes] == [torch.ops.aten.linear.default]
+    feature_nodes = steps.output_layer_nodes(graph, (1,))
+    assert sorted(str(targets[n]) for n in feature_nodes) == [
+        "aten.conv2d.default",
+        "aten.relu.default",
+        "aten.reshape.default",
+    ]
+
+
 def test_quantize_int8_refuses_bad_calibration(module):
     with pytest.raises(ExportError, match="calibration"):
         steps.quantize_int8_pt2e(module, SHAPE, torch.zeros(4, 3, 32, 32))
