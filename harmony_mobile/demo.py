@@ -7,8 +7,10 @@
                   int8 .pte on the ExecuTorch runtime, local exit or server fallback) classifies its
                   own test data, ID + OOD (p = 0.5); users confirm labels of some local samples:
                   sealed uploads with label tokens
-    5. drift      phones keep personalizing locally (exit loss only, on their own data) and re-export
-                  their .pte; their features drift away from what the server back-end was trained on
+    5. drift      phones keep personalizing locally (exit loss only, on their own data), re-export
+                  their .pte and recalibrate their exit threshold tau on their own validation samples
+                  with it (same rule and target as training); their features drift away from what the
+                  server back-end was trained on
     6. align      phones upload sealed features of newly confirmed samples; the operator starts an
                   alignment round over the admin API and waits for the new back-end version
     7. recover    phones classify again against the aligned back-end
@@ -48,6 +50,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from harmony_mobile.algorithms.base import calibrate_threshold, exit_confidence
 from harmony_mobile.data.partition import ClientSplit, make_partition, ood_test_indices
 from harmony_mobile.device import (
     MODEL_NAME,
@@ -63,7 +66,7 @@ from harmony_mobile.device import (
     normalize,
 )
 from harmony_mobile.federation.wire import encode_tensor
-from harmony_mobile.run_dir import ClientArtifact, RunDir
+from harmony_mobile.run_dir import ClientArtifact, RunDir, RunInfo
 
 PHASES = ("deployed", "drifted", "aligned")
 UPLOAD_ROWS = 32  # confirmed samples per sealed upload
@@ -207,6 +210,8 @@ class PhoneData:
     labels: np.ndarray
     is_ood: np.ndarray
     confirmed: dict[str, np.ndarray]  # phase -> indices into the dataset of samples the user confirms
+    val_pixels: np.ndarray  # the phone's own held-out ID samples (the client's val split): tau calibration
+    val_labels: np.ndarray
 
 
 def to_pixels(images: torch.Tensor, mean, std) -> np.ndarray:
@@ -269,6 +274,8 @@ def phone_data(run: RunDir, dataset, manifest: dict, config: DemoConfig) -> dict
             labels[index],
             is_ood,
             confirmed,
+            to_pixels(dataset.images[np.asarray(client.val_idx)], info.mean, info.std),
+            labels[np.asarray(client.val_idx)],
         )
     return result
 
@@ -309,6 +316,7 @@ def classify_all(phone: Phone, data: PhoneData, progress: Progress, task) -> dic
         "server_accuracy_id": float(server_correct[ident].mean()),
         "server_accuracy_ood": float(server_correct[~ident].mean()) if (~ident).any() else float("nan"),
         "median_latency_ms": statistics.median(phone.stats.local_ms),
+        "threshold": phone.threshold,
         "infer_bytes": phone.stats.infer_bytes - start_infer,
     }
 
@@ -388,6 +396,32 @@ def export_drifted(front_end, calibration: torch.Tensor, info, quantization: str
         build = steps.build_pte(module, tuple(info.input_shape), quantization, calibration[:256], 1)
     steps.serialize(build, path)
     return path.read_bytes()
+
+
+def calibration_target(info: RunInfo) -> float:
+    """The local-exit accuracy target training calibrated tau with: the run's algorithm config
+    (`calibration_target`, its default when the run did not override it)."""
+    from harmony_mobile.algorithms.registry import build_algorithm
+
+    algorithm = build_algorithm(info.algorithm, info.train_config.get("algorithm_config") or {})
+    target = getattr(algorithm.config, "calibration_target", None)
+    if target is None or algorithm.exit_rule != "max_softmax":
+        raise DemoError(
+            f"algorithm {info.algorithm!r} does not calibrate a max-softmax exit threshold; "
+            "the device runtime exits on max softmax >= tau"
+        )
+    return float(target)
+
+
+def calibrate_on_device(
+    program: FrontEndProgram, data: PhoneData, normalization: dict, target: float
+) -> float:
+    """What a phone does after personalizing its front-end: tau from its own held-out ID samples run
+    through the .pte it answers with; the same rule and target as training's `calibrate_client`."""
+    logits, _ = program.run(normalize(data.val_pixels, normalization))
+    logits = logits.float()
+    correct = logits.argmax(dim=1) == torch.as_tensor(data.val_labels)
+    return calibrate_threshold(exit_confidence(logits, "max_softmax"), correct, target)
 
 
 def feature_shift(program_before: FrontEndProgram, program_after: FrontEndProgram, images) -> float:
@@ -575,9 +609,12 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
             t = mark("deployed", t)
             show_phase(console, results, "deployed")
 
-            console.rule("[bold]5. drift: phones keep personalizing locally (exit loss only)")
+            console.rule(
+                "[bold]5. drift: phones keep personalizing locally (exit loss only), recalibrate tau"
+            )
+            target = calibration_target(info)
             with progress_bar(console) as progress:
-                tasks = {tier: progress.add_task("", total=3, stage="drift", tier=tier) for tier in data}
+                tasks = {tier: progress.add_task("", total=4, stage="drift", tier=tier) for tier in data}
                 for tier, phone in phones.items():
                     progress.update(tasks[tier], description=f"fine-tune {config.drift_steps} steps")
                     front_end, images, loss = drift_front_end(run, data[tier], dataset, config)
@@ -588,19 +625,39 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
                     program = FrontEndProgram(
                         export_drifted(front_end, images, info, config.quantization, path), str(path)
                     )
+                    progress.update(tasks[tier], advance=1, description="recalibrate tau on own val data")
+                    # a threshold the operator fixed for the tier stays; a calibrated one is recalibrated
+                    recalibrate = phone.entry["threshold_source"] == "calibrated"
+                    threshold = (
+                        calibrate_on_device(program, data[tier], phone.normalization, target)
+                        if recalibrate
+                        else phone.threshold
+                    )
                     progress.update(tasks[tier], advance=1, description="measure")
-                    probe = normalize(data[tier].pixels[:64], phone.entry["normalization"])
+                    probe = normalize(data[tier].pixels[:64], phone.normalization)
                     drift[tier] = {
                         "steps": config.drift_steps,
                         "final_exit_loss": loss,
                         "feature_shift": feature_shift(phone.program, program, probe),
+                        "threshold_source": phone.entry["threshold_source"],
+                        "calibration_target": target,
+                        "val_samples": len(data[tier].val_labels),
+                        "threshold_deployed": phone.threshold,
+                        # context: tau the deployed .pte itself would get on the same val samples
+                        # (the manifest's was calibrated on the fp32 training model)
+                        "threshold_deployed_pte": calibrate_on_device(
+                            phone.program, data[tier], phone.normalization, target
+                        ),
+                        "threshold_drifted": threshold,
                     }
-                    phone.program = program
-                    phone.model_version = f"{manifest['model_version']}+local-1"
+                    phone.use_local_front_end(
+                        program, threshold=threshold, model_version=f"{manifest['model_version']}+local-1"
+                    )
                     progress.update(
                         tasks[tier],
                         advance=1,
-                        description=f"features moved {drift[tier]['feature_shift']:.0%}",
+                        description=f"features moved {drift[tier]['feature_shift']:.0%}, tau "
+                        f"{drift[tier]['threshold_deployed']:.3f} -> {threshold:.3f}",
                     )
             t = mark("drift", t)
             classify_phase(console, phones, data, results, "drifted")
@@ -778,6 +835,8 @@ def summary_rows(report: dict) -> list[list[str]]:
 
 RECOVERY_COLUMNS = (
     "tier",
+    "exit tau: deployed -> drifted",
+    "local exit: deployed -> drifted",
     "acc. with OOD: deployed -> drifted -> aligned",
     "drift loss",
     "recovered",
@@ -799,9 +858,13 @@ def recovery_rows(report: dict) -> list[list[str]]:
             continue
         a, b, c = (phases[p]["accuracy_with_ood"] for p in PHASES)
         sa, sb, sc = (phases[p]["server_accuracy_ood"] for p in PHASES)
+        drift = report["drift"].get(tier, {})
+        tau = (drift.get(k, float("nan")) for k in ("threshold_deployed", "threshold_drifted"))
         rows.append(
             [
                 tier,
+                " -> ".join(f"{v:.4f}" for v in tau),
+                f"{_pct(phases['deployed']['exit_rate'])} -> {_pct(phases['drifted']['exit_rate'])}",
                 f"{_pct(a)} -> {_pct(b)} -> {_pct(c)}",
                 f"{100 * (a - b):+.1f} pts",
                 _recovered(a, b, c),
@@ -868,7 +931,23 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         "",
         f"Drift: each phone fine-tuned its front-end for {config['drift_steps']} Adam steps (lr "
         f"{config['drift_lr']}) on its own labelled data with the exit loss only, then re-exported its .pte "
-        "with the same steps as `harmony export`. Relative change of the interface features: "
+        "with the same steps as `harmony export` and recalibrated its exit threshold tau on its own "
+        "validation samples run through that .pte: the smallest tau whose local-exit accuracy on them "
+        "reaches training's calibration target ("
+        + ", ".join(
+            f"{t} {d['calibration_target']:g} on {d['val_samples']} samples"
+            for t, d in report["drift"].items()
+        )
+        + "; a threshold fixed by the tier is kept). tau deployed (manifest, calibrated on the fp32 "
+        "model) / of the deployed .pte on the same samples / of the drifted .pte: "
+        + ", ".join(
+            f"{t} "
+            + " / ".join(
+                f"{d[k]:.4f}" for k in ("threshold_deployed", "threshold_deployed_pte", "threshold_drifted")
+            )
+            for t, d in report["drift"].items()
+        )
+        + ". Relative change of the interface features: "
         + ", ".join(f"{t} {d['feature_shift']:.0%}" for t, d in report["drift"].items())
         + ".",
         "",

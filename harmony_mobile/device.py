@@ -7,8 +7,10 @@ the tests exercise the same behaviour as the apps, without importing the trainin
     Ed25519 key, then parse it; `load_front_end` checks the artifact's sha256 and size against the
     manifest before handing the .pte to the ExecuTorch runtime.
   * `Phone.classify`: normalize the pixels as the manifest says, run the .pte, answer locally when
-    max softmax(exit_logits) >= the tier threshold, else POST the features as a binary HMFT body to
-    the server's infer endpoint (docs/PROTOCOL.md 6.2; inference bodies are not sealed, uploads are).
+    max softmax(exit_logits) >= the exit threshold (the manifest's tier threshold, or the one the
+    phone recalibrated after personalizing its front-end on device: `Phone.use_local_front_end`),
+    else POST the features as a binary HMFT body to the server's infer endpoint (docs/PROTOCOL.md
+    6.2; inference bodies are not sealed, uploads are).
     Any server failure (down, timeout, 4xx/5xx) answers with the local exit instead.
   * `Phone.confirm` + `Phone.flush`: features of samples whose label the user confirmed become a
     sealed upload (label tokens under the provisioned federation secret and key epoch, envelope
@@ -24,6 +26,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -364,15 +367,17 @@ class Phone:
         federation_key: FederationKey,
         queue: UploadQueue,
         model_version: str | None = None,
+        threshold: float | None = None,
         timeout: float = 10.0,
         connect_timeout: float = 2.0,
         http: httpx.Client | None = None,
     ):
+        """`threshold`: the exit threshold tau; None = the tier's threshold in the manifest."""
         self.manifest = manifest
         self.entry = tier_entry(manifest, tier)
         self.tier = tier
         self.program = program
-        self.threshold = float(self.entry["threshold"])
+        self.threshold = exit_threshold(self.entry["threshold"] if threshold is None else threshold)
         self.normalization = self.entry["normalization"]
         self.credentials = credentials
         self.federation_key = federation_key
@@ -398,6 +403,14 @@ class Phone:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def use_local_front_end(self, program: FrontEndProgram, *, threshold: float, model_version: str) -> None:
+        """On-device personalization replaced the front-end: answer with `program` from now on, exit
+        when its confidence reaches `threshold` (tau recalibrated for it on the phone's own held-out
+        samples, ALGORITHM.md: Inference), and stamp uploads with `model_version`."""
+        self.threshold = exit_threshold(threshold)
+        self.program = program
+        self.model_version = model_version
 
     # ---- inference
 
@@ -509,6 +522,14 @@ class Phone:
                 error = f"{response.status_code}: {_detail(response)}"
                 return FlushResult(delivered, rejected, len(self.queue), error)
         return FlushResult(delivered, rejected, len(self.queue))
+
+
+def exit_threshold(value: float) -> float:
+    """A usable tau: a finite number >= 0 (above 1 = never exit locally)."""
+    threshold = float(value)
+    if not math.isfinite(threshold) or threshold < 0:
+        raise ValueError(f"an exit threshold is a finite number >= 0, got {value!r}")
+    return threshold
 
 
 def _detail(response: httpx.Response) -> str:

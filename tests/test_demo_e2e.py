@@ -11,7 +11,10 @@ import pytest
 import yaml
 from rich.console import Console
 
-from harmony_mobile.demo import PHASES, DemoConfig, run_demo
+from harmony_mobile.algorithms.base import calibrate_threshold
+from harmony_mobile.demo import PHASES, DemoConfig, run_demo, to_pixels
+from harmony_mobile.device import FrontEndProgram, normalize
+from harmony_mobile.run_dir import RunDir
 
 TIERS = {
     "tiers": [
@@ -74,6 +77,31 @@ def test_drift_moved_the_features(demo):
     _, report, _ = demo
     for tier, drift in report["drift"].items():
         assert drift["feature_shift"] > 0.01, tier
+
+
+def test_drifted_phone_recalibrated_its_threshold_on_its_val_data(demo):
+    """After drift the phone answers with tau calibrated on its own val split through the drifted .pte
+    (ALGORITHM.md: Inference), not with the manifest's tau of the front-end it no longer runs."""
+    config, report, _ = demo
+    run = RunDir(config.out / "run")
+    dataset, info = run.dataset(), run.info
+    clients = {c.client_id: c for c in run.clients()}
+    manifest = json.loads((config.out / "export" / "manifest.json").read_text())
+    for entry in manifest["tiers"]:
+        tier, drift, phases = entry["name"], report["drift"][entry["name"]], report["results"][entry["name"]]
+        assert entry["threshold_source"] == "calibrated"
+        assert phases["deployed"]["threshold"] == drift["threshold_deployed"] == entry["threshold"]
+        val = list(clients[entry["client_id"]].val_idx)
+        pixels = to_pixels(dataset.images[val], info.mean, info.std)
+        program = FrontEndProgram((config.out / "phones" / tier / "front_int8_drifted.pte").read_bytes())
+        logits, _ = program.run(normalize(pixels, entry["normalization"]))
+        correct = logits.argmax(1) == dataset.labels[val]
+        expected = calibrate_threshold(logits.softmax(1).amax(1), correct, 0.98)  # training's default target
+        assert drift["calibration_target"] == 0.98 and drift["val_samples"] == len(val)
+        assert expected != entry["threshold"], tier  # drift moves tau here, so the check below has teeth
+        assert drift["threshold_drifted"] == pytest.approx(expected, abs=1e-6)
+        for phase in ("drifted", "aligned"):  # what the phone actually answered with
+            assert phases[phase]["threshold"] == pytest.approx(expected, abs=1e-6), (tier, phase)
 
 
 def test_alignment_round_trained_on_every_upload_and_finished(demo):

@@ -64,8 +64,6 @@ def refused(request: httpx.Request) -> httpx.Response:
 def make_phone(tmp_path, export, http, *, threshold: float | None = None, round_id: int = 3) -> Phone:
     export_dir, pinned = export
     manifest = load_manifest(export_dir, pinned)
-    if threshold is not None:  # the tier's calibrated threshold, overridden to force one path
-        manifest["tiers"][0]["threshold"] = threshold
     program = load_front_end(export_dir, manifest, TIER, "fp32")
     credentials = DeviceCredentials.from_enrolment(enrol(http, tier=TIER))
     return Phone(
@@ -76,6 +74,7 @@ def make_phone(tmp_path, export, http, *, threshold: float | None = None, round_
         credentials=credentials,
         federation_key=FederationKey(FEDERATION_SECRET, round_id),
         queue=UploadQueue(tmp_path / "queue"),
+        threshold=threshold,  # None: the tier's calibrated threshold; else overridden to force one path
         http=http,
     )
 
@@ -159,6 +158,23 @@ def test_server_down_answers_with_the_local_exit(tmp_path, export, server):
     assert result.source == "local_after_server_failure"
     assert result.prediction == result.exit_prediction and "ConnectError" in result.error
     assert phone.stats.server_failures == 1
+
+
+def test_a_recalibrated_threshold_replaces_the_manifest_one(tmp_path, export, server):
+    export_dir, pinned = export
+    manifest = load_manifest(export_dir, pinned)
+    phone = make_phone(tmp_path, export, server)
+    assert phone.threshold == manifest["tiers"][0]["threshold"]
+    # after on-device personalization the phone answers with its own .pte and its recalibrated tau
+    program = load_front_end(export_dir, manifest, TIER, "fp32")
+    phone.use_local_front_end(program, threshold=0.0, model_version="v+local-1")
+    assert phone.program is program and phone.threshold == 0.0 and phone.model_version == "v+local-1"
+    assert phone.classify(pixels(1)[0]).source == "local"
+    phone.use_local_front_end(program, threshold=1.01, model_version="v+local-2")
+    assert phone.classify(pixels(1)[0]).source == "server"
+    with pytest.raises(ValueError, match="exit threshold"):
+        phone.use_local_front_end(program, threshold=float("nan"), model_version="v+local-3")
+    assert phone.threshold == 1.01 and phone.model_version == "v+local-2"  # a refused tau changes nothing
 
 
 # --------------------------------------------------------------------------- uploads
