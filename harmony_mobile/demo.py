@@ -94,8 +94,10 @@ class DemoConfig:
     ood_fraction: float = 0.5
     max_test: int | None = None  # cap on ID test samples per phone (the e2e test uses a small one)
     confirmed: int = 128  # confirmed samples each phone uploads per phase (deployed, drifted)
-    drift_steps: int = 100
-    drift_lr: float = 2e-3
+    # 100 steps at 2e-3 moved the features 31-69 % but did not lower the back-end's accuracy on them
+    # (its training simulated such extractor variation); this drift does, so there is a loss to recover
+    drift_steps: int = 200
+    drift_lr: float = 1e-2
     drift_batch: int = 32
     # JSON body of POST /v1/alignment/rounds: empty = the server's defaults (docs/PROTOCOL.md 7).
     # The round distills to the current version on the replay set shipped in backend.pt (features
@@ -313,6 +315,7 @@ def classify_all(phone: Phone, data: PhoneData, progress: Progress, task) -> dic
         "exit_only_accuracy_with_ood": float(exit_correct.mean()),
         "exit_only_accuracy_without_ood": float(exit_correct[ident].mean()),
         "server_fallback_accuracy": float(correct[served].mean()) if served.any() else float("nan"),
+        "server_accuracy": float(server_correct.mean()),  # what the phone gets if every sample falls back
         "server_accuracy_id": float(server_correct[ident].mean()),
         "server_accuracy_ood": float(server_correct[~ident].mean()) if (~ident).any() else float("nan"),
         "median_latency_ms": statistics.median(phone.stats.local_ms),
@@ -835,12 +838,13 @@ def summary_rows(report: dict) -> list[list[str]]:
 
 RECOVERY_COLUMNS = (
     "tier",
-    "exit tau: deployed -> drifted",
-    "local exit: deployed -> drifted",
-    "acc. with OOD: deployed -> drifted -> aligned",
+    "server acc. on the phone's features: deployed -> drifted -> aligned",
     "drift loss",
     "recovered",
-    "server acc. on OOD: deployed -> drifted -> aligned",
+    "server acc. on OOD",
+    "exit tau: deployed -> drifted",
+    "local exit: deployed -> drifted",
+    "acc. with OOD",
 )
 
 
@@ -856,19 +860,20 @@ def recovery_rows(report: dict) -> list[list[str]]:
     for tier, phases in report["results"].items():
         if not all(p in phases for p in PHASES):
             continue
-        a, b, c = (phases[p]["accuracy_with_ood"] for p in PHASES)
-        sa, sb, sc = (phases[p]["server_accuracy_ood"] for p in PHASES)
+        # the fallback accuracy drift costs and alignment wins back, independent of the exit threshold
+        a, b, c = (phases[p]["server_accuracy"] for p in PHASES)
         drift = report["drift"].get(tier, {})
         tau = (drift.get(k, float("nan")) for k in ("threshold_deployed", "threshold_drifted"))
         rows.append(
             [
                 tier,
-                " -> ".join(f"{v:.4f}" for v in tau),
-                f"{_pct(phases['deployed']['exit_rate'])} -> {_pct(phases['drifted']['exit_rate'])}",
                 f"{_pct(a)} -> {_pct(b)} -> {_pct(c)}",
                 f"{100 * (a - b):+.1f} pts",
                 _recovered(a, b, c),
-                f"{_pct(sa)} -> {_pct(sb)} -> {_pct(sc)}",
+                " -> ".join(_pct(phases[p]["server_accuracy_ood"]) for p in PHASES),
+                " -> ".join(f"{v:.4f}" for v in tau),
+                f"{_pct(phases['deployed']['exit_rate'])} -> {_pct(phases['drifted']['exit_rate'])}",
+                " -> ".join(_pct(phases[p]["accuracy_with_ood"]) for p in PHASES),
             ]
         )
     return rows
@@ -883,7 +888,7 @@ def write_report(out: Path, report: dict, console: Console) -> None:
     for row in summary_rows(report):
         table.add_row(*row)
     console.print(table)
-    recovery = Table(title="drift and recovery of accuracy with OOD")
+    recovery = Table(title="drift and recovery of the server's accuracy on each phone's features (ID + OOD)")
     for column in RECOVERY_COLUMNS:
         recovery.add_column(column, justify="left" if column == "tier" else "right")
     for row in recovery_rows(report):
@@ -928,6 +933,10 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         "## Drift and recovery",
         "",
         _md_table(RECOVERY_COLUMNS, recovery_rows(report)),
+        "",
+        "*server acc. on the phone's features*: the server's answer on the features of every test image "
+        "of the phone (ID and OOD), i.e. the fallback accuracy, whatever the exit threshold; drift loss "
+        "and recovery are measured on it. *acc. with OOD* also moves with the recalibrated tau.",
         "",
         f"Drift: each phone fine-tuned its front-end for {config['drift_steps']} Adam steps (lr "
         f"{config['drift_lr']}) on its own labelled data with the exit loss only, then re-exported its .pte "

@@ -12,7 +12,7 @@ import yaml
 from rich.console import Console
 
 from harmony_mobile.algorithms.base import calibrate_threshold
-from harmony_mobile.demo import PHASES, DemoConfig, run_demo, to_pixels
+from harmony_mobile.demo import PHASES, DemoConfig, recovery_rows, run_demo, to_pixels
 from harmony_mobile.device import FrontEndProgram, normalize
 from harmony_mobile.run_dir import RunDir
 
@@ -137,3 +137,24 @@ def test_report_written_and_server_stopped(demo):
     with pytest.raises(httpx.TransportError):
         httpx.get(report["server"]["url"] + "/v2/health/live", timeout=2)
     assert "Traceback" not in (config.out / "server.log").read_text()
+
+
+def test_drift_loss_and_recovery_are_measured_on_the_server_accuracy_not_on_the_exit_threshold():
+    def phase(server, with_ood):
+        return {
+            "server_accuracy": server,
+            "server_accuracy_ood": server,
+            "accuracy_with_ood": with_ood,
+            "exit_rate": 0.5,
+        }
+
+    # with-OOD accuracy rises after drift (a lower tau), the server's accuracy falls 20 points and
+    # alignment wins back 15 of them
+    report = {
+        "results": {
+            "t": {"deployed": phase(0.8, 0.6), "drifted": phase(0.6, 0.7), "aligned": phase(0.75, 0.7)}
+        },
+        "drift": {"t": {"threshold_deployed": 0.9, "threshold_drifted": 0.8}},
+    }
+    (row,) = recovery_rows(report)
+    assert row[1:4] == ["80.0% -> 60.0% -> 75.0%", "+20.0 pts", "75.0%"]
