@@ -149,7 +149,15 @@ class ServerProcess:
             "--data-dir", str(self.data_dir), "--model-dir", str(self.model_dir),
             "--torch-threads", "1", "--log-level", "warning",
         ]  # fmt: skip
-        env = {**os.environ, "HARMONY_ADMIN_TOKEN": self.admin_token, "OMP_NUM_THREADS": "1"}
+        env = {
+            **os.environ,
+            "HARMONY_ADMIN_TOKEN": self.admin_token,
+            "OMP_NUM_THREADS": "1",
+            # a simulated phone replays days of traffic in seconds: hundreds of fallbacks a second would
+            # hit the per-device abuse limit (50/s) and turn into local answers, skewing the accuracies
+            "HARMONY_RATE_LIMIT_PER_SECOND": "10000",
+            "HARMONY_RATE_LIMIT_BURST": "10000",
+        }
         self._log = open(self.log_file, "ab")
         # own process group: a Ctrl-C in the terminal reaches the demo, which then stops the server itself
         self.process = subprocess.Popen(
