@@ -144,10 +144,18 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
     started = time.perf_counter()
     torch.set_num_threads(config.threads)
     run_path = Path(run_path)
-    prepare_run_dir(run_path, config)
-
+    # bad tiers or algorithm settings fail before the run directory is touched
     tiers = load_tiers(config.tiers_file)
     check_tiers(tiers)
+    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
+    fixed = [t.name for t in tiers.tiers if t.threshold is not None]
+    if fixed and algorithm.exit_rule != "max_softmax":
+        raise ValueError(
+            f"tiers {', '.join(fixed)} fix a max-softmax exit threshold, but {config.algorithm!r} exits by "
+            f"{algorithm.exit_rule!r}: remove `threshold` from those tiers"
+        )
+    prepare_run_dir(run_path, config)
+
     dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
     tiers = tiers.with_input_shape(dataset.input_shape)
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
@@ -162,7 +170,6 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
         client_families=families,
         classes_per_family=config.classes_per_family,
     )
-    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
     clients = build_clients(config, tiers, dataset, partition, interface)
 
     info = RunInfo(

@@ -4,8 +4,9 @@ import json
 
 import pytest
 import torch
+import yaml
 
-from harmony_mobile.algorithms.base import calibrate_threshold, split_step
+from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold, split_step
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
@@ -198,3 +199,25 @@ def test_restricted_softmax_sends_no_gradient_to_classes_the_client_does_not_hol
         assert torch.allclose(grad, expected / 16, atol=1e-6)
     else:
         assert torch.all(grad[:, absent] > 0)  # the full softmax pushes every absent class down
+
+
+def test_a_tier_threshold_replaces_calibration_and_is_refused_for_an_entropy_exit():
+    federation = tiny_federation()
+    client = federation.clients[0]
+    calibrate_client(client, 0.98)
+    calibrated = client.threshold
+    client.tier = client.tier.model_copy(update={"threshold": 0.5 if calibrated != 0.5 else 0.6})
+    calibrate_client(client, 0.98)
+    assert client.threshold == client.tier.threshold != calibrated
+    with pytest.raises(ValueError, match="fixes a max-softmax threshold"):
+        calibrate_client(client, 0.98, rule="neg_entropy")
+
+
+def test_training_refuses_a_tier_threshold_for_an_entropy_exit_before_touching_the_run_dir(tmp_path):
+    tiers = {"tiers": [{"name": "t", "family": "cnn", "split_depth": 1, "threshold": 0.9}]}
+    tiers_file = tmp_path / "tiers.yaml"
+    tiers_file.write_text(yaml.safe_dump(tiers))
+    config = TrainConfig(dataset="digits", tiers_file=str(tiers_file), algorithm="splitgp")
+    with pytest.raises(ValueError, match="fix a max-softmax exit threshold, but 'splitgp'"):
+        train(config, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()

@@ -160,6 +160,14 @@ def exit_confidence(exit_logits: torch.Tensor, rule: str = "max_softmax") -> tor
 
 @torch.no_grad()
 def calibrate_client(client: Client, target_accuracy: float, rule: str = "max_softmax") -> None:
+    """tau from the client's validation data, unless its tier fixes a (max-softmax) threshold."""
+    if client.tier.threshold is not None:
+        if rule != "max_softmax":
+            raise ValueError(
+                f"tier {client.tier.name!r} fixes a max-softmax threshold, but this method exits by {rule!r}"
+            )
+        client.threshold = client.tier.threshold
+        return
     exit_logits, _ = client.model(client.val_x, client.split_depth)
     correct = exit_logits.argmax(dim=1) == client.val_y
     client.threshold = calibrate_threshold(exit_confidence(exit_logits, rule), correct, target_accuracy)
