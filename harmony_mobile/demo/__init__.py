@@ -11,9 +11,11 @@
                   their .pte and recalibrate their exit threshold tau on their own validation samples
                   with it (same rule and target as training); their features drift away from what the
                   server back-end was trained on
-    6. align      phones upload sealed features of newly confirmed samples; the operator starts an
-                  alignment round over the admin API and waits for the new back-end version
-    7. recover    phones classify again against the aligned back-end
+    6. outage     the server stops: phones answer locally and queue sealed uploads of newly confirmed
+                  samples durably; after the restart the queues are delivered exactly once
+    7. align      the operator starts an alignment round over the admin API and waits for the new
+                  back-end version
+    8. recover    phones classify again against the aligned back-end
 
 Everything lands in the output directory (default ./demo-output): run/, export/, server/ (data dir
 and log), phones/ (upload queues, drifted .pte), demo-report.md, demo-report.json and plots.
