@@ -10,6 +10,7 @@ which only clients hold, the server cannot map a token to a class.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from cryptography.hazmat.primitives import hashes, hmac
@@ -57,3 +58,52 @@ def tokens_to_groups(tokens: Iterable[bytes]) -> list[int]:
     """
     seen: dict[bytes, int] = {}
     return [seen.setdefault(bytes(token), len(seen)) for token in tokens]
+
+
+# --------------------------------------------------------------------------- label epochs and slots
+#
+# The slot-space protocol (docs/ALGORITHM.md, "Label tokens" and "Slot table"):
+#
+#     K_e = HKDF-SHA256(federation_secret, salt=None, info="harmony/label-token/" + epoch, 32)
+#     t   = first 8 bytes of HMAC-SHA256(K_e, UTF-8 class name)
+#
+# One epoch per model lineage (training and its alignment rounds), so the server can keep a
+# slot per token and train a classifier over slots. The server assigns slots in order of first
+# appearance; a phone turns a slot back into a class by computing the token of every class name
+# it knows and looking the slot's token up.
+
+LABEL_EPOCH_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+
+
+def check_label_epoch(label_epoch: str) -> str:
+    if not isinstance(label_epoch, str) or re.fullmatch(LABEL_EPOCH_PATTERN, label_epoch) is None:
+        raise ValueError(f"a label epoch is 1-64 characters of [A-Za-z0-9._-], got {label_epoch!r}")
+    return label_epoch
+
+
+def epoch_key(federation_secret: bytes, label_epoch: str) -> bytes:
+    """K_e: the HMAC key of one label epoch."""
+    return round_key(federation_secret, check_label_epoch(label_epoch))
+
+
+def class_token(key: bytes, class_name: str) -> bytes:
+    """trunc64(HMAC-SHA256(K_e, UTF-8 class name))."""
+    if not class_name:
+        raise ValueError("a class name is a non-empty string")
+    mac = hmac.HMAC(key, hashes.SHA256())
+    mac.update(class_name.encode("utf-8"))
+    return mac.finalize()[:TOKEN_BYTES]
+
+
+def class_tokens(key: bytes, class_names: Iterable[str]) -> tuple[bytes, ...]:
+    """Tokens for a batch of class names (computed once per distinct name)."""
+    names = list(class_names)
+    table = {name: class_token(key, name) for name in set(names)}
+    return tuple(table[name] for name in names)
+
+
+def slot_classes(key: bytes, class_names: Iterable[str], slot_table: Iterable[bytes]) -> list[str | None]:
+    """Phone side: the class name behind each slot, or None for a slot whose token is none of the
+    phone's class names (another epoch, or a class this manifest does not list)."""
+    by_token = {class_token(key, name): name for name in class_names}
+    return [by_token.get(bytes(token)) for token in slot_table]
