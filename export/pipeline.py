@@ -26,6 +26,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,8 @@ from harmony_mobile.export.verify import tier_checks, verify_pte, write_report
 
 from harmony_mobile.models import Tier
 from harmony_mobile.run_dir import ClientArtifact, RunDir, RunDirError
+
+ProgressCallback = Callable[..., None]  # (description: str, advance: int = 0): report a step's progress
 
 BACKEND_DIR = "backend"
 TIERS_DIR = "tiers"
@@ -104,6 +107,18 @@ def check_output(out: Path) -> None:
         raise ExportError(f"cannot write the export to {out}: {existing} is not a writable directory")
 
 
+def check_tiers(run: RunDir, selected: list[Tier]) -> None:
+    """Every selected tier has a loadable front-end and the run's input shape (checked before
+    anything is written)."""
+    for tier in selected:
+        steps.select_front_end(run, tier.name)  # RunDirError: no client of this tier, or unloadable weights
+        if tuple(tier.input_shape) != tuple(run.info.input_shape):
+            raise ExportError(
+                f"tier {tier.name} expects input {tuple(tier.input_shape)}, "
+                f"the run's data is {tuple(run.info.input_shape)}"
+            )
+
+
 def open_run(run_dir: str | Path) -> RunDir:
     run = RunDir(run_dir)  # RunDirError: not a run dir / training not finished
     if not (run.path / "backend.pt").is_file():
@@ -117,7 +132,8 @@ def open_run(run_dir: str | Path) -> RunDir:
 
 
 class _Progress:
-    """A rich progress bar with one row per tier (or nothing)."""
+    """A rich progress bar with one row per tier (or nothing). Domain code sees only the
+    `ProgressCallback` that `callback` hands out."""
 
     def __init__(self, enabled: bool, console=None):
         self.enabled = enabled
@@ -143,12 +159,11 @@ class _Progress:
         if self.bar is not None:
             self.bar.__exit__(*exc)
 
-    def add(self, tier: str, total: int):
-        return self.bar.add_task("waiting", total=total, tier=tier) if self.bar else None
-
-    def step(self, task, description: str, advance: int = 0):
-        if self.bar is not None:
-            self.bar.update(task, description=description, advance=advance)
+    def callback(self, row: str, total: int) -> ProgressCallback:
+        if self.bar is None:
+            return lambda description, advance=0: None
+        task = self.bar.add_task("waiting", total=total, tier=row)
+        return lambda description, advance=0: self.bar.update(task, description=description, advance=advance)
 
 
 def tier_steps(tier: Tier) -> int:
@@ -162,13 +177,186 @@ def verification_indices(client: ClientArtifact, limit: int | None = None) -> li
     validation split (at most `limit` in all).
 
     Neither is used for training or int8 calibration (validation only sets the exit threshold,
-    which no check here depends on). Both are used because the done-when checks need the sample
-    size: on the 75 test images of the mid-android client one top-1 flip is 1.3 points, so
-    "exit accuracy within 1 point" would mean "not one net flip" and ">= 98 % agreement" at most
-    one flip. The thresholds themselves are unchanged.
+    which no check here depends on). Both are used for the sample size: on the 75 test images of
+    a small client one top-1 flip is 1.3 points, so "exit accuracy within 1 point" would mean
+    "not one net flip" and ">= 98 % agreement" at most one flip.
     """
     indices = list(client.test_idx) + list(client.val_idx)
     return indices[:limit] if limit else indices
+
+
+@dataclass
+class TierInputs:
+    """What one tier's export and verification read: the wrapped front-end and its data."""
+
+    client: ClientArtifact
+    module: torch.nn.Module
+    parameters: int
+    logits_shape: list[int]
+    features_shape: list[int]
+    calibration: torch.Tensor
+    held_out: list[int]
+    test_images: torch.Tensor
+    test_labels: torch.Tensor
+
+
+def prepare_tier(
+    run: RunDir,
+    tier: Tier,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    calibration_samples: int,
+    test_samples: int | None,
+) -> TierInputs:
+    """Select the tier's personalized front-end, wrap it for export, pick calibration and
+    verification images (the input shape was checked by `check_tiers` before anything was written)."""
+    client, front_end = steps.select_front_end(run, tier.name)
+    input_shape = tuple(tier.input_shape)
+    module = steps.wrap_front_end(front_end, input_shape, run.info.num_classes)
+    logits_shape, features_shape = steps.output_shapes(module, input_shape)
+    held_out = verification_indices(client, test_samples)
+    if not held_out:
+        raise ExportError(
+            f"client {client.client_id} of tier {tier.name} has no held-out ID samples to verify on"
+        )
+    return TierInputs(
+        client=client,
+        module=module,
+        parameters=sum(p.numel() for p in module.parameters()),
+        logits_shape=logits_shape,
+        features_shape=features_shape,
+        calibration=images[client.train_idx][:calibration_samples],
+        held_out=held_out,
+        test_images=images[held_out],
+        test_labels=labels[held_out],
+    )
+
+
+def export_pte_variants(
+    tier: Tier,
+    inputs: TierInputs,
+    directory: Path,
+    *,
+    max_batch: int,
+    latency_runs: int,
+    progress: ProgressCallback,
+) -> tuple[list, list[dict]]:
+    """One .pte per fp32/int8 quantization of the tier: export, quantize, lower, serialize, verify."""
+    artifacts, rows = [], []
+    for quantization in [q for q in tier.quantization if q in ("fp32", "int8")]:
+        progress(f"{quantization}: export, quantize, lower")
+        build = steps.build_pte(
+            inputs.module, tuple(tier.input_shape), quantization, inputs.calibration, max_batch
+        )
+        relpath = artifact_path(tier.name, quantization)
+        steps.serialize(build, directory / relpath)
+        progress(f"{quantization}: verify with the ExecuTorch runtime", 1)
+        row = verify_pte(
+            directory / relpath,
+            inputs.module,
+            inputs.test_images,
+            inputs.test_labels,
+            quantization,
+            simulation=build.reference if quantization == "int8" else None,
+            max_batch=max_batch,
+            latency_runs=latency_runs,
+        )
+        row.update(file=relpath, delegates=build.delegates, undelegated=[], float_layers=build.float_layers)
+        rows.append(row)
+        artifacts.append(
+            artifact_entry(
+                directory,
+                relpath,
+                backend="xnnpack",
+                quantization=quantization,
+                batch=(1, max_batch),
+                parameters=inputs.parameters,
+                extra={"delegates": build.delegates},
+            )
+        )
+        progress("", 1)
+    return artifacts, rows
+
+
+def export_coreml_variants(
+    tier: Tier, inputs: TierInputs, directory: Path, progress: ProgressCallback
+) -> tuple[list, list[dict]]:
+    """The tier's Core ML packages (fp16 / int8 weights / 4-bit palettized), spec-checked here;
+    their numerical parity needs a Mac (export/check_coreml_on_mac.py)."""
+    variants = [q for q in tier.quantization if q.startswith("coreml-")]
+    if not variants:
+        return [], []
+    progress("Core ML: convert, compress, check spec")
+    paths = {v: directory / artifact_path(tier.name, v) for v in variants}
+    coreml_steps.export_coreml_variants(inputs.module, tuple(tier.input_shape), variants, paths)
+    artifacts, rows = [], []
+    for variant in variants:
+        summary = coreml_steps.spec_summary(paths[variant])
+        coreml_steps.check_spec(summary, tuple(tier.input_shape))
+        relpath = artifact_path(tier.name, variant)
+        rows.append({"quantization": variant, "file": relpath, **summary})
+        artifacts.append(
+            artifact_entry(
+                directory,
+                relpath,
+                backend="coreml",
+                quantization=variant,
+                batch=(1, 1),
+                parameters=inputs.parameters,
+                extra={"minimum_deployment_target": coreml_steps.MINIMUM_TARGET, "parity": "run on a Mac"},
+            )
+        )
+    progress("", 1)
+    return artifacts, rows
+
+
+def tier_entry(run: RunDir, tier: Tier, inputs: TierInputs, artifacts: list) -> TierEntry:
+    """The tier's manifest entry."""
+    info = run.info
+    return TierEntry(
+        name=tier.name,
+        family=tier.family,
+        split_depth=tier.split_depth,
+        width=tier.width,
+        client_id=inputs.client.client_id,
+        parameters=inputs.parameters,
+        input=TensorSpec(name=coreml_steps.INPUT_NAME, shape=[1, *tier.input_shape]),
+        normalization=Normalization(mean=list(info.mean), std=list(info.std)),
+        outputs=[
+            TensorSpec(name="exit_logits", shape=inputs.logits_shape),
+            TensorSpec(name="features", shape=inputs.features_shape),
+        ],
+        class_names=list(info.class_names),
+        interface_shape=list(info.interface_spec.shape),
+        threshold=float(inputs.client.threshold),
+        threshold_source="calibrated" if tier.threshold is None else "tier",
+        quantization=list(tier.quantization),
+        backends=list(tier.backends),
+        latency_budget_ms=tier.latency_budget_ms,
+        artifacts=artifacts,
+    )
+
+
+def tier_report(tier: Tier, inputs: TierInputs, pte_rows: list[dict], coreml_rows: list[dict]) -> dict:
+    """The tier's section of verification.json, with its pass/fail checks."""
+    tested_test_split = min(len(inputs.held_out), len(inputs.client.test_idx))
+    report = {
+        "tier": tier.name,
+        "family": tier.family,
+        "split_depth": tier.split_depth,
+        "client_id": inputs.client.client_id,
+        "parameters": inputs.parameters,
+        "calibration_samples": len(inputs.calibration),
+        "test_samples": len(inputs.test_images),
+        "verification_images": {
+            "test": tested_test_split,
+            "val": len(inputs.held_out) - tested_test_split,
+        },
+        "pte": pte_rows,
+        "coreml": coreml_rows,
+    }
+    report["checks"] = tier_checks(report)
+    return report
 
 
 def export_tier(
@@ -182,126 +370,18 @@ def export_tier(
     calibration_samples: int,
     test_samples: int | None,
     latency_runs: int,
-    progress: _Progress,
-    task,
+    progress: ProgressCallback,
 ) -> tuple[TierEntry, dict]:
-    info = run.info
-    progress.step(task, "select personalized front-end")
-    client, front_end = steps.select_front_end(run, tier.name)
-    input_shape = tuple(tier.input_shape)
-    if input_shape != tuple(info.input_shape):
-        raise ExportError(
-            f"tier {tier.name} expects input {input_shape}, the run's data is {tuple(info.input_shape)}"
-        )
-    module = steps.wrap_front_end(front_end, input_shape, info.num_classes)
-    parameters = sum(p.numel() for p in module.parameters())
-    logits_shape, features_shape = steps.output_shapes(module, input_shape)
-    calibration = images[client.train_idx][:calibration_samples]
-    held_out = verification_indices(client, test_samples)
-    test_images, test_labels = images[held_out], labels[held_out]
-    if len(test_images) == 0:
-        raise ExportError(
-            f"client {client.client_id} of tier {tier.name} has no held-out ID samples to verify on"
-        )
-    progress.step(task, "", 1)
-
-    artifacts, pte_rows, coreml_rows = [], [], []
-    for quantization in [q for q in tier.quantization if q in ("fp32", "int8")]:
-        progress.step(task, f"{quantization}: export, quantize, lower")
-        build = steps.build_pte(module, input_shape, quantization, calibration, max_batch)
-        relpath = artifact_path(tier.name, quantization)
-        steps.serialize(build, directory / relpath)
-        progress.step(task, f"{quantization}: verify with the ExecuTorch runtime", 1)
-        row = verify_pte(
-            directory / relpath,
-            module,
-            test_images,
-            test_labels,
-            quantization,
-            simulation=build.reference if quantization == "int8" else None,
-            max_batch=max_batch,
-            latency_runs=latency_runs,
-        )
-        row.update(file=relpath, delegates=build.delegates, undelegated=[], float_layers=build.float_layers)
-        pte_rows.append(row)
-        artifacts.append(
-            artifact_entry(
-                directory,
-                relpath,
-                backend="xnnpack",
-                quantization=quantization,
-                batch=(1, max_batch),
-                parameters=parameters,
-                extra={"delegates": build.delegates},
-            )
-        )
-        progress.step(task, "", 1)
-
-    variants = [q for q in tier.quantization if q.startswith("coreml-")]
-    if variants:
-        progress.step(task, "Core ML: convert, compress, check spec")
-        paths = {v: directory / artifact_path(tier.name, v) for v in variants}
-        coreml_steps.export_coreml_variants(module, input_shape, variants, paths)
-        for variant in variants:
-            summary = coreml_steps.spec_summary(paths[variant])
-            coreml_steps.check_spec(summary, input_shape)
-            relpath = artifact_path(tier.name, variant)
-            coreml_rows.append({"quantization": variant, "file": relpath, **summary})
-            artifacts.append(
-                artifact_entry(
-                    directory,
-                    relpath,
-                    backend="coreml",
-                    quantization=variant,
-                    batch=(1, 1),
-                    parameters=parameters,
-                    extra={
-                        "minimum_deployment_target": coreml_steps.MINIMUM_TARGET,
-                        "parity": "run on a Mac",
-                    },
-                )
-            )
-        progress.step(task, "", 1)
-
-    entry = TierEntry(
-        name=tier.name,
-        family=tier.family,
-        split_depth=tier.split_depth,
-        width=tier.width,
-        client_id=client.client_id,
-        parameters=parameters,
-        input=TensorSpec(name=coreml_steps.INPUT_NAME, shape=[1, *input_shape]),
-        normalization=Normalization(mean=list(info.mean), std=list(info.std)),
-        outputs=[
-            TensorSpec(name="exit_logits", shape=logits_shape),
-            TensorSpec(name="features", shape=features_shape),
-        ],
-        class_names=list(info.class_names),
-        interface_shape=list(info.interface_spec.shape),
-        threshold=float(client.threshold),
-        threshold_source="calibrated" if tier.threshold is None else "tier",
-        quantization=list(tier.quantization),
-        backends=list(tier.backends),
-        latency_budget_ms=tier.latency_budget_ms,
-        artifacts=artifacts,
+    """One tier, step by step: prepare, .pte variants, Core ML variants, manifest entry + report."""
+    progress("select personalized front-end")
+    inputs = prepare_tier(run, tier, images, labels, calibration_samples, test_samples)
+    progress("", 1)
+    pte_artifacts, pte_rows = export_pte_variants(
+        tier, inputs, directory, max_batch=max_batch, latency_runs=latency_runs, progress=progress
     )
-    report = {
-        "tier": tier.name,
-        "family": tier.family,
-        "split_depth": tier.split_depth,
-        "client_id": client.client_id,
-        "parameters": parameters,
-        "calibration_samples": len(calibration),
-        "test_samples": len(test_images),
-        "verification_images": {  # test_samples = test + val
-            "test": min(len(held_out), len(client.test_idx)),
-            "val": max(0, len(held_out) - len(client.test_idx)),
-        },
-        "pte": pte_rows,
-        "coreml": coreml_rows,
-    }
-    report["checks"] = tier_checks(report)
-    return entry, report
+    coreml_artifacts, coreml_rows = export_coreml_variants(tier, inputs, directory, progress)
+    entry = tier_entry(run, tier, inputs, pte_artifacts + coreml_artifacts)
+    return entry, tier_report(tier, inputs, pte_rows, coreml_rows)
 
 
 # --------------------------------------------------------------------------- the whole run
@@ -346,13 +426,7 @@ def export_run(
         raise ExportError(f"--dynamic-batch must be >= 1, got {max_batch}")
     run = open_run(run_dir)
     selected = resolve_tiers(run, tiers)
-    for tier in selected:
-        steps.select_front_end(run, tier.name)  # RunDirError: no client of this tier, or unloadable weights
-        if tuple(tier.input_shape) != tuple(run.info.input_shape):
-            raise ExportError(
-                f"tier {tier.name} expects input {tuple(tier.input_shape)}, "
-                f"the run's data is {tuple(run.info.input_shape)}"
-            )
+    check_tiers(run, selected)
     out = Path(out).expanduser().absolute()
     check_output(out)
     key_created = False
@@ -396,6 +470,7 @@ def _export(
     progress: bool,
     console,
 ) -> ExportResult:
+    """Write everything into a temporary directory beside `out`, then rename it into place."""
     created_parents = [p for p in reversed(out.parents) if not p.exists()]
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -404,37 +479,18 @@ def _export(
         _remove_empty(created_parents)
         raise ExportError(f"cannot write the export to {out}: {error}") from None
     try:
-        dataset = run.dataset()
-        entries, tier_reports = [], []
         with _Progress(progress, console) as bar:
-            tasks = {t.name: bar.add(t.name, tier_steps(t)) for t in selected}
-            backend_task = bar.add("backend", 1)
-            for tier in selected:
-                entry, report = export_tier(
-                    run,
-                    tier,
-                    work,
-                    dataset.images,
-                    dataset.labels,
-                    max_batch=max_batch,
-                    calibration_samples=calibration_samples,
-                    test_samples=test_samples,
-                    latency_runs=latency_runs,
-                    progress=bar,
-                    task=tasks[tier.name],
-                )
-                entries.append(entry)
-                tier_reports.append(report)
-                bar.step(tasks[tier.name], "done")
-            bar.step(backend_task, "torch.export of g")
-            backend = steps.export_backend(run.path / "backend.pt", work / BACKEND_DIR)
-            bar.step(backend_task, "done", 1)
-        if backend["model_version"] != run.info.model_version:
-            raise ExportError(
-                f"backend.pt is model version {backend['model_version']}, the run is {run.info.model_version}"
+            entries, tier_reports = _export_tiers(
+                run,
+                selected,
+                work,
+                bar,
+                max_batch=max_batch,
+                calibration_samples=calibration_samples,
+                test_samples=test_samples,
+                latency_runs=latency_runs,
             )
-        backend["state_dict_file"] = f"{BACKEND_DIR}/backend.pt"
-        backend["exported_program_file"] = f"{BACKEND_DIR}/backend.pt2"
+            backend = _export_backend(run, work, bar.callback("backend", 1))
         report = {
             "model_version": run.info.model_version,
             "run": str(run.path),
@@ -447,38 +503,79 @@ def _export(
             "backend": backend,
             "all_checks_pass": all(ok is not False for t in tier_reports for ok in t["checks"].values()),
         }
-        reports = write_report(work, report)
-        interface = list(run.info.interface_spec.shape)
-        manifest = build_manifest(
-            work,
-            model_version=run.info.model_version,
-            run={
-                "algorithm": run.info.algorithm,
-                "dataset": run.info.dataset,
-                "seed": run.info.seed,
-                "run_dir": run.path.name,
-            },
-            class_names=run.info.class_names,
-            interface_shape=interface,
-            backend=BackendEntry.describe(
-                backend["model_version"],
-                interface,
-                backend["num_classes"],
-                backend["state_dict_file"],
-                backend["exported_program_file"],
-            ),
-            tiers=entries,
-            public_key=private_key.public_key(),
-            reports=reports,
-        )
-        write_signed_manifest(work, manifest, private_key)
-        verify_manifest(work, private_key.public_key())
+        manifest = _sign_manifest(run, work, entries, backend, write_report(work, report), private_key)
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         _remove_empty(created_parents)
         raise
     return ExportResult(out, manifest, report, key_created, time.perf_counter() - started)
+
+
+def _export_tiers(
+    run: RunDir, selected: list[Tier], work: Path, bar: _Progress, **options
+) -> tuple[list[TierEntry], list[dict]]:
+    dataset = run.dataset()
+    callbacks = {t.name: bar.callback(t.name, tier_steps(t)) for t in selected}
+    entries, reports = [], []
+    for tier in selected:
+        entry, report = export_tier(
+            run, tier, work, dataset.images, dataset.labels, progress=callbacks[tier.name], **options
+        )
+        entries.append(entry)
+        reports.append(report)
+        callbacks[tier.name]("done")
+    return entries, reports
+
+
+def _export_backend(run: RunDir, work: Path, progress: ProgressCallback) -> dict:
+    progress("torch.export of g")
+    backend = steps.export_backend(run.path / "backend.pt", work / BACKEND_DIR)
+    progress("done", 1)
+    if backend["model_version"] != run.info.model_version:
+        raise ExportError(
+            f"backend.pt is model version {backend['model_version']}, the run is {run.info.model_version}"
+        )
+    backend["state_dict_file"] = f"{BACKEND_DIR}/backend.pt"
+    backend["exported_program_file"] = f"{BACKEND_DIR}/backend.pt2"
+    return backend
+
+
+def _sign_manifest(
+    run: RunDir,
+    work: Path,
+    entries: list[TierEntry],
+    backend: dict,
+    reports: list,
+    private_key: Ed25519PrivateKey,
+) -> Manifest:
+    """Build manifest.json over every written file, sign it, and verify the signature once."""
+    interface = list(run.info.interface_spec.shape)
+    manifest = build_manifest(
+        work,
+        model_version=run.info.model_version,
+        run={
+            "algorithm": run.info.algorithm,
+            "dataset": run.info.dataset,
+            "seed": run.info.seed,
+            "run_dir": run.path.name,
+        },
+        class_names=run.info.class_names,
+        interface_shape=interface,
+        backend=BackendEntry.describe(
+            backend["model_version"],
+            interface,
+            backend["num_classes"],
+            backend["state_dict_file"],
+            backend["exported_program_file"],
+        ),
+        tiers=entries,
+        public_key=private_key.public_key(),
+        reports=reports,
+    )
+    write_signed_manifest(work, manifest, private_key)
+    verify_manifest(work, private_key.public_key())
+    return manifest
 
 
 def _remove_empty(directories: list[Path]) -> None:
