@@ -1,4 +1,4 @@
-"""Export benchmark on quickly trained front-ends: the issue's done-when numbers without a full training run.
+"""Export benchmark on quickly trained front-ends: the export quality checks without a full training run.
 
     python -m harmony_mobile.export.benchmark [--dataset digits] [--epochs 6] [--work /tmp/harmony-export-bench]
                                               [--tiers entry-android,flagship] [--report FILE.md]
@@ -147,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             f"--threads {args.threads}; front-ends trained with plain supervised exit-head training -->\n\n"
         )
         args.report.write_text(header + markdown)
-    print(
-        f"export took {result.seconds:.0f} s; all done-when checks pass: {result.report['all_checks_pass']}"
-    )
+    print(f"export took {result.seconds:.0f} s; all quality checks pass: {result.report['all_checks_pass']}")
     return 0 if result.report["all_checks_pass"] else 1
 
 

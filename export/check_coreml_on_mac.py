@@ -14,7 +14,7 @@
 4. writes the report (outside the export directory, which must stay exactly as signed) and exits
    non-zero when a variant exceeds its tolerance.
 
-CI does not run this file (Linux has no Core ML runtime: export-stack.md F11).
+CI does not run this file (Linux has no Core ML runtime: `MLModel.predict` raises there).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Works on Linux for conversion, compression and spec inspection; predictions need macOS
 (check_coreml_on_mac.py does the numeric parity check there). `run_decompositions({})` before
-`ct.convert` is required for an ExportedProgram (export-stack.md F10).
+`ct.convert` is required for an ExportedProgram (coremltools refuses the TRAINING dialect that torch.export returns).
 """
 
 from __future__ import annotations

@@ -435,7 +435,7 @@ def export_run(
 
     steps.set_threads(threads)
     with warnings.catch_warnings():
-        # torch 2.13 pytree LeafSpec FutureWarnings fire on every export (export-stack.md G7): noise only
+        # torch 2.13 pytree LeafSpec FutureWarnings fire on every export : noise only
         warnings.simplefilter("ignore", FutureWarning)
         return _export(
             run,

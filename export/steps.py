@@ -3,15 +3,15 @@
     select_front_end -> wrap_front_end -> export_program -> [quantize_int8_pt2e] -> lower_to_xnnpack
     -> assert_fully_delegated -> serialize -> (verify.py) -> (manifest.py)
 
-Version-specific traps of torch 2.13 / executorch 1.5.1 / torchao 0.18 handled here
-(../shared/notes/export-stack.md):
-  * F3: a dynamic batch traced with an example batch < 16 is planned for at most 15 whatever
+Version-specific traps of torch 2.13 / executorch 1.5.1 / torchao 0.18 handled here:
+  * a dynamic batch traced with an example batch < 16 is planned for at most 15 whatever
     `Dim(max=...)` says. We trace with example batch = max batch and assert the planned size.
-  * F4/G4: a PT2E module keeps the export's shape guards; calibration runs at exported shapes.
-  * F5: torchao weight-only int8 configs lower "fine" but ignore the weight scales; we only use
+  * a PT2E module keeps the export's shape guards; calibration runs at exported shapes.
+  * torchao weight-only int8 configs lower "fine" but ignore the weight scales; we only use
     PT2E static per-channel with the XNNPACK quantizer, and verify.py compares every .pte to eager.
-  * int8 outputs: the layer computing exit_logits stays fp32 (see FLOAT_OUTPUTS below, issue #5).
-  * G5: a missing partitioner still gives a valid but ~100x slower .pte; `assert_fully_delegated`.
+  * int8 outputs: the layer computing exit_logits stays fp32 (see FLOAT_OUTPUTS below:
+    int8-rounded logits turn near-ties into exact ties).
+  * a missing partitioner still gives a valid but ~100x slower .pte; `assert_fully_delegated`.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def output_shapes(module: nn.Module, input_shape: tuple[int, int, int]) -> tuple
 
 
 def example_batch_size(max_batch: int) -> int:
-    """Batch of the example input: 1 for a static .pte; the max itself for a dynamic one (F3 trap)."""
+    """Batch of the example input: 1 for a static .pte; the max itself for a dynamic one (an example batch below 16 is planned for at most 15)."""
     if max_batch < 1:
         raise ValueError(f"max batch must be >= 1, got {max_batch}")
     return max_batch
@@ -112,7 +112,7 @@ def export_program(
 # --------------------------------------------------------------------------- PT2E int8
 
 
-# The layer that computes `exit_logits` stays fp32 inside the int8 program (issue #5). The phone
+# The layer that computes `exit_logits` stays fp32 inside the int8 program. The phone
 # decides on these logits (argmax, and max softmax >= threshold for answering locally), and an int8
 # output tensor rounds them to one per-tensor step (0.39 logits on the MobileNet tier) and clips them
 # where the calibration histogram ends (+30 while real logits reach +40): near-ties become exact ties,
@@ -279,10 +279,12 @@ def planned_input_shape(pte: str | Path | bytes) -> tuple[int, ...]:
 
 
 def assert_planned_batch(pte: str | Path | bytes, max_batch: int) -> None:
-    """The memory plan must hold `max_batch` (the F3 trap silently plans 15)."""
+    """The memory plan must hold `max_batch` (an example batch below 16 silently plans 15)."""
     planned = planned_input_shape(pte)[0]
     if planned != max_batch:
-        raise ExportError(f".pte is planned for batch {planned}, expected max batch {max_batch} (F3 trap)")
+        raise ExportError(
+            f".pte is planned for batch {planned}, expected max batch {max_batch} (was the example batch below 16?)"
+        )
 
 
 def set_threads(threads: int) -> None:

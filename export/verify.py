@@ -4,7 +4,7 @@ Per .pte, on the representative client's ID test images:
   * max abs diff of exit logits and features vs the eager fp32 front-end, top-1 agreement,
     exit accuracy (fp32 and int8), relative L2 error;
   * for int8 also vs the PT2E eager simulation (the converted module), which must match closely:
-    a lowering that drops the quantization scales (export-stack.md F5) shows up here at once;
+    a lowering that drops the quantization scales (torchao weight-only int8 does this silently) shows up here at once;
   * size in bytes, delegate count, median batch-1 latency of .pte and eager in the same process
     with the thread count set explicitly, and their ratio.
 Core ML packages: spec inputs/outputs and sizes only; numeric parity runs on a Mac
@@ -24,7 +24,7 @@ from harmony_mobile.export.steps import ExportError
 
 # fp32 .pte vs eager: XNNPACK reorders float sums; anything above this is a real bug.
 FP32_MAX_ABS = 1e-4
-# Done-when targets for int8 (issue 5). Reported; the pipeline fails only on the gross check below.
+# Quality targets for int8: reported per tier; the pipeline fails only on the gross check below.
 INT8_MIN_AGREEMENT = 0.98
 INT8_MAX_ACC_DROP = 0.01
 INT8_MAX_SIZE_RATIO = 0.5
@@ -89,7 +89,7 @@ def check_int8_not_broken(parity: Parity, what: str, limit: float = INT8_MAX_REL
     if not worst <= limit:  # also catches NaN
         raise ExportError(
             f"{what}: int8 output is wrong: relative L2 error {worst:.3g} vs the reference (limit {limit:g}); "
-            "quantization scales may have been ignored (export-stack.md F5)"
+            "quantization scales may have been ignored"
         )
 
 
@@ -190,11 +190,11 @@ def verify_pte(
     return row
 
 
-# --------------------------------------------------------------------------- done-when checks + report
+# --------------------------------------------------------------------------- quality checks + report
 
 
 def tier_checks(tier_report: dict) -> dict[str, bool | None]:
-    """The issue's done-when criteria for one tier (None = not applicable)."""
+    """The int8 quality targets for one tier (None = not applicable)."""
     rows = {r["quantization"]: r for r in tier_report.get("pte", [])}
     checks: dict[str, bool | None] = {"fully_delegated": all(r["undelegated"] == [] for r in rows.values())}
     if "fp32" in rows:
@@ -224,6 +224,18 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def render_markdown(report: dict) -> str:
+    """verification.md: the .pte table, the checks table, the Core ML table, the back-end line."""
+    lines = _pte_section(report) + _checks_section(report) + _coreml_section(report)
+    lines += [
+        "",
+        f"Back-end: `{report['backend']['exported_program_file']}` matches eager "
+        f"(max abs {_fmt(report['backend']['max_abs_vs_eager'])}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _pte_section(report: dict) -> list[str]:
     lines = [
         f"# Export verification — model version {report['model_version']}",
         "",
@@ -259,9 +271,13 @@ def render_markdown(report: dict) -> str:
             f"int8 keeps in fp32: {', '.join(f'`{k}`' for k in kept)}, the layer computing `exit_logits`: "
             "int8-rounded logits turn near-ties into exact ties (export/README.md, int8).",
         ]
-    lines += [
+    return lines
+
+
+def _checks_section(report: dict) -> list[str]:
+    lines = [
         "",
-        "## Done-when checks",
+        "## Checks",
         "",
         "| tier | parameters | images (test + val) | check | result |",
         "|---|---|---|---|---|",
@@ -272,32 +288,31 @@ def render_markdown(report: dict) -> str:
         for name, ok in tier["checks"].items():
             result = "n/a" if ok is None else ("pass" if ok else "**FAIL**")
             lines.append(f"| {tier['tier']} | {tier['parameters']:,} | {images} | {name} | {result} |")
+    return lines
+
+
+def _coreml_section(report: dict) -> list[str]:
     coreml = [(t["tier"], c) for t in report["tiers"] for c in t.get("coreml", [])]
-    if coreml:
-        lines += [
-            "",
-            "## Core ML (.mlpackage)",
-            "",
-            "Spec checked here (names, shapes, ML Program, iOS 16+). Numeric parity needs macOS: run "
-            "`python -m harmony_mobile.export.check_coreml_on_mac EXPORT_DIR` on a Mac (CI does not).",
-            "",
-            "| tier | variant | size B | weights B | spec | inputs | outputs |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for name, c in coreml:
-            io_in = ", ".join(f"{i['name']} {i['shape']}" for i in c["inputs"])
-            io_out = ", ".join(f"{o['name']} {o['shape']}" for o in c["outputs"])
-            lines.append(
-                f"| {name} | {c['quantization']} | {c['size']:,} | {c['weights_size']:,} | "
-                f"v{c['specification_version']} | {io_in} | {io_out} |"
-            )
-    lines += [
+    if not coreml:
+        return []
+    lines = [
         "",
-        f"Back-end: `{report['backend']['exported_program_file']}` matches eager "
-        f"(max abs {_fmt(report['backend']['max_abs_vs_eager'])}).",
+        "## Core ML (.mlpackage)",
         "",
+        "Spec checked here (names, shapes, ML Program, iOS 16+). Numeric parity needs macOS: run "
+        "`python -m harmony_mobile.export.check_coreml_on_mac EXPORT_DIR` on a Mac (CI does not).",
+        "",
+        "| tier | variant | size B | weights B | spec | inputs | outputs |",
+        "|---|---|---|---|---|---|---|",
     ]
-    return "\n".join(lines)
+    for name, c in coreml:
+        io_in = ", ".join(f"{i['name']} {i['shape']}" for i in c["inputs"])
+        io_out = ", ".join(f"{o['name']} {o['shape']}" for o in c["outputs"])
+        lines.append(
+            f"| {name} | {c['quantization']} | {c['size']:,} | {c['weights_size']:,} | "
+            f"v{c['specification_version']} | {io_in} | {io_out} |"
+        )
+    return lines
 
 
 def write_report(directory: str | Path, report: dict) -> list[str]:

@@ -82,7 +82,7 @@ def test_export_program_static_and_dynamic(module):
     assert static.module()(torch.zeros(1, *SHAPE))[0].shape == (1, 10)
     dynamic = steps.export_program(module, SHAPE, max_batch=20)
     assert dynamic.module()(torch.zeros(5, *SHAPE))[1].shape == (5, 64, 8, 8)
-    assert steps.example_batch_size(20) == 20  # never < 16 for a large max batch (F3)
+    assert steps.example_batch_size(20) == 20  # never < 16 for a large max batch
 
 
 def test_fp32_pte_matches_eager_and_is_fully_delegated(module, fp32_build, data, tmp_path):
@@ -135,7 +135,7 @@ def _weight_is_int8(layer) -> bool:
 
 @pytest.mark.parametrize("family, depth", [("cnn", 1), ("mobilenet", 2)])
 def test_int8_keeps_only_the_exit_logits_layer_fp32_and_stays_fully_delegated(family, depth, data):
-    """Issue 5: int8-rounded exit logits turn near-ties into exact ties (argmax then picks the lower
+    """int8-rounded exit logits turn near-ties into exact ties (argmax then picks the lower
     class). The layer computing exit_logits stays fp32; every other conv/linear (depthwise
     included) keeps int8 per-channel weights, and the .pte is still one XNNPACK delegate."""
     images, _ = data
@@ -202,7 +202,7 @@ def test_comparison_helper_catches_ignored_scales_on_synthetic_outputs():
 
 
 def test_a_really_broken_int8_lowering_is_caught(module, data):
-    """export-stack.md F5: torchao weight-only int8 lowers fully to XNNPACK but ignores the scales.
+    """torchao weight-only int8 lowers fully to XNNPACK but ignores the scales.
     Our comparison must flag that path, which proves it would flag such a bug in our own int8 path."""
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
@@ -232,7 +232,7 @@ def test_dynamic_batch_pte_plans_the_max_batch_and_matches_eager(module, data):
 
 
 def test_planned_batch_check_catches_the_f3_trap(module):
-    """Traced with an example batch < 16, XNNPACK plans batch 15 whatever Dim(max) says (F3)."""
+    """Traced with an example batch < 16, XNNPACK plans batch 15 whatever Dim(max) says."""
     dim = torch.export.Dim("batch", min=1, max=32)
     program = torch.export.export(module, (torch.zeros(8, *SHAPE),), dynamic_shapes=({0: dim},))
     lowered = steps.lower_to_xnnpack(program)
@@ -281,7 +281,7 @@ def test_coreml_mac_check_compares_and_refuses_to_run_off_a_mac(tmp_path):
         assert check_coreml_on_mac.main([str(tmp_path)]) == 2
 
 
-def test_done_when_checks():
+def test_quality_checks():
     from harmony_mobile.export.verify import tier_checks
 
     def row(quantization, size, agreement, acc_ref, acc):
