@@ -89,7 +89,8 @@ def output_shapes(module: nn.Module, input_shape: tuple[int, int, int]) -> tuple
 
 
 def example_batch_size(max_batch: int) -> int:
-    """Batch of the example input: 1 for a static .pte; the max itself for a dynamic one (an example batch below 16 is planned for at most 15)."""
+    """Batch of the example input: 1 for a static .pte; the max itself for a dynamic one (an example
+    batch below 16 is planned for at most 15)."""
     if max_batch < 1:
         raise ValueError(f"max batch must be >= 1, got {max_batch}")
     return max_batch

@@ -22,6 +22,24 @@ app = typer.Typer(
 console = Console()
 
 
+@app.callback()
+def main(
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="also show third-party log lines and warnings")
+    ] = False,
+    log_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="where log lines go (default: $HARMONY_LOG_FILE or ~/.local/state/harmony-mobile/harmony.log)"
+        ),
+    ] = None,
+) -> None:
+    """Terminal for our progress and results; everything else to the log file."""
+    from harmony_mobile.logs import configure_logging
+
+    configure_logging(verbose, log_file)
+
+
 def fail(message: str) -> None:
     # soft_wrap: file paths in messages stay whole, so they can be copied
     console.print(f"[red]error:[/red] {message}", soft_wrap=True)
