@@ -5,8 +5,9 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
+IMPORTS_CHECK := $(CURDIR)/.imports-check
 
-.PHONY: demo test lint pytest clean
+.PHONY: demo test lint lint-imports pytest clean
 
 $(STAMP): pyproject.toml
 	rm -rf $(VENV)
@@ -22,6 +23,15 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(MAKE) lint-imports
+
+# The layer contract (pyproject.toml, [tool.importlinter]) runs on an installed copy: export/ and
+# server/ become harmony_mobile.export / .server only through the package-dir mapping.
+lint-imports: $(STAMP)
+	rm -rf $(IMPORTS_CHECK)
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation --no-compile --target $(IMPORTS_CHECK) . 2>&1 | grep -v "^WARNING" || true
+	rm -rf build
+	cd $(IMPORTS_CHECK) && PYTHONPATH=$(IMPORTS_CHECK) $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml --no-cache
 
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -29,4 +39,4 @@ pytest: $(STAMP)
 test: lint pytest
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache $(IMPORTS_CHECK)
