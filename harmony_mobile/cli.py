@@ -214,6 +214,23 @@ def export(
     except (ExportError, ValueError, OSError) as error:
         console.print(f"[red]export failed:[/red] {error}")
         raise typer.Exit(code=1) from None
+    console.print(_export_table(result))
+    failing = [
+        f"{t['tier']}: {name}"
+        for t in result.report["tiers"]
+        for name, ok in t["checks"].items()
+        if ok is False
+    ]
+    if failing:
+        console.print(f"[yellow]quality checks not met (see verification.md):[/yellow] {'; '.join(failing)}")
+    if result.key_created:
+        console.print(
+            f"[yellow]generated a new signing key in {key_dir or '~/.config/harmony-mobile/keys'}[/yellow]"
+        )
+    console.print(f"signed manifest: {result.out / 'manifest.json'} ({result.seconds:.0f} s)")
+
+
+def _export_table(result) -> Table:
     table = Table(title=f"exported {result.out} (model version {result.manifest.model_version})")
     for column in ("tier", "variant", "bytes", "max abs vs eager", "top-1 agree", ".pte / eager latency"):
         table.add_column(column)
@@ -230,22 +247,7 @@ def export(
             )
         for row in tier["coreml"]:
             table.add_row(tier["tier"], row["quantization"], f"{row['size']:,}", "on a Mac", "", "")
-    console.print(table)
-    failing = [
-        f"{t['tier']}: {name}"
-        for t in result.report["tiers"]
-        for name, ok in t["checks"].items()
-        if ok is False
-    ]
-    if failing:
-        console.print(
-            f"[yellow]done-when checks not met (see verification.md):[/yellow] {'; '.join(failing)}"
-        )
-    if result.key_created:
-        console.print(
-            f"[yellow]generated a new signing key in {key_dir or '~/.config/harmony-mobile/keys'}[/yellow]"
-        )
-    console.print(f"signed manifest: {result.out / 'manifest.json'} ({result.seconds:.0f} s)")
+    return table
 
 
 @export_app.command("verify")
