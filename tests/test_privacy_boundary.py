@@ -18,10 +18,13 @@ from tests.test_training import tiny_federation
 
 LABEL_WORDS = ("label", "target", "class_id", "y_true", "ground_truth")
 TOKEN_FIELD = "label_tokens"  # the one allowed name: keyed HMACs, see privacy/label_tokens.py
+EPOCH_FIELD = "label_epoch"  # the name of the key epoch, the same string for every row of a lineage
 
 
 def looks_like_label(name: str) -> bool:
-    return name != TOKEN_FIELD and (name in ("y", "labels") or any(word in name for word in LABEL_WORDS))
+    return name not in (TOKEN_FIELD, EPOCH_FIELD) and (
+        name in ("y", "labels") or any(word in name for word in LABEL_WORDS)
+    )
 
 
 def test_no_message_has_a_field_that_can_carry_labels():
@@ -29,16 +32,24 @@ def test_no_message_has_a_field_that_can_carry_labels():
         hints = typing.get_type_hints(message_type)
         for field in dataclasses.fields(message_type):
             assert not looks_like_label(field.name), f"{message_type.__name__}.{field.name}"
+        if EPOCH_FIELD in hints:
+            assert hints[EPOCH_FIELD] is str
         if "label_tokens" in hints:
             assert hints["label_tokens"] == tuple[bytes, ...], (
                 "tokens must stay opaque bytes, never class ids"
             )
 
 
+def test_nothing_crosses_the_boundary_as_logits_or_a_gradient_wrt_logits():
+    names = {f.name for t in (*messages.SERVER_BOUND, *messages.CLIENT_BOUND) for f in dataclasses.fields(t)}
+    assert not any("logit" in name for name in names), names
+    assert {t.__name__ for t in messages.SERVER_BOUND} == {"FeatureUpload", "ClientUpdate", "ReplayFeatures"}
+
+
 def test_every_server_entry_point_takes_only_messages():
-    allowed = (*messages.SERVER_BOUND, bool, int, torch.Tensor)
+    allowed = (*messages.SERVER_BOUND, bool, int, str, torch.Tensor)
     for name, method in inspect.getmembers(SplitServer, inspect.isfunction):
-        if name.startswith("_"):
+        if name.startswith("_") or name == "load_state":  # load_state: the server's own checkpoint
             continue
         hints = typing.get_type_hints(method)
         for parameter in inspect.signature(method).parameters:
@@ -71,11 +82,10 @@ class RecordingServer:
                 object.__setattr__(message, field.name, tuple(1 + (v * 7) % 3 for v in value))
         return message
 
-    def forward(self, upload):
-        return self.server.forward(self._poisoned(upload))
-
-    def backward(self, gradients, update=True):
-        return self.server.backward(self._poisoned(gradients), update=update)
+    def step(self, upload, update=True):
+        reply = self.server.step(self._poisoned(upload), update=update)
+        assert isinstance(reply, messages.CLIENT_BOUND), type(reply)
+        return reply
 
 
 def one_round(secret: bytes):
@@ -83,6 +93,7 @@ def one_round(secret: bytes):
     federation.server = RecordingServer(federation.server)
     for client in federation.clients:
         client.federation_secret = secret
+        client.__post_init__()  # the phone's local randomness follows its secret too
     run_rounds(federation, rounds=1, clients_per_round=len(federation.clients), seed=3, show_progress=False)
     return federation
 
