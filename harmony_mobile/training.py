@@ -328,5 +328,16 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
             rows.append((f"{key.replace('_', ' ')} (p=0.5)", f"{mean['p=0.5'][key]:.3f}"))
     if "alignment_score" in s:
         rows.append(("alignment score (cross-family kNN)", f"{s['alignment_score']:.3f}"))
+    privacy = results.get("privacy", {})
+    if privacy.get("label_dp_epsilon") is not None:
+        rows.append(("label DP (randomized response)", f"epsilon {privacy['label_dp_epsilon']:g} per row"))
+    features = privacy.get("features", {})
+    if features.get("epsilon") is not None:
+        rows.append(
+            (
+                "feature DP (clip + Gaussian, RDP)",
+                f"epsilon {features['epsilon']:.2f} at delta {features['delta']:g}",
+            )
+        )
     rows.append(("wall time", f"{results['train_seconds']:.0f} s"))
     return rows
