@@ -88,19 +88,26 @@ class RecordingServer:
         return reply
 
 
-def one_round(secret: bytes):
+def one_round(secret: bytes, canonical_init: dict | None = None):
+    """One round under `secret`; `canonical_init` (class-ordered meta-weights per family) makes the
+    clients start from the same models whatever the secret (the wire order is the secret's)."""
     federation = tiny_federation(seed=3)
     federation.server = RecordingServer(federation.server)
     for client in federation.clients:
         client.federation_secret = secret
         client.__post_init__()  # the phone's local randomness follows its secret too
+    member = federation.clients[0]
+    initial = {family: member.from_wire(weights) for family, weights in federation.family_weights.items()}
+    if canonical_init is not None:
+        federation.family_weights = {f: member.to_wire(w) for f, w in canonical_init.items()}
+        initial = canonical_init
     run_rounds(federation, rounds=1, clients_per_round=len(federation.clients), seed=3, show_progress=False)
-    return federation
+    return federation, initial
 
 
 def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fields():
-    reference = one_round(b"A" * 32)
-    other_secret = one_round(b"B" * 32)
+    reference, initial = one_round(b"A" * 32)
+    other_secret, _ = one_round(b"B" * 32, canonical_init=initial)
     # every token changed (other secret) and every integer field on the wire was poisoned...
     first = reference.server.seen[0]
     assert isinstance(first, messages.FeatureUpload)
@@ -108,7 +115,22 @@ def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fiel
     # ...yet the server learned exactly the same thing: it uses tokens only as equivalence classes
     for name, value in reference.server.server.backend.state_dict().items():
         assert torch.equal(value, other_secret.server.server.backend.state_dict()[name]), name
+    # and the clients' models are the same up to the secret order of class-indexed rows on the wire
     for family in reference.family_weights:
-        for name, value in reference.family_weights[family].items():
-            assert torch.equal(value, other_secret.family_weights[family][name]), name
+        ours = reference.clients[0].from_wire(reference.family_weights[family])
+        theirs = other_secret.clients[0].from_wire(other_secret.family_weights[family])
+        for name, value in ours.items():
+            assert torch.equal(value, theirs[name]), name
     assert all(isinstance(m, messages.SERVER_BOUND) for m in reference.server.seen)
+
+
+def test_class_indexed_rows_travel_in_secret_token_order():
+    federation = tiny_federation()
+    client = federation.clients[0]
+    weights = {name: p.detach().clone() for name, p in client.model.named_parameters()}
+    wire = client.to_wire(weights)
+    moved = {name for name in weights if not torch.equal(weights[name], wire[name])}
+    assert moved and all(name.startswith("exits.") and ".mlp.2." in name for name in moved)
+    assert all(torch.equal(client.from_wire(wire)[name], weights[name]) for name in weights)
+    client.federation_secret = b"another-federation-secret-32byte"
+    assert any(not torch.equal(client.to_wire(weights)[name], wire[name]) for name in moved)

@@ -4,6 +4,13 @@ Client-side code may touch labels; nothing here is sent anywhere except through 
 types of messages.py. What a label becomes on the wire is decided here: a token of the class
 name under the lineage's label epoch (after randomized response when label DP is on), next to
 features that are clipped and noised when that option is on.
+
+Model weights cross the boundary too (Broadcast, ClientUpdate), and the rows of every
+class-indexed output layer (the exit heads' last Linear) are in class order: an update's exit-head
+delta would show the server which classes a client holds, and matched against the client's
+tokens it would name slots. So on the wire those rows are in *token order* (row j = the class with
+the j-th smallest token of the epoch), a secret relabeling that only federation members can undo
+(`to_wire` / `from_wire`); aggregation is row-wise, so it commutes with it.
 """
 
 from __future__ import annotations
@@ -77,7 +84,29 @@ class Client:
             raise ValueError(
                 f"{self.name} runs family {self.tier.family!r}, got meta-weights of {broadcast.family!r}"
             )
-        self.model.load_state_dict(broadcast.meta_weights)
+        self.model.load_state_dict(self.from_wire(broadcast.meta_weights))
+
+    def _wire_order(self) -> tuple[list[str], torch.Tensor]:
+        """Names of the class-indexed parameters, and wire row j -> class index (token order)."""
+        rows = [
+            f"exits.{depth}.mlp.{len(head.mlp) - 1}.{kind}"
+            for depth, head in self.model.exits.items()
+            for kind in ("weight", "bias")
+        ]
+        tokens = class_tokens(cached_epoch_key(self.federation_secret, self.label_epoch), self.class_names)
+        order = sorted(range(len(tokens)), key=lambda c: tokens[c])
+        return rows, torch.tensor(order, dtype=torch.int64)
+
+    def to_wire(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Weights as they leave the phone: class-indexed rows in token order."""
+        rows, order = self._wire_order()
+        return {name: value[order] if name in rows else value for name, value in weights.items()}
+
+    def from_wire(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Weights as they arrive: class-indexed rows back in class order."""
+        rows, order = self._wire_order()
+        inverse = torch.argsort(order)
+        return {name: value[inverse] if name in rows else value for name, value in weights.items()}
 
     def held_parameters(self, full: bool = False) -> dict[str, torch.nn.Parameter]:
         """The parameters this client holds (its depth's stages, exits, connectors; or the full model)."""
