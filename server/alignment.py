@@ -187,15 +187,7 @@ def run_alignment(
     }
     has_replay = replay.rows >= 2  # one row cannot be split into training and a held-out check
     if not has_replay and params.require_replay:
-        metrics.update(
-            distillation="off: no replay rows",
-            replay_check="impossible: no replay rows",
-            rejected_because=(
-                f"no replay rows ({replay.rows}): the slot mapping cannot be checked; the back-end file has"
-                " no replay set and no stored rows were trained on before (require_replay=false publishes"
-                " on held-out slot accuracy alone)"
-            ),
-        )
+        metrics.update(_no_replay_rejection(replay.rows))
         return RoundResult(None, None, False, metrics, slot_table)
     replay_holdout = replay_train = replay_logits = None
     if has_replay:
@@ -225,6 +217,18 @@ def run_alignment(
     if reasons:
         metrics["rejected_because"] = "; ".join(reasons)
     return RoundResult(student, projection, not reasons, metrics, slot_table)
+
+
+def _no_replay_rejection(rows: int) -> dict[str, str]:
+    return {
+        "distillation": "off: no replay rows",
+        "replay_check": "impossible: no replay rows",
+        "rejected_because": (
+            f"no replay rows ({rows}): the slot mapping cannot be checked; the back-end file has"
+            " no replay set and no stored rows were trained on before (require_replay=false publishes"
+            " on held-out slot accuracy alone)"
+        ),
+    }
 
 
 def _train_student(
