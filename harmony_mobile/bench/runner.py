@@ -155,6 +155,7 @@ def run_one(
         "train_samples": train_samples,
         "upload_bytes_per_sample": counter.total() / train_samples,
         "thresholds": results.get("thresholds", {}),
+        "privacy": results.get("privacy", {}),  # label DP / feature DP settings and their accounting
     }
     if algorithm.uses_split:
         record["validation"] = validation_metrics(run, algorithm.exit_rule, seed)
