@@ -30,6 +30,8 @@ def enrol(body: EnrolRequest, state: StateDep, _: AdminDep) -> EnrolResponse:
         seal_version=ENVELOPE_VERSION,
         model_name=settings.model_name,
         default_version=default.version if default else None,
+        label_epoch=default.label_epoch if default else None,
+        slot_table=default.slot_table.to_hex() if default else None,
         interface_shape=list(default.interface_shape) if default else None,
         manifest=state.manifest_text,
         manifest_signature=state.manifest_signature,

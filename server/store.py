@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS uploads (
     id               INTEGER PRIMARY KEY AUTOINCREMENT,
     device_id        TEXT NOT NULL REFERENCES devices(id),
     message_id       TEXT NOT NULL,
-    round_id         INTEGER NOT NULL,
+    label_epoch      TEXT NOT NULL,
     envelope         BLOB NOT NULL,
     envelope_sha256  TEXT NOT NULL,
     rows             INTEGER NOT NULL,
@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS uploads (
     model_version    TEXT NOT NULL,
     clip_norm        REAL,
     noise_multiplier REAL,
+    label_dp_epsilon REAL,
     received_at      TEXT NOT NULL,
     UNIQUE (device_id, message_id)
 );
@@ -101,7 +102,7 @@ class UploadReceipt:
 class NewUpload:
     device_id: str
     message_id: str
-    round_id: int
+    label_epoch: str
     envelope: bytes
     envelope_sha256: str
     rows: int
@@ -110,6 +111,7 @@ class NewUpload:
     model_version: str
     clip_norm: float | None
     noise_multiplier: float | None
+    label_dp_epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ class StoredEnvelope:
     upload_id: int
     device_id: str
     message_id: str
-    round_id: int
+    label_epoch: str
     envelope: bytes
 
 
@@ -223,13 +225,13 @@ class Store:
         try:
             with self._transaction() as db:
                 cursor = db.execute(
-                    "INSERT INTO uploads (device_id, message_id, round_id, envelope, envelope_sha256, rows, tier,"
-                    " family, model_version, clip_norm, noise_multiplier, received_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO uploads (device_id, message_id, label_epoch, envelope, envelope_sha256, rows, tier,"
+                    " family, model_version, clip_norm, noise_multiplier, label_dp_epsilon, received_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         upload.device_id,
                         upload.message_id,
-                        upload.round_id,
+                        upload.label_epoch,
                         upload.envelope,
                         upload.envelope_sha256,
                         upload.rows,
@@ -238,6 +240,7 @@ class Store:
                         upload.model_version,
                         upload.clip_norm,
                         upload.noise_multiplier,
+                        upload.label_dp_epsilon,
                         received,
                     ),
                 )
@@ -256,19 +259,23 @@ class Store:
         row = self._query("SELECT COUNT(*) AS uploads, COALESCE(SUM(rows), 0) AS rows FROM uploads")[0]
         return {"uploads": row["uploads"], "rows": row["rows"]}
 
-    def envelopes(self, limit_rows: int | None = None) -> list[StoredEnvelope]:
-        """Stored envelopes, newest first, until `limit_rows` feature rows are covered (read lazily, so a
-        large store is not loaded whole)."""
+    def envelopes(
+        self, limit_rows: int | None = None, label_epoch: str | None = None
+    ) -> list[StoredEnvelope]:
+        """Stored envelopes (of one label epoch, if given), newest first, until `limit_rows` feature rows
+        are covered (read lazily, so a large store is not loaded whole)."""
         result, covered = [], 0
+        where, args = ("WHERE label_epoch = ?", (label_epoch,)) if label_epoch is not None else ("", ())
         with self._lock:
             cursor = self._db.execute(
-                "SELECT id, device_id, message_id, round_id, envelope, rows FROM uploads ORDER BY id DESC"
+                f"SELECT id, device_id, message_id, label_epoch, envelope, rows FROM uploads {where} ORDER BY id DESC",
+                args,
             )
             for r in cursor:
                 if limit_rows is not None and covered >= limit_rows:
                     break
                 result.append(
-                    StoredEnvelope(r["id"], r["device_id"], r["message_id"], r["round_id"], r["envelope"])
+                    StoredEnvelope(r["id"], r["device_id"], r["message_id"], r["label_epoch"], r["envelope"])
                 )
                 covered += r["rows"]
             cursor.close()

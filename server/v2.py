@@ -22,6 +22,7 @@ from harmony_mobile.server.schemas import (
     ModelReadyResponse,
     ReadyResponse,
     ServerMetadata,
+    SlotParameters,
     TensorMetadata,
 )
 from harmony_mobile.server.state import ServerState, SettingsDep, StateDep
@@ -106,16 +107,21 @@ def _tier_label(state: ServerState, tier: object) -> str:
 
 
 def _response(prediction, request_id: str | None, model_name: str) -> InferResponse:
-    n, classes = prediction.logits.shape
+    """Scores over slots, never over named classes: a phone maps the top slot to a class with its
+    federation secret (docs/PROTOCOL.md, slot table)."""
+    n, slots = prediction.slot_scores.shape
     return InferResponse(
         model_name=model_name,
         model_version=prediction.model_version,
         id=request_id,
         outputs=[
             InferOutput(
-                name="logits", datatype="FP32", shape=[n, classes], data=prediction.logits.ravel().tolist()
+                name="slot_scores",
+                datatype="FP32",
+                shape=[n, slots],
+                data=prediction.slot_scores.ravel().tolist(),
             ),
-            InferOutput(name="top_class", datatype="INT64", shape=[n], data=prediction.top_class.tolist()),
+            InferOutput(name="top_slot", datatype="INT64", shape=[n], data=prediction.top_slot.tolist()),
             InferOutput(name="confidence", datatype="FP32", shape=[n], data=prediction.confidence.tolist()),
         ],
     )
@@ -154,10 +160,11 @@ def _metadata(state: ServerState, model: ServedModel, name: str) -> ModelMetadat
         platform="pytorch",
         inputs=[TensorMetadata(name=INPUT_NAME, datatype="FP32", shape=[-1, *shape])],
         outputs=[
-            TensorMetadata(name="logits", datatype="FP32", shape=[-1, model.num_classes]),
-            TensorMetadata(name="top_class", datatype="INT64", shape=[-1]),
+            TensorMetadata(name="slot_scores", datatype="FP32", shape=[-1, len(model.slot_table)]),
+            TensorMetadata(name="top_slot", datatype="INT64", shape=[-1]),
             TensorMetadata(name="confidence", datatype="FP32", shape=[-1]),
         ],
+        parameters=SlotParameters(label_epoch=model.label_epoch, slot_table=model.slot_table.to_hex()),
     )
 
 
