@@ -60,7 +60,7 @@ def test_sealed_vectors_open_with_the_server_key_and_hold_valid_uploads():
     vectors = _load("sealed_upload.json")
     server = X25519PrivateKey.from_private_bytes(bytes.fromhex(vectors["server_private_key"]))
     for case in vectors["cases"]:
-        ad = sealing.AssociatedData(case["device_id"], case["round_id"], uuid.UUID(case["message_id"]))
+        ad = sealing.AssociatedData(case["device_id"], case["label_epoch"], uuid.UUID(case["message_id"]))
         assert sealing.open_sealed(server, bytes.fromhex(case["envelope"]), ad).hex() == case["plaintext"]
     upload = decode_upload(bytes.fromhex(vectors["cases"][2]["plaintext"]))
     assert upload.features.shape == (1, 64, 8, 8)

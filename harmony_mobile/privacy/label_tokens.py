@@ -83,7 +83,15 @@ def check_label_epoch(label_epoch: str) -> str:
 
 def epoch_key(federation_secret: bytes, label_epoch: str) -> bytes:
     """K_e: the HMAC key of one label epoch."""
-    return round_key(federation_secret, check_label_epoch(label_epoch))
+    if len(federation_secret) < 16:
+        raise ValueError("the federation secret must be at least 16 bytes")
+    hkdf = HKDF(
+        algorithm=hashes.SHA256(),
+        length=ROUND_KEY_BYTES,
+        salt=None,
+        info=INFO_PREFIX + check_label_epoch(label_epoch).encode("ascii"),
+    )
+    return hkdf.derive(federation_secret)
 
 
 def class_token(key: bytes, class_name: str) -> bytes:
@@ -107,3 +115,13 @@ def slot_classes(key: bytes, class_names: Iterable[str], slot_table: Iterable[by
     phone's class names (another epoch, or a class this manifest does not list)."""
     by_token = {class_token(key, name): name for name in class_names}
     return [by_token.get(bytes(token)) for token in slot_table]
+
+
+def parse_slot_table(hex_tokens: Iterable[str]) -> list[bytes]:
+    """A slot table as serialized in the manifest, enrolment and V2 metadata: lowercase 16-hex tokens."""
+    table = []
+    for index, text in enumerate(hex_tokens):
+        if not isinstance(text, str) or re.fullmatch(r"[0-9a-f]{16}", text) is None:
+            raise ValueError(f"slot {index}: a token is 16 lowercase hex characters, got {text!r}")
+        table.append(bytes.fromhex(text))
+    return table

@@ -44,7 +44,7 @@ from harmony_mobile.export.manifest import (
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.federation.wire import UploadMetadata, encode_tensor, encode_upload
 from harmony_mobile.privacy import sealing
-from harmony_mobile.privacy.label_tokens import label_token, round_key
+from harmony_mobile.privacy.label_tokens import class_token, epoch_key, slot_classes
 
 VECTORS_DIR = Path(__file__).resolve().parent
 GENERATOR = "tests/vectors/generate.py"
@@ -164,23 +164,74 @@ def manifest_vectors() -> dict:
 # --------------------------------------------------------------------------- label tokens
 
 
+LABEL_EPOCHS = ["0", "e7", "mnist5k-2026-11", "A.b_c-9", "x" * 64]
+CLASS_NAMES = [str(i) for i in range(10)] + ["T-shirt/top", "cat", "héllo wörld", "😀", " "]
+INVALID_EPOCHS = ["", "a b", "x" * 65, "é", "e/1", "7\n"]
+
+
 def label_token_vectors() -> dict:
-    rounds = [0, 1, 7, 12, 2**63 - 1]
     cases = []
-    for round_id in rounds:
-        key = round_key(FEDERATION_SECRET, round_id)
+    for epoch in LABEL_EPOCHS:
+        key = epoch_key(FEDERATION_SECRET, epoch)
         cases.append(
             {
-                "round_id": round_id,
-                "round_key": key.hex(),
-                "tokens": {
-                    str(c): label_token(key, c).hex() for c in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 255, 65536)
-                },
+                "label_epoch": epoch,
+                "epoch_key": key.hex(),
+                "tokens": {name: class_token(key, name).hex() for name in CLASS_NAMES},
             }
         )
     return _document(
-        "Label tokens (privacy/label_tokens.py): round_key = HKDF-SHA256(secret, no salt, "
-        "'harmony/label-token/' + decimal round id, 32); token = HMAC-SHA256(round_key, u32be class)[:8].",
+        "Label tokens (privacy/label_tokens.py): epoch_key = HKDF-SHA256(secret, no salt, "
+        "'harmony/label-token/' + label_epoch, 32); token = HMAC-SHA256(epoch_key, UTF-8 class name)[:8]. "
+        "A label epoch matches ^[A-Za-z0-9._-]{1,64}$; every `invalid_epochs` entry must be rejected.",
+        federation_secret=FEDERATION_SECRET.hex(),
+        invalid_epochs=INVALID_EPOCHS,
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- slot mapping
+
+
+def _slot_case(name: str, epoch: str, class_names: list[str], slot_sources: list) -> dict:
+    """`slot_sources`: per slot a class name (its token in `epoch`), ("epoch", other, class) for a
+    token of another epoch, or raw bytes for a token no class name produces."""
+    key = epoch_key(FEDERATION_SECRET, epoch)
+    table = []
+    for source in slot_sources:
+        if isinstance(source, bytes):
+            table.append(source)
+        elif isinstance(source, tuple):
+            table.append(class_token(epoch_key(FEDERATION_SECRET, source[1]), source[2]))
+        else:
+            table.append(class_token(key, source))
+    return {
+        "name": name,
+        "label_epoch": epoch,
+        "class_names": class_names,
+        "slot_table": [token.hex() for token in table],
+        "slot_classes": slot_classes(key, class_names, table),
+    }
+
+
+def slot_mapping_vectors() -> dict:
+    digits = [str(i) for i in range(10)]
+    cases = [
+        _slot_case("every class, first-appearance order", "mnist5k-2026-11", digits, list("3170952846")),
+        _slot_case(
+            "unknown token, other epoch, class without a slot",
+            "e7",
+            digits,
+            ["4", bytes.fromhex("0123456789abcdef"), ("epoch", "0", "1"), "9"],
+        ),
+        _slot_case("non-ASCII names", "A.b_c-9", ["cat", "héllo wörld", "😀", "T-shirt/top"], ["😀", "cat"]),
+        _slot_case("empty table (no back-end trained yet)", "0", digits, []),
+    ]
+    return _document(
+        "Slot decoding on the phone (privacy/label_tokens.py slot_classes): the token of every class name "
+        "under epoch_key(federation_secret, label_epoch) is looked up in `slot_table` (hex tokens, slot i at "
+        "index i); `slot_classes[i]` is the class of slot i or null when no class name has that token. "
+        "A class with no slot appears in no entry.",
         federation_secret=FEDERATION_SECRET.hex(),
         cases=cases,
     )
@@ -241,10 +292,10 @@ def _tensor_case(name: str, array: np.ndarray) -> dict:
     }
 
 
-def _metadata(rows: int, classes: list[int], round_id: int, **extra) -> UploadMetadata:
-    key = round_key(FEDERATION_SECRET, round_id)
+def _metadata(rows: int, classes: list[str], label_epoch: str, **extra) -> UploadMetadata:
+    key = epoch_key(FEDERATION_SECRET, label_epoch)
     return UploadMetadata(
-        label_tokens=tuple(label_token(key, c).hex() for c in classes[:rows]),
+        label_tokens=tuple(class_token(key, c).hex() for c in classes[:rows]),
         split_depths=tuple(1 + i % 3 for i in range(rows)),
         family="mobilenet",
         tier="mid-android",
@@ -253,13 +304,13 @@ def _metadata(rows: int, classes: list[int], round_id: int, **extra) -> UploadMe
     )
 
 
-def _upload_case(name: str, features: np.ndarray, classes: list[int], round_id: int, **extra) -> dict:
-    metadata = _metadata(features.shape[0], classes, round_id, **extra)
+def _upload_case(name: str, features: np.ndarray, classes: list[str], label_epoch: str, **extra) -> dict:
+    metadata = _metadata(features.shape[0], classes, label_epoch, **extra)
     meta = metadata.model_dump(exclude_none=True)
     return {
         "name": name,
-        "round_id": round_id,
-        "classes": classes,
+        "label_epoch": label_epoch,
+        "class_names": classes,
         "metadata": meta,
         "metadata_json": metadata.model_dump_json(exclude_none=True),
         "shape": list(features.shape),
@@ -278,20 +329,22 @@ def feature_encoding_vectors() -> dict:
         _tensor_case("interface row", rng.standard_normal((1, 64, 8, 8)).astype(np.float32)),
     ]
     uploads = [
-        _upload_case("two toy rows", np.arange(8, dtype=np.float32).reshape(2, 1, 2, 2) / 4, [3, 7], 12),
+        _upload_case(
+            "two toy rows", np.arange(8, dtype=np.float32).reshape(2, 1, 2, 2) / 4, ["3", "7"], "e7"
+        ),
         _upload_case(
             "clip and noise recorded",
             rng.standard_normal((3, 2, 2, 2)).astype(np.float32),
-            [0, 0, 9],
-            1,
+            ["cat", "cat", "😀"],
+            "mnist5k-2026-11",
             clip_norm=1.0,
             noise_multiplier=0.5,
         ),
     ]
     return _document(
         "HMFT feature tensors and HMUP upload plaintexts (federation/wire.py, docs/PROTOCOL.md 4.4 and 5). "
-        "Upload label tokens are those of label_tokens.json (same federation secret) for `classes` in "
-        "`round_id`; metadata_json is the exact metadata bytes.",
+        "Upload label tokens are those of label_tokens.json (same federation secret) for `class_names` in "
+        "`label_epoch`; metadata_json is the exact metadata bytes.",
         tensors=tensors,
         uploads=uploads,
     )
@@ -300,10 +353,10 @@ def feature_encoding_vectors() -> dict:
 # --------------------------------------------------------------------------- sealed uploads
 
 
-def _sealed_case(name: str, plaintext: bytes, device_id: str, round_id: int, message_id: str) -> dict:
+def _sealed_case(name: str, plaintext: bytes, device_id: str, label_epoch: str, message_id: str) -> dict:
     server = X25519PrivateKey.from_private_bytes(SERVER_PRIVATE)
     server_public = sealing.public_key_bytes(server)
-    ad = sealing.AssociatedData(device_id, round_id, uuid.UUID(message_id))
+    ad = sealing.AssociatedData(device_id, label_epoch, uuid.UUID(message_id))
     envelope = sealing.seal(
         server_public, plaintext, ad, ephemeral_private_key=EPHEMERAL_PRIVATE, nonce=NONCE
     )
@@ -311,7 +364,7 @@ def _sealed_case(name: str, plaintext: bytes, device_id: str, round_id: int, mes
     return {
         "name": name,
         "device_id": device_id,
-        "round_id": round_id,
+        "label_epoch": label_epoch,
         "message_id": message_id,
         "associated_data": ad.encode().hex(),
         "plaintext": plaintext.hex(),
@@ -323,28 +376,30 @@ def sealed_upload_vectors() -> dict:
     server = X25519PrivateKey.from_private_bytes(SERVER_PRIVATE)
     ephemeral = X25519PrivateKey.from_private_bytes(EPHEMERAL_PRIVATE)
     features = (np.arange(64 * 8 * 8, dtype=np.float32).reshape(1, 64, 8, 8) - 2048) / 512
-    upload_plaintext = encode_upload(_metadata(1, [4], 7), features)
+    upload_plaintext = encode_upload(_metadata(1, ["4"], "e7"), features)
     cases = [
         _sealed_case(
             "PROTOCOL.md A.1",
             b"harmony golden plaintext",
             "dev_golden",
-            7,
+            "e7",
             "00112233-4455-6677-8899-aabbccddeeff",
         ),
-        _sealed_case("empty plaintext", b"", "d", 0, "ffffffff-ffff-4fff-bfff-ffffffffffff"),
+        _sealed_case("empty plaintext", b"", "d", "0", "ffffffff-ffff-4fff-bfff-ffffffffffff"),
         _sealed_case(
             "full interface upload, non-ASCII device id",
             upload_plaintext,
             "dev_télé-😀",
-            2**63 - 1,
+            "x" * 64,
             "3f2b8c4e-9d1a-4c55-8a0e-61f0b7d2c9aa",
         ),
     ]
     return _document(
         "Sealed uploads (privacy/sealing.py, docs/PROTOCOL.md 4.2-4.3) with a FIXED ephemeral key and nonce "
         "(reproducibility only: production draws both fresh per upload). The third plaintext is an HMUP "
-        "upload of one (1, 64, 8, 8) row with values (i - 2048) / 512, class 4, round 7 tokens.",
+        "upload of one (1, 64, 8, 8) row with values (i - 2048) / 512, class '4' in label epoch 'e7'. "
+        "Associated data v2: 'harmony/upload-ad/v2' || u16le(len device_id) || device_id UTF-8 || "
+        "u8(len label_epoch) || label_epoch ASCII || 16 message id bytes.",
         server_private_key=SERVER_PRIVATE.hex(),
         server_public_key=sealing.public_key_bytes(server).hex(),
         ephemeral_private_key=EPHEMERAL_PRIVATE.hex(),
@@ -375,6 +430,7 @@ def render() -> dict[str, str]:
     documents = {
         "manifest_signature.json": manifest_vectors(),
         "label_tokens.json": label_token_vectors(),
+        "slot_mapping.json": slot_mapping_vectors(),
         "exit_decisions.json": exit_vectors(),
         "feature_encoding.json": feature_encoding_vectors(),
         "sealed_upload.json": sealed_upload_vectors(),
