@@ -8,11 +8,11 @@ from harmony_mobile.privacy.label_tokens import (
     class_token,
     class_tokens,
     epoch_key,
-    parse_slot_table,
-    slot_classes,
     label_token,
     label_tokens,
+    parse_slot_table,
     round_key,
+    slot_classes,
     tokens_to_groups,
 )
 
