@@ -75,12 +75,19 @@ def test_manifest_vector_verifies_with_the_python_verifier(tmp_path):
     (tmp_path / "manifest.json").write_bytes(vectors["manifest_text"].encode("utf-8"))
     (tmp_path / "manifest.sig").write_bytes(vectors["signature_file"].encode("ascii"))
     (tmp_path / "signing_key.pub").write_bytes(vectors["signing_key_pub"].encode("ascii"))
-    manifest = verify_manifest(tmp_path, bytes.fromhex(vectors["public_key"]))
+    (tmp_path / "manifest.p256.sig").write_bytes(vectors["p256_signature_file"].encode("ascii"))
+    (tmp_path / "signing_key_p256.pub").write_bytes(vectors["signing_key_p256_pub"].encode("ascii"))
+    pinned = bytes.fromhex(vectors["public_key"]), bytes.fromhex(vectors["p256_public_key"])
+    manifest = verify_manifest(tmp_path, *pinned)
     assert [t.name for t in manifest.tiers] == ["entry-android", "flagship"]
 
+    (tmp_path / "manifest.p256.sig").write_bytes(vectors["signature_file"].encode("ascii"))
+    with pytest.raises(ManifestError, match="manifest.p256.sig"):
+        verify_manifest(tmp_path, *pinned)
+    (tmp_path / "manifest.p256.sig").write_bytes(vectors["p256_signature_file"].encode("ascii"))
     (tmp_path / "entry-android" / "front_fp32.pte").write_bytes(b"tampered")
     with pytest.raises(ManifestError):
-        verify_manifest(tmp_path, bytes.fromhex(vectors["public_key"]))
+        verify_manifest(tmp_path, *pinned)
 
 
 def test_upload_vectors_decode_to_their_declared_metadata():

@@ -26,9 +26,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from harmony_mobile.export.keys import encode_public_key, public_key_bytes
+from harmony_mobile.export.keys import (
+    encode_p256_public_key,
+    encode_public_key,
+    p256_public_key_der,
+    public_key_bytes,
+)
 from harmony_mobile.export.manifest import (
     BackendEntry,
     Normalization,
@@ -39,6 +45,7 @@ from harmony_mobile.export.manifest import (
     encode_signature,
     manifest_to_bytes,
     sign_manifest,
+    sign_manifest_p256,
 )
 
 from harmony_mobile.algorithms.base import exit_confidence
@@ -51,6 +58,7 @@ GENERATOR = "tests/vectors/generate.py"
 
 # Fixed key material: test-only, never used anywhere else.
 MANIFEST_SIGNING_SEED = bytes(range(0x40, 0x60))
+MANIFEST_P256_SCALAR = int.from_bytes(bytes(range(0x20, 0x40)), "big")  # < the P-256 group order
 SERVER_PRIVATE = bytes(range(1, 33))
 EPHEMERAL_PRIVATE = bytes(range(0x65, 0x85))
 NONCE = bytes(range(0xC9, 0xD5))
@@ -104,6 +112,7 @@ def _tier(directory: Path, name: str, family: str, depth: int, width: float, thr
 
 def manifest_vectors() -> dict:
     key = Ed25519PrivateKey.from_private_bytes(MANIFEST_SIGNING_SEED)
+    p256_key = ec.derive_private_key(MANIFEST_P256_SCALAR, ec.SECP256R1())
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         for relpath, data in ARTIFACTS.items():
@@ -143,15 +152,22 @@ def manifest_vectors() -> dict:
             tiers=tiers,
             public_key=key.public_key(),
             created_at="2026-11-29T00:00:00Z",
+            p256_public_key=p256_key.public_key(),
         )
     data = manifest_to_bytes(manifest)
     signature_file = encode_signature(sign_manifest(data, key))
+    p256_signature_file = base64.b64encode(sign_manifest_p256(data, p256_key))
     return _document(
-        "An export manifest signed with Ed25519 (export/manifest.py). Verify `signature_file` (the exact "
-        "manifest.sig content) over the UTF-8 bytes of `manifest_text` with the pinned raw key; `artifacts` "
+        "An export manifest signed with Ed25519 and with ECDSA P-256 (export/manifest.py). Verify "
+        "`signature_file` (the exact manifest.sig content) over the UTF-8 bytes of `manifest_text` with the "
+        "pinned raw Ed25519 key, or `p256_signature_file` (manifest.p256.sig: base64 of a DER ECDSA-SHA256 "
+        "signature, RFC 6979) with the pinned P-256 key (`p256_public_key`: X.509 SPKI DER). `artifacts` "
         "holds the listed files so their sha256/size can be checked.",
         public_key=public_key_bytes(key.public_key()).hex(),
         signing_key_pub=encode_public_key(key.public_key()).decode("ascii"),
+        p256_public_key=p256_public_key_der(p256_key.public_key()).hex(),
+        signing_key_p256_pub=encode_p256_public_key(p256_key.public_key()).decode("ascii"),
+        p256_signature_file=p256_signature_file.decode("ascii"),
         manifest_text=data.decode("utf-8"),
         signature_file=signature_file.decode("ascii"),
         artifacts=[
