@@ -33,10 +33,10 @@ class FeatureEncodingVectorTest {
     void uploadPlaintextsEqualPython() {
         for (JsonObject c : vectors.getObjectList("uploads")) {
             JsonObject meta = c.getObject("metadata");
-            LabelTokens tokens = LabelTokens.forRound(federationSecret, c.getLong("round_id"));
+            LabelTokens tokens = LabelTokens.forEpoch(federationSecret, c.getString("label_epoch"));
             List<byte[]> labelTokens = new ArrayList<>();
-            for (long classId : c.getLongArray("classes")) {
-                labelTokens.add(tokens.token((int) classId));
+            for (String className : c.getStringList("class_names")) {
+                labelTokens.add(tokens.token(className));
             }
             List<Integer> depths = new ArrayList<>();
             for (long depth : meta.getLongArray("split_depths")) {
