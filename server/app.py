@@ -32,6 +32,7 @@ log = logging.getLogger("harmony_mobile.server")
 
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
+P256_SIGNATURE_FILE = "manifest.p256.sig"
 
 DESCRIPTION = """The harmony-mobile fallback server: KServe V2 inference on the aligned back-end,
 device enrolment, sealed label-private feature uploads, alignment rounds and the model registry.
@@ -76,6 +77,12 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
             log.warning("no back-end at %s", Path(settings.model_dir) / BACKEND_IN_MODEL_DIR)
     registry.load_default()
     manifest_text, manifest_signature = _read_manifest(settings.model_dir)
+    p256_signature_file = Path(settings.model_dir or ".") / P256_SIGNATURE_FILE
+    manifest_p256_signature = (
+        p256_signature_file.read_text()
+        if manifest_text is not None and p256_signature_file.is_file()
+        else None
+    )
     admin_token = (
         settings.admin_token.get_secret_value()
         if settings.admin_token
@@ -93,6 +100,7 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
         rate_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
         manifest_text=manifest_text,
         manifest_signature=manifest_signature,
+        manifest_p256_signature=manifest_p256_signature,
         known_tiers=_known_tiers(manifest_text),
     )
 

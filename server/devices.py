@@ -35,6 +35,7 @@ def enrol(body: EnrolRequest, state: StateDep, _: AdminDep) -> EnrolResponse:
         interface_shape=list(default.interface_shape) if default else None,
         manifest=state.manifest_text,
         manifest_signature=state.manifest_signature,
+        manifest_p256_signature=state.manifest_p256_signature,
         limits=Limits(
             max_body_bytes=settings.max_body_bytes,
             max_request_rows=settings.max_request_rows,

@@ -35,6 +35,7 @@ class ServerState:
     rate_limiter: RateLimiter
     manifest_text: str | None
     manifest_signature: str | None
+    manifest_p256_signature: str | None
     known_tiers: frozenset[str]
 
 
