@@ -250,7 +250,8 @@ def test_sealing_constants_match_sealing_py_and_the_protocol():
 
 def test_label_token_constants_match_label_tokens_py_and_the_protocol():
     assert swift("LabelTokens", "tokenBytes") == LABEL_TOKENS["TOKEN_BYTES"]
-    assert swift("LabelTokens", "roundKeyBytes") == LABEL_TOKENS["ROUND_KEY_BYTES"]
+    assert swift("LabelTokens", "epochKeyBytes") == LABEL_TOKENS["EPOCH_KEY_BYTES"]
+    assert f"{{1,{swift('LabelTokens', 'maxLabelEpochLength')}}}" in LABEL_TOKENS["LABEL_EPOCH_PATTERN"]
     assert swift("LabelTokens", "infoPrefix").encode() == LABEL_TOKENS["INFO_PREFIX"]
     minimum = re.search(r"len\(federation_secret\) < (\d+)", LABEL_TOKENS_PY.read_text(encoding="utf-8"))
     assert swift("LabelTokens", "minSecretBytes") == int(minimum.group(1))
@@ -336,6 +337,12 @@ def test_manifest_constants_match_export_manifest_py():
     assert swift("ManifestVerifier", "manifestFile") == MANIFEST["MANIFEST_FILE"]
     assert swift("ManifestVerifier", "signatureFile") == MANIFEST["SIGNATURE_FILE"]
     assert swift("ManifestVerifier", "publicKeyFile") == KEYS["PUBLIC_KEY_FILE"]
+    assert swift("ManifestVerifier", "p256SignatureFile") == MANIFEST["P256_SIGNATURE_FILE"]
+    assert swift("ManifestVerifier", "p256PublicKeyFile") == KEYS["P256_PUBLIC_KEY_FILE"]
+    p256_fields = _pydantic_fields(MANIFEST_PY, "P256SignatureInfo")
+    assert [swift("ManifestVerifier", "p256SignatureAlgorithm")] == _literal_values(
+        p256_fields["algorithm"].annotation
+    )
     assert swift("ManifestVerifier", "supportedFormat") == MANIFEST["MANIFEST_FORMAT"]
     manifest_fields = _pydantic_fields(MANIFEST_PY, "Manifest")
     assert [swift("ManifestVerifier", "kind")] == _literal_values(manifest_fields["kind"].annotation)
@@ -368,6 +375,7 @@ def test_manifest_constants_match_export_manifest_py():
         ("TierEntry", "TierEntry"),
         ("BackendEntry", "BackendEntry"),
         ("SignatureInfo", "SignatureInfo"),
+        ("P256SignatureInfo", "P256SignatureInfo"),
     ],
 )
 def test_manifest_codable_keys_exist_in_the_schema(swift_type, python_model):
@@ -427,8 +435,8 @@ def test_headers_and_bodies_match_the_server_schemas():
     client = SOURCES / "Net" / "HarmonyHTTPClient.swift"
     text = client.read_text(encoding="utf-8")
     body = text[text.index("func uploadBody(") : text.index("func upload(body:")]
-    assert re.findall(r'JSONText\.string\("(\w+)"\)', body) == ["round_id", "message_id", "envelope"]
-    assert set(schemas["UploadRequest"]["required"]) == {"round_id", "message_id", "envelope"}
+    assert re.findall(r'JSONText\.string\("(\w+)"\)', body) == ["label_epoch", "message_id", "envelope"]
+    assert set(schemas["UploadRequest"]["required"]) == {"label_epoch", "message_id", "envelope"}
     for swift_type, schema in [
         ("Enrollment", "EnrolResponse"),
         ("Limits", "Limits"),
@@ -441,7 +449,7 @@ def test_headers_and_bodies_match_the_server_schemas():
         )
     enrolment = set(_coding_keys(client, "Enrollment").values())
     assert enrolment == set(schemas["EnrolResponse"]["properties"])
-    for output in ("logits", "top_class", "confidence"):
+    for output in ("slot_scores", "top_slot", "confidence"):
         assert f'output("{output}")' in text and f'"name": "{output}"' in PROTOCOL
     assert '"Authorization"' in text and '"Bearer "' in text and "Authorization: Bearer <token>" in PROTOCOL
 

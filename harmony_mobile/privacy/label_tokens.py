@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 TOKEN_BYTES = 8
 ROUND_KEY_BYTES = 32
+EPOCH_KEY_BYTES = 32
 INFO_PREFIX = b"harmony/label-token/"
 
 
@@ -87,7 +88,7 @@ def epoch_key(federation_secret: bytes, label_epoch: str) -> bytes:
         raise ValueError("the federation secret must be at least 16 bytes")
     hkdf = HKDF(
         algorithm=hashes.SHA256(),
-        length=ROUND_KEY_BYTES,
+        length=EPOCH_KEY_BYTES,
         salt=None,
         info=INFO_PREFIX + check_label_epoch(label_epoch).encode("ascii"),
     )

@@ -110,6 +110,11 @@ def _tier(directory: Path, name: str, family: str, depth: int, width: float, thr
     )
 
 
+def _golden_slot_table(epoch: str, classes_in_slot_order) -> list[str]:
+    key = epoch_key(FEDERATION_SECRET, epoch)
+    return [class_token(key, name).hex() for name in classes_in_slot_order]
+
+
 def manifest_vectors() -> dict:
     key = Ed25519PrivateKey.from_private_bytes(MANIFEST_SIGNING_SEED)
     p256_key = ec.derive_private_key(MANIFEST_P256_SCALAR, ec.SECP256R1())
@@ -153,6 +158,8 @@ def manifest_vectors() -> dict:
             public_key=key.public_key(),
             created_at="2026-11-29T00:00:00Z",
             p256_public_key=p256_key.public_key(),
+            label_epoch="mnist5k-2026-11",
+            slot_table=_golden_slot_table("mnist5k-2026-11", "3170952846"),
         )
     data = manifest_to_bytes(manifest)
     signature_file = encode_signature(sign_manifest(data, key))

@@ -70,12 +70,11 @@ enum Provisioning {
     static func federationKey() throws -> FederationKey {
         struct File: Decodable {
             let federation_secret_hex: String
-            let round_id: Int64
         }
         guard let url = Bundle.main.url(forResource: "provisioning", withExtension: "json") else {
             throw HarmonyFormatError("provisioning.json is missing from the app bundle")
         }
         let file = try JSONDecoder().decode(File.self, from: Data(contentsOf: url))
-        return try FederationKey(secret: Hex.decode(file.federation_secret_hex), roundID: file.round_id)
+        return try FederationKey(secret: Hex.decode(file.federation_secret_hex))
     }
 }

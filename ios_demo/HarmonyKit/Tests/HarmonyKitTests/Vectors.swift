@@ -1,5 +1,6 @@
 import Foundation
 import XCTest
+@testable import HarmonyKit
 
 /// The golden vectors of tests/vectors (written by tests/vectors/generate.py from the Python
 /// implementation), read in place through #filePath: no copy to keep in sync. Paths:
@@ -45,6 +46,9 @@ struct ManifestVectors: Decodable {
 
     let publicKey: String
     let signingKeyPub: String
+    let p256PublicKey: String
+    let signingKeyP256Pub: String
+    let p256SignatureFile: String
     let manifestText: String
     let signatureFile: String
     let artifacts: [ArtifactFile]
@@ -54,7 +58,7 @@ struct SealedUploadVectors: Decodable {
     struct Case: Decodable {
         let name: String
         let deviceId: String
-        let roundId: Int64
+        let labelEpoch: String
         let messageId: String
         let associatedData: String
         let plaintext: String
@@ -71,9 +75,23 @@ struct SealedUploadVectors: Decodable {
 
 struct LabelTokenVectors: Decodable {
     struct Case: Decodable {
-        let roundId: Int64
-        let roundKey: String
+        let labelEpoch: String
+        let epochKey: String
         let tokens: [String: String]
+    }
+
+    let federationSecret: String
+    let invalidEpochs: [String]
+    let cases: [Case]
+}
+
+struct SlotMappingVectors: Decodable {
+    struct Case: Decodable {
+        let name: String
+        let labelEpoch: String
+        let classNames: [String]
+        let slotTable: [String]
+        let slotClasses: [String?]
     }
 
     let federationSecret: String
@@ -112,8 +130,8 @@ struct FeatureEncodingVectors: Decodable {
 
     struct UploadCase: Decodable {
         let name: String
-        let roundId: Int64
-        let classes: [Int]
+        let labelEpoch: String
+        let classNames: [String]
         let metadata: Metadata
         let metadataJson: String
         let shape: [Int]
