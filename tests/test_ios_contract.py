@@ -15,9 +15,11 @@ from docs/PROTOCOL.md, so the test stays fast.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import plistlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -556,3 +558,42 @@ def test_xcode_project_is_well_formed_and_points_at_real_files():
     assert '"-all_load"' in raw, "ExecuTorch kernels and backends register from static initializers"
     products = set(re.findall(r"isa = XCSwiftPackageProductDependency;[^}]*productName = (\w+);", raw))
     assert products == {"HarmonyKit", "HarmonyKitExecuTorch"}
+
+
+# --------------------------------------------------------------------------- per-file Swift imports
+
+
+def _swift_imports_module():
+    spec = importlib.util.spec_from_file_location(
+        "swift_imports", ROOT / "ios_demo" / "tools" / "swift_imports.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("swift_imports", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_swift_file_imports_the_modules_whose_symbols_it_uses():
+    checker = _swift_imports_module()
+    assert checker.problems() == []
+
+
+def test_the_import_check_catches_a_missing_or_non_testable_import():
+    checker = _swift_imports_module()
+    sources = {name: checker.module_files(directory) for name, (directory, _) in checker.MODULES.items()}
+    tests = sources["HarmonyKitTests"]
+    vectors = next(path for path in tests if path.name == "Vectors.swift")
+    tests[vectors] = tests[vectors].replace("@testable import HarmonyKit\n", "")
+    assert [
+        p for p in checker.problems(sources) if "Vectors.swift" in p and "does not import HarmonyKit" in p
+    ]
+
+    probe = vectors.with_name("Probe.swift")
+    tests[probe] = (
+        'import HarmonyKit\nimport XCTest\n// Hex in a comment\nlet s = "\\(ModelMetadataResponse.self)"\n'
+    )
+    assert any("internal ModelMetadataResponse" in p and "@testable" in p for p in checker.problems(sources))
+    tests[probe] = 'import XCTest\n// uses Hex only in a comment, and "Hex" in a string\nlet s = "Hex"\n'
+    assert not [p for p in checker.problems(sources) if "Probe.swift" in p]
+    tests[probe] = "import HarmonyKit\nfinal class Probe: XCTestCase {}\n"
+    assert any("Probe.swift" in p and "does not import XCTest" in p for p in checker.problems(sources))
