@@ -558,6 +558,20 @@ def test_xcode_project_is_well_formed_and_points_at_real_files():
     assert '"-all_load"' in raw, "ExecuTorch kernels and backends register from static initializers"
     products = set(re.findall(r"isa = XCSwiftPackageProductDependency;[^}]*productName = (\w+);", raw))
     assert products == {"HarmonyKit", "HarmonyKitExecuTorch"}
+    # An iPad app that supports multitasking must support every orientation (else Xcode warns and
+    # App Store validation asks for UIRequiresFullScreen); the iPhone layout stays portrait.
+    ipad = re.findall(r'INFOPLIST_KEY_UISupportedInterfaceOrientations_iPad = "([^"]+)";', raw)
+    assert ipad and all(
+        set(value.split())
+        == {
+            "UIInterfaceOrientationPortrait",
+            "UIInterfaceOrientationPortraitUpsideDown",
+            "UIInterfaceOrientationLandscapeLeft",
+            "UIInterfaceOrientationLandscapeRight",
+        }
+        for value in ipad
+    )
+    assert "INFOPLIST_KEY_UISupportedInterfaceOrientations =" not in raw
 
 
 # --------------------------------------------------------------------------- per-file Swift imports

@@ -14,8 +14,8 @@ android {
 
     defaultConfig {
         applicationId = "org.harmonymobile.demo"
-        // API 33: the platform providers' X25519 (KeyAgreement/KeyPairGenerator "XDH") that sealing needs;
-        // see android_demo/README.md for Ed25519 (manifest signatures) and the caveats.
+        // API 33: the platform providers' X25519 (KeyAgreement/KeyPairGenerator "XDH") that sealing needs.
+        // The manifest is checked with ECDSA P-256 (SHA256withECDSA, on every API level), not Ed25519.
         minSdk = 33
         targetSdk = 35
         versionCode = 1
@@ -44,13 +44,16 @@ android {
         targetCompatibility = JavaVersion.VERSION_17
     }
 
-    kotlinOptions {
-        jvmTarget = "17"
-    }
-
     androidResources {
         // .pte files are memory-mapped after being copied out; keep them uncompressed in the APK.
         noCompress += "pte"
+    }
+}
+
+// `kotlinOptions` inside `android {}` is an error from Kotlin 2.2; the compilerOptions DSL replaces it.
+kotlin {
+    compilerOptions {
+        jvmTarget.set(org.jetbrains.kotlin.gradle.dsl.JvmTarget.JVM_17)
     }
 }
 

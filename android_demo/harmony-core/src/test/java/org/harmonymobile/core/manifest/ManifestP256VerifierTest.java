@@ -94,6 +94,16 @@ class ManifestP256VerifierTest {
     }
 
     @Test
+    void theManifestCarriesItsBackEndsLabelEpochAndSlotTable() throws Exception {
+        Manifest manifest = verifier.verify(manifestBytes, signatureFile);
+        assertEquals("mnist5k-2026-11", manifest.labelEpoch());
+        byte[] secret = Vectors.load("label_tokens.json").getHex("federation_secret");
+        java.util.List<String> classes = org.harmonymobile.core.crypto.LabelTokens.forEpoch(secret, manifest.labelEpoch())
+                .slotClasses(manifest.classNames(), manifest.slotTable().tokens());
+        assertEquals(java.util.List.of("3", "1", "7", "0", "9", "5", "2", "8", "4", "6"), classes);
+    }
+
+    @Test
     void theManifestMustNameThePinnedP256Key() throws Exception {
         Manifest manifest = verifier.verify(manifestBytes, signatureFile);
         assertEquals(64, manifest.p256PublicKeySha256().length());
