@@ -8,6 +8,15 @@ val executorchVersion = "1.5.1"
 
 fun quoted(value: String) = "\"" + value.replace("\\", "\\\\").replace("\"", "\\\"") + "\""
 
+/** android_demo/harmony.properties (written by `harmony export-app android`, not committed) wins over gradle.properties. */
+val exportedApp = java.util.Properties().apply {
+    val file = rootProject.file("harmony.properties")
+    if (file.isFile) file.inputStream().use { load(it) }
+}
+
+fun setting(name: String, fallback: String): String =
+    exportedApp.getProperty(name) ?: providers.gradleProperty(name).getOrElse(fallback)
+
 android {
     namespace = "org.harmonymobile.demo"
     compileSdk = 35
@@ -20,8 +29,8 @@ android {
         targetSdk = 35
         versionCode = 1
         versionName = "0.1.0"
-        buildConfigField("String", "PINNED_MANIFEST_KEY", quoted(providers.gradleProperty("harmony.pinnedManifestKey").getOrElse("")))
-        buildConfigField("String", "DEFAULT_SERVER_URL", quoted(providers.gradleProperty("harmony.serverUrl").getOrElse("http://10.0.2.2:8000")))
+        buildConfigField("String", "PINNED_MANIFEST_KEY", quoted(setting("harmony.pinnedManifestKey", "")))
+        buildConfigField("String", "DEFAULT_SERVER_URL", quoted(setting("harmony.serverUrl", "http://10.0.2.2:8000")))
         ndk {
             // ExecuTorch ships arm64-v8a and x86_64 (emulator) native libraries.
             abiFilters += listOf("arm64-v8a", "x86_64")

@@ -23,8 +23,9 @@ final class DemoModel: ObservableObject {
     @Published private(set) var queued = 0
     @Published private(set) var credentials: DeviceCredentials?
     @Published private(set) var busy = false
-    /// The simulator reaches `harmony serve` on the Mac as localhost; a phone needs the Mac's address.
-    @Published var serverURL = UserDefaults.standard.string(forKey: "serverURL") ?? "http://localhost:8000" {
+    /// The simulator reaches `harmony serve` on the Mac as localhost; a phone needs the Mac's address
+    /// (`harmony export-app ios --server-url` writes it to Resources/server_url.txt).
+    @Published var serverURL = UserDefaults.standard.string(forKey: "serverURL") ?? ModelStore.bundledServerURL {
         didSet { UserDefaults.standard.set(serverURL, forKey: "serverURL") }
     }
 
