@@ -14,6 +14,7 @@ import re
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from harmony_mobile.export.manifest import ManifestError, verify_manifest
@@ -97,3 +98,26 @@ def test_upload_vectors_decode_to_their_declared_metadata():
             k: tuple(v) if isinstance(v, list) else v for k, v in case["metadata"].items()
         }
         assert list(payload.features.shape) == case["shape"]
+
+
+def test_device_normalize_matches_the_normalization_vector():
+    from harmony_mobile.device import normalize
+
+    for case in _load("pixel_normalization.json")["cases"]:
+        channels = case["channels"]
+        pixels = np.array(case["pixels"], dtype=np.uint8).reshape(channels, 1, -1)
+        got = normalize(pixels, case).numpy().reshape(-1)
+        expected = np.array(case["values"], dtype=np.float32)
+        # float32 arithmetic in torch vs float64 then rounding on the phones: a few float32 epsilons
+        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6, err_msg=case["name"])
+
+
+def test_tier_selection_vector_follows_the_documented_rule():
+    """Spot checks by hand, so a wrong reference cannot pass just by agreeing with itself."""
+    cases = {(c["tiers"], c["device_name"]): c for c in _load("tier_selection.json")["cases"]}
+    assert cases[("default", "android mid at 3 GiB")]["selected"] == "mid-android"
+    assert cases[("default", "iphone mid")]["selected"] == "mid-ios"  # Core ML preferred on a tie
+    assert cases[("default", "android API 28")]["device_class"] == "entry"
+    assert cases[("ties and boundaries", "android entry by RAM")]["selected"] == "boundary"  # cost == budget
+    assert cases[("ties and boundaries", "android mid at 3 GiB")]["selected"] == "a-tier"  # name tie
+    assert cases[("core ml only", "android mid at 3 GiB")]["selected"] is None

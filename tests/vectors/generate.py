@@ -50,6 +50,13 @@ from harmony_mobile.export.manifest import (
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.federation.wire import UploadMetadata, encode_tensor, encode_upload
+from harmony_mobile.models.tier_selection import (
+    DeviceCapabilities,
+    NoRunnableTier,
+    TierOption,
+    device_class,
+    select_tier,
+)
 from harmony_mobile.privacy import sealing
 from harmony_mobile.privacy.label_tokens import class_token, epoch_key, slot_classes
 
@@ -432,6 +439,130 @@ def sealed_upload_vectors() -> dict:
     )
 
 
+# --------------------------------------------------------------------------- tier selection
+
+TIER_SETS = {
+    # (name, split depth, width, backends); one artifact per backend
+    "default": [
+        ("entry-android", 1, 1.0, ["xnnpack"]),
+        ("mid-android", 2, 1.0, ["xnnpack"]),
+        ("mid-ios", 2, 1.0, ["coreml", "xnnpack"]),
+        ("flagship", 3, 2.0, ["coreml", "xnnpack"]),
+    ],
+    "ties and boundaries": [
+        ("b-tier", 2, 1.0, ["xnnpack"]),
+        ("a-tier", 2, 1.0, ["xnnpack"]),
+        ("boundary", 6, 0.5, ["xnnpack"]),  # cost exactly 1.5, the entry budget
+        ("coreml-small", 1, 1.0, ["coreml"]),
+        ("wide", 1, 2.5, ["coreml", "xnnpack"]),  # cost 6.25: flagship only
+    ],
+    "core ml only": [("ios-a", 1, 1.0, ["coreml"]), ("ios-b", 3, 1.5, ["coreml"])],
+}
+
+DEVICES = [
+    # (name, platform, RAM MiB, big cores, NPU, OS version, low-RAM flag)
+    ("android entry by RAM", "android", 3071, 4, True, 35, False),
+    ("android mid at 3 GiB", "android", 3072, 2, False, 34, False),
+    ("android low-RAM flag", "android", 8192, 4, True, 35, True),
+    ("android no big core", "android", 8192, 0, True, 35, False),
+    ("android API 28", "android", 8192, 4, True, 28, False),
+    ("android API 29 mid", "android", 4096, 2, False, 29, False),
+    ("android flagship at 5632 MiB", "android", 5632, 2, True, 34, False),
+    ("android mid at 5631 MiB", "android", 5631, 2, True, 34, False),
+    ("android one big core", "android", 12288, 1, True, 35, False),
+    ("iphone mid", "ios", 4096, 2, True, 17, False),
+    ("iphone flagship", "ios", 8192, 2, True, 18, False),
+    ("iphone without neural engine", "ios", 4096, 2, False, 17, False),
+    ("iphone entry", "ios", 2048, 2, True, 12, False),
+]
+
+
+def _tier_option(name: str, depth: int, width: float, backends: list[str]) -> TierOption:
+    return TierOption(name, depth, width, tuple(backends), tuple(backends))
+
+
+def tier_selection_vectors() -> dict:
+    cases = []
+    for set_name, tiers in TIER_SETS.items():
+        options = [_tier_option(*tier) for tier in tiers]
+        for name, *fields in DEVICES:
+            device = DeviceCapabilities(*fields)
+            try:
+                selected = select_tier(options, device).name
+            except NoRunnableTier:
+                selected = None
+            cases.append(
+                {
+                    "tiers": set_name,
+                    "device_name": name,
+                    "device": {
+                        "platform": device.platform,
+                        "total_ram_mb": device.total_ram_mb,
+                        "big_cores": device.big_cores,
+                        "has_npu": device.has_npu,
+                        "os_version": device.os_version,
+                        "low_ram_device": device.low_ram_device,
+                    },
+                    "device_class": device_class(device),
+                    "selected": selected,
+                }
+            )
+    return _document(
+        "Tier selection (harmony_mobile/models/tier_selection.py; Java TierSelector, Swift TierSelector): "
+        "`device_class` of the device, and the tier it runs from the named tier set (each tier has one "
+        "artifact per listed backend; relative cost = split_depth * width^2). `selected` null: no tier "
+        "has an artifact for a backend of the platform (an error on the phone).",
+        tier_sets={
+            name: [{"name": n, "split_depth": d, "width": w, "backends": b} for n, d, w, b in tiers]
+            for name, tiers in TIER_SETS.items()
+        },
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- pixel normalization
+
+NORMALIZATION_CASES = [
+    # (name, pixel_scale, mean, std, channels, pixels)
+    ("mnist", 1 / 255, [0.1307], [0.3081], 1, [0, 1, 127, 128, 254, 255]),
+    ("digits", 1 / 255, [0.3053], [0.3247], 1, [0, 17, 85, 170, 255, 3]),
+    (
+        "cifar rgb planes",
+        1 / 255,
+        [0.4914, 0.4822, 0.4465],
+        [0.2470, 0.2435, 0.2616],
+        3,
+        [0, 64, 255, 128, 200, 100, 1, 2, 3, 250, 251, 252],
+    ),
+    ("raw pixel scale", 1.0, [0.0, 10.0], [1.0, 4.0], 2, [1, 2, 3, 30, 40, 50]),
+]
+
+
+def pixel_normalization_vectors() -> dict:
+    cases = []
+    for name, scale, mean, std, channels, pixels in NORMALIZATION_CASES:
+        plane = len(pixels) // channels
+        values = [(pixels[i] * scale - mean[i // plane]) / std[i // plane] for i in range(len(pixels))]
+        cases.append(
+            {
+                "name": name,
+                "pixel_scale": scale,
+                "mean": mean,
+                "std": std,
+                "channels": channels,
+                "pixels": pixels,
+                "values": _floats(np.array(values, dtype=np.float64)),
+            }
+        )
+    return _document(
+        "Pixel normalization (the manifest tier's `normalization`): 8-bit pixels, channel planes in NCHW "
+        "order (no batch); value = (pixel * pixel_scale - mean[c]) / std[c] computed in float64, then "
+        "rounded to float32 (harmony-core Normalization.apply and HarmonyKit Normalization.apply match "
+        "exactly; Python device.normalize computes in float32 and stays within 2e-6 absolute).",
+        cases=cases,
+    )
+
+
 # --------------------------------------------------------------------------- files
 
 
@@ -457,6 +588,8 @@ def render() -> dict[str, str]:
         "exit_decisions.json": exit_vectors(),
         "feature_encoding.json": feature_encoding_vectors(),
         "sealed_upload.json": sealed_upload_vectors(),
+        "tier_selection.json": tier_selection_vectors(),
+        "pixel_normalization.json": pixel_normalization_vectors(),
     }
     return {name: _dumps(doc) for name, doc in documents.items()}
 

@@ -157,6 +157,41 @@ final class GoldenVectorTests: XCTestCase {
         XCTAssertThrowsError(try AssociatedData(deviceID: "dev_test", labelEpoch: "e 1", messageID: ad.messageID))
     }
 
+    // MARK: - tier_selection.json, pixel_normalization.json
+
+    func testDeviceClassesAndSelectedTiersEqualPython() throws {
+        let vectors = try Vectors.load("tier_selection.json", as: TierSelectionVectors.self)
+        XCTAssertEqual(vectors.cases.count, 39)
+        for vector in vectors.cases {
+            let tiers = try XCTUnwrap(vectors.tierSets[vector.tiers]).map {
+                try TierSelectorTests.tier($0.name, depth: $0.splitDepth, width: $0.width, backends: $0.backends)
+            }
+            let device = DeviceCapabilities(
+                platform: try XCTUnwrap(Platform(rawValue: vector.device.platform)), totalRAMMB: vector.device.totalRamMb,
+                bigCores: vector.device.bigCores, hasNPU: vector.device.hasNpu, osVersion: vector.device.osVersion,
+                lowRAMDevice: vector.device.lowRamDevice)
+            let label = "\(vector.tiers) / \(vector.deviceName)"
+            XCTAssertEqual(DeviceClass.of(device).rawValue, vector.deviceClass, label)
+            if let selected = vector.selected {
+                XCTAssertEqual(try TierSelector.select(from: tiers, for: device).name, selected, label)
+            } else {
+                XCTAssertThrowsError(try TierSelector.select(from: tiers, for: device), label)
+            }
+        }
+    }
+
+    func testNormalizedPixelsEqualPython() throws {
+        let vectors = try Vectors.load("pixel_normalization.json", as: PixelNormalizationVectors.self)
+        XCTAssertEqual(vectors.cases.count, 4)
+        for vector in vectors.cases {
+            // the memberwise initializer (internal, hence @testable): no JSON round trip of the doubles
+            let normalization = Normalization(pixelScale: vector.pixelScale, mean: vector.mean, std: vector.std)
+            XCTAssertEqual(
+                try normalization.apply(pixels: vector.pixels, channels: vector.channels), vector.values.map { Float($0) },
+                vector.name)
+        }
+    }
+
     // MARK: - exit_decisions.json
 
     func testExitDecisions() throws {

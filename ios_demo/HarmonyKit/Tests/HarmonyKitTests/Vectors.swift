@@ -142,3 +142,46 @@ struct FeatureEncodingVectors: Decodable {
     let tensors: [TensorCase]
     let uploads: [UploadCase]
 }
+
+struct TierSelectionVectors: Decodable {
+    struct Tier: Decodable {
+        let name: String
+        let splitDepth: Int
+        let width: Double
+        let backends: [String]
+    }
+
+    struct Device: Decodable {
+        let platform: String
+        let totalRamMb: Int64
+        let bigCores: Int
+        let hasNpu: Bool
+        let osVersion: Int
+        let lowRamDevice: Bool
+    }
+
+    struct Case: Decodable {
+        let tiers: String
+        let deviceName: String
+        let device: Device
+        let deviceClass: String
+        let selected: String?
+    }
+
+    let tierSets: [String: [Tier]]
+    let cases: [Case]
+}
+
+struct PixelNormalizationVectors: Decodable {
+    struct Case: Decodable {
+        let name: String
+        let pixelScale: Double
+        let mean: [Double]
+        let std: [Double]
+        let channels: Int
+        let pixels: [UInt8]
+        let values: [Double]
+    }
+
+    let cases: [Case]
+}
