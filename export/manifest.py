@@ -35,7 +35,7 @@ import base64
 import hashlib
 import json
 from pathlib import Path, PurePosixPath
-from typing import Annotated, Literal
+from typing import Literal
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -202,14 +202,6 @@ class Manifest(_Strict):
     reports: list[str] = []
     signature: SignatureInfo
     files: list[FileEntry]
-    label_epoch: str | None = Field(
-        default=None,
-        pattern=r"^[A-Za-z0-9._-]{1,64}$",
-        description="label epoch of the shipped back-end (privacy/label_tokens.py)",
-    )
-    slot_table: list[Annotated[str, Field(pattern=r"^[0-9a-f]{16}$")]] | None = Field(
-        default=None, description="the shipped back-end's slot table: slot i's hex label token at index i"
-    )
 
     def tier(self, name: str) -> TierEntry:
         for tier in self.tiers:
@@ -299,8 +291,6 @@ def build_manifest(
     reports: list[str] | None = None,
     created_at: str | None = None,
     p256_public_key: ec.EllipticCurvePublicKey | None = None,
-    label_epoch: str | None = None,
-    slot_table: list[str] | None = None,
 ) -> Manifest:
     """The manifest of everything currently in `directory` (call it after every artifact is written)."""
     if created_at is None:
@@ -321,8 +311,6 @@ def build_manifest(
         reports=list(reports or []),
         signature=signature_info(public_key, p256_public_key),
         files=list_files(directory),
-        label_epoch=label_epoch,
-        slot_table=slot_table,
     )
 
 

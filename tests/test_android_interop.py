@@ -142,6 +142,8 @@ def _model_dir(path: Path) -> tuple[Path, bytes]:
         model_version="interop-v1",
         run={"algorithm": "random"},
         class_names=class_names,
+        label_epoch=LABEL_EPOCH,
+        slot_table=slots.to_hex(),
         interface_shape=[64, 8, 8],
         backend=BackendEntry.describe("interop-v1", [64, 8, 8], 10),
         tiers=[tier],

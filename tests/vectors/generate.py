@@ -370,6 +370,13 @@ def feature_encoding_vectors() -> dict:
             clip_norm=1.0,
             noise_multiplier=0.5,
         ),
+        _upload_case(
+            "label DP recorded",
+            np.full((1, 1, 1, 3), -0.125, dtype=np.float32),
+            ["T-shirt/top"],
+            "A.b_c-9",
+            label_dp_epsilon=2.5,
+        ),
     ]
     return _document(
         "HMFT feature tensors and HMUP upload plaintexts (federation/wire.py, docs/PROTOCOL.md 4.4 and 5). "

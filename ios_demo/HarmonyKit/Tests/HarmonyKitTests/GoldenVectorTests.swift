@@ -27,7 +27,7 @@ final class GoldenVectorTests: XCTestCase {
     func testUploadPlaintextsAndMetadataAreByteEqual() throws {
         let vectors = try Vectors.load("feature_encoding.json", as: FeatureEncodingVectors.self)
         let secret = try hex(Vectors.load("label_tokens.json", as: LabelTokenVectors.self).federationSecret)
-        XCTAssertEqual(vectors.uploads.count, 2)
+        XCTAssertEqual(vectors.uploads.count, 3)
         for vector in vectors.uploads {
             let tokens = try LabelTokens(federationSecret: secret, labelEpoch: vector.labelEpoch)
             let labelTokens = try vector.classNames.map { try tokens.token(className: $0) }
@@ -35,7 +35,8 @@ final class GoldenVectorTests: XCTestCase {
             let metadata = try UploadMetadata(
                 labelTokens: labelTokens, splitDepths: vector.metadata.splitDepths, family: vector.metadata.family,
                 tier: vector.metadata.tier, modelVersion: vector.metadata.modelVersion,
-                clipNorm: vector.metadata.clipNorm, noiseMultiplier: vector.metadata.noiseMultiplier)
+                clipNorm: vector.metadata.clipNorm, noiseMultiplier: vector.metadata.noiseMultiplier,
+                labelDPEpsilon: vector.metadata.labelDpEpsilon)
             XCTAssertEqual(metadata.jsonText(), vector.metadataJson, vector.name)
             let features = try FeatureTensor(values: vector.values.map { Float($0) }, shape: vector.shape)
             let plaintext = try UploadPlaintext.encode(metadata: metadata, features: features)

@@ -126,6 +126,7 @@ struct FeatureEncodingVectors: Decodable {
         let modelVersion: String
         let clipNorm: Double?
         let noiseMultiplier: Double?
+        let labelDpEpsilon: Double?
     }
 
     struct UploadCase: Decodable {

@@ -45,7 +45,8 @@ class FeatureEncodingVectorTest {
             UploadMetadata metadata = new UploadMetadata(labelTokens, depths, meta.getString("family"),
                     meta.getString("tier"), meta.getString("model_version"),
                     meta.has("clip_norm") ? meta.getDouble("clip_norm") : null,
-                    meta.has("noise_multiplier") ? meta.getDouble("noise_multiplier") : null);
+                    meta.has("noise_multiplier") ? meta.getDouble("noise_multiplier") : null,
+                    meta.has("label_dp_epsilon") ? meta.getDouble("label_dp_epsilon") : null);
             assertEquals(c.getString("metadata_json"), metadata.toJson(), c.getString("name"));
             FeatureTensor features = new FeatureTensor(Vectors.floats(c, "values"), Vectors.ints(c, "shape"));
             assertEquals(c.getString("plaintext"), Hex.encode(UploadPlaintext.encode(metadata, features)), c.getString("name"));
