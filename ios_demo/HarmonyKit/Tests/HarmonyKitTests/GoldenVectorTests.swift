@@ -287,7 +287,7 @@ final class GoldenVectorTests: XCTestCase {
         let table = try SlotTable(labelEpoch: XCTUnwrap(manifest.labelEpoch), tokens: XCTUnwrap(manifest.slotTable))
         XCTAssertEqual(try key.tokens(labelEpoch: table.labelEpoch).slotClasses(classNames: manifest.classNames,
                                                                                  slotTable: table.tokens),
-                       "3170952846".map { String($0) })
+                       "3170952846".map { Optional(String($0)) })
 
         let directory = try writeExport(vectors)
         defer { try? FileManager.default.removeItem(at: directory) }

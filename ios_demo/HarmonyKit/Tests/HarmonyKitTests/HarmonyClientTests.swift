@@ -38,7 +38,8 @@ struct FakeSlotTables: SlotTableSource {
         await fetches.increment()
         guard version == "v2" else { throw ServerError(status: 404, detail: "unknown version", retryAfter: nil) }
         let tokens = try LabelTokens(federationSecret: Self.secret, labelEpoch: "e1")
-        return try SlotTable(labelEpoch: "e1", tokens: ["2", "0", "zebra"].map { Hex.encode(try tokens.token(className: $0)) })
+        let table = try ["2", "0", "zebra"].map { try Hex.encode(tokens.token(className: $0)) }
+        return try SlotTable(labelEpoch: "e1", tokens: table)
     }
 }
 
@@ -54,20 +55,19 @@ final class HarmonyClientTests: XCTestCase {
     let server = ServerPrediction(modelVersion: "v2", slotScores: [5, 0, 0], topSlot: 0, confidence: 0.98)
     let fetches = Counter()
 
-    func decoder() throws -> SlotDecoder {
-        SlotDecoder(
-            federationKey: try FederationKey(secret: FakeSlotTables.secret), classNames: ["0", "1", "2"],
-            source: FakeSlotTables(fetches: fetches))
+    func makeDecoder() throws -> SlotDecoder {
+        let key = try FederationKey(secret: FakeSlotTables.secret)
+        return SlotDecoder(federationKey: key, classNames: ["0", "1", "2"], source: FakeSlotTables(fetches: fetches))
     }
 
-    func client(logits: [Float], fallback: (any FallbackServer)?) throws -> HarmonyClient {
-        try HarmonyClient(
-            engine: FakeEngine(logits: logits), exitPolicy: try ExitPolicy(threshold: 0.9), fallback: fallback,
-            slots: decoder())
+    func makeClient(logits: [Float], fallback: (any FallbackServer)?) throws -> HarmonyClient {
+        let policy = try ExitPolicy(threshold: 0.9)
+        return try HarmonyClient(
+            engine: FakeEngine(logits: logits), exitPolicy: policy, fallback: fallback, slots: makeDecoder())
     }
 
     func testAConfidentFrontEndAnswersLocally() async throws {
-        let client = try client(logits: [8, 0, 0], fallback: FakeServer(answer: server))
+        let client = try makeClient(logits: [8, 0, 0], fallback: FakeServer(answer: server))
         let result = try await client.classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .localExit)
         XCTAssertEqual(result.predictedClass, 0)
@@ -75,7 +75,7 @@ final class HarmonyClientTests: XCTestCase {
     }
 
     func testAnUnsureFrontEndAsksTheServerAndDecodesTheSlot() async throws {
-        let client = try client(logits: [1, 0.5, 0], fallback: FakeServer(answer: server))
+        let client = try makeClient(logits: [1, 0.5, 0], fallback: FakeServer(answer: server))
         let result = try await client.classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .server)
         XCTAssertEqual(result.predictedClass, 2, "slot 0 of version v2 holds class \"2\"")
@@ -89,7 +89,7 @@ final class HarmonyClientTests: XCTestCase {
 
     func testASlotWithNoClassOfThisPhoneKeepsTheLocalAnswer() async throws {
         let unnamed = ServerPrediction(modelVersion: "v2", slotScores: [0, 0, 5], topSlot: 2, confidence: 0.9)
-        let result = try await client(logits: [1, 0.5, 0], fallback: FakeServer(answer: unnamed))
+        let result = try await makeClient(logits: [1, 0.5, 0], fallback: FakeServer(answer: unnamed))
             .classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .localServerUnnamed)
         XCTAssertEqual(result.predictedClass, 0)
@@ -98,14 +98,14 @@ final class HarmonyClientTests: XCTestCase {
     }
 
     func testAFallbackServerNeedsASlotDecoder() throws {
+        let policy = try ExitPolicy(threshold: 0.9)
         XCTAssertThrowsError(try HarmonyClient(
-            engine: FakeEngine(logits: [1]), exitPolicy: try ExitPolicy(threshold: 0.9),
-            fallback: FakeServer(answer: server), slots: nil))
+            engine: FakeEngine(logits: [1]), exitPolicy: policy, fallback: FakeServer(answer: server), slots: nil))
     }
 
     func testAFailingOrMissingServerLeavesTheLocalAnswer() async throws {
         for fallback: (any FallbackServer)? in [FakeServer(answer: nil), nil] {
-            let client = try client(logits: [1, 0.5, 0], fallback: fallback)
+            let client = try makeClient(logits: [1, 0.5, 0], fallback: fallback)
             let result = try await client.classify([Float](repeating: 0, count: 784))
             XCTAssertEqual(result.source, .localAfterServerFailure)
             XCTAssertEqual(result.predictedClass, 0)

@@ -83,7 +83,8 @@ public actor SlotDecoder {
         if let known = classesByVersion[prediction.modelVersion] {
             classes = known
         } else {
-            classes = try decode(await source.slotTable(version: prediction.modelVersion))
+            let table = try await source.slotTable(version: prediction.modelVersion)
+            classes = try decode(table)
             classesByVersion[prediction.modelVersion] = classes
         }
         guard classes.indices.contains(prediction.topSlot), let name = classes[prediction.topSlot] else {

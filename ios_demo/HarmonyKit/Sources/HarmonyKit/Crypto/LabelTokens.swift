@@ -63,9 +63,10 @@ public struct LabelTokens: Sendable {
     public func slotClasses(classNames: [String], slotTable: [String]) throws -> [String?] {
         var byToken = [String: String]()
         for name in classNames {
-            byToken[try Hex.encode(token(className: name))] = name
+            let key = try Hex.encode(token(className: name))
+            byToken[key] = name
         }
-        return try slotTable.enumerated().map { slot, token in
+        return try slotTable.enumerated().map { (slot, token) -> String? in
             guard token.utf8.count == 2 * Self.tokenBytes,
                   token.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) })
             else {

@@ -149,7 +149,11 @@ class MainActivity : AppCompatActivity() {
         val current = session ?: return
         val result = lastResult ?: return
         val uploads = current.uploads ?: run {
-            binding.statusText.text = "Enrol first: uploads need the server's sealing key"
+            binding.statusText.text = if (current.enrolled) {
+                "This export names no label epoch (re-export it): uploads cannot be tokened"
+            } else {
+                "Enrol first: uploads need the server's sealing key"
+            }
             return
         }
         val label = binding.labelSpinner.selectedItemPosition
