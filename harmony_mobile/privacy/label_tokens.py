@@ -1,11 +1,17 @@
 """Label tokens: what the server gets instead of a label.
 
-    K_r = HKDF-SHA256(federation_secret, salt=None, info="harmony/label-token/" + r)
-    t   = first 8 bytes of HMAC-SHA256(K_r, class id as 4-byte big-endian)
+    K_e = HKDF-SHA256(federation_secret, salt=None, info="harmony/label-token/" + label epoch, 32)
+    t   = first 8 bytes of HMAC-SHA256(K_e, UTF-8 class name)
 
-Within round r equal labels give equal tokens on every client (so the server can form
-contrastive positives); across rounds the tokens are unlinkable; without the federation secret,
-which only clients hold, the server cannot map a token to a class.
+Within one label epoch (a model lineage: training and its alignment rounds) equal class names give
+equal tokens on every client, so the server can keep a slot per token and train over slots;
+across epochs the tokens are unlinkable; without the federation secret, which only clients hold,
+the server cannot map a token (or its slot) to a class. Java (harmony-core `LabelTokens`) and Swift
+(HarmonyKit `LabelTokens`) implement the same bytes (tests/vectors/label_tokens.json,
+slot_mapping.json).
+
+`round_key` / `label_token` / `label_tokens` are the earlier per-round scheme (class id as u32be
+under a per-round key); they stay only while training code still calls them.
 """
 
 from __future__ import annotations
