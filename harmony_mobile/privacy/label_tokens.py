@@ -9,9 +9,6 @@ across epochs the tokens are unlinkable; without the federation secret, which on
 the server cannot map a token (or its slot) to a class. Java (harmony-core `LabelTokens`) and Swift
 (HarmonyKit `LabelTokens`) implement the same bytes (tests/vectors/label_tokens.json,
 slot_mapping.json).
-
-`round_key` / `label_token` / `label_tokens` are the earlier per-round scheme (class id as u32be
-under a per-round key); they stay only while training code still calls them.
 """
 
 from __future__ import annotations
@@ -23,38 +20,8 @@ from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 TOKEN_BYTES = 8
-ROUND_KEY_BYTES = 32
 EPOCH_KEY_BYTES = 32
 INFO_PREFIX = b"harmony/label-token/"
-
-
-def round_key(federation_secret: bytes, round_id: int | str) -> bytes:
-    """K_r: the per-round (or per key epoch) HMAC key."""
-    if len(federation_secret) < 16:
-        raise ValueError("the federation secret must be at least 16 bytes")
-    hkdf = HKDF(
-        algorithm=hashes.SHA256(),
-        length=ROUND_KEY_BYTES,
-        salt=None,
-        info=INFO_PREFIX + str(round_id).encode(),
-    )
-    return hkdf.derive(federation_secret)
-
-
-def label_token(key: bytes, class_id: int) -> bytes:
-    """trunc64(HMAC-SHA256(K_r, class_id))."""
-    if class_id < 0:
-        raise ValueError(f"class ids are non-negative, got {class_id}")
-    mac = hmac.HMAC(key, hashes.SHA256())
-    mac.update(int(class_id).to_bytes(4, "big"))
-    return mac.finalize()[:TOKEN_BYTES]
-
-
-def label_tokens(key: bytes, class_ids: Iterable[int]) -> tuple[bytes, ...]:
-    """Tokens for a batch of labels (computed once per distinct class)."""
-    class_ids = [int(c) for c in class_ids]
-    table = {c: label_token(key, c) for c in set(class_ids)}
-    return tuple(table[c] for c in class_ids)
 
 
 def tokens_to_groups(tokens: Iterable[bytes]) -> list[int]:
