@@ -99,6 +99,7 @@ def _model_dir(path: Path) -> tuple[Path, bytes]:
     fresh Ed25519 and P-256 keys."""
     from cryptography.hazmat.primitives.asymmetric import ec
     from harmony_mobile.export.keys import p256_public_key_der
+
     from harmony_mobile.federation.slots import SlotTable
 
     torch.manual_seed(0)
