@@ -1,0 +1,195 @@
+"""The Flower ClientApp: one phone of the federation, driven by the ServerApp's messages.
+
+A SuperNode is one client: node config `partition-id` (and `num-partitions`, which must equal
+the run's client count) picks its data split and tier exactly as `harmony train` assigns them.
+Each message runs the registry's own `Algorithm` code on a `Client` rebuilt from that data:
+
+  query.hello        -> which partition this node holds
+  train.round        Broadcast + RNG state -> algorithm.client_round -> ClientUpdate + RNG state
+  train.personalize  Broadcast + RNG state -> algorithm.personalize -> final model + threshold
+
+Per-client algorithm state that must outlive one message (the `local` baseline keeps its own
+model and optimizer between rounds) lives in Flower's `context.state`, as the tensors of the
+algorithm object's attributes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from functools import lru_cache
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from harmony_mobile.algorithms.registry import build_algorithm
+from harmony_mobile.data import load_dataset
+from harmony_mobile.data.partition import make_partition
+from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.messages import Broadcast
+from harmony_mobile.flower.records import (
+    message_to_record,
+    record_to_message,
+    record_to_tensor_dict,
+    tensor_dict_to_record,
+)
+from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.models import FamilyModel, InterfaceSpec, load_tiers
+from harmony_mobile.training import TrainConfig
+
+RNG_RECORD = "rng"
+ALGORITHM_STATE = "algorithm-state"
+SECRET_FILE_KEY = "federation-secret-file"
+
+
+class NodeConfigError(ValueError):
+    """The SuperNode's node config does not describe a client of this run."""
+
+
+@lru_cache(maxsize=4)
+def _client_data(config_json: str, partition_id: int):
+    """Data split and tier of one client: the same dataset, partition and tier order as
+    training.train, so partition p here is client p there. Cached per process: a ClientApp
+    process serves many messages of one run."""
+    config = TrainConfig.model_validate_json(config_json)
+    dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
+    tiers = load_tiers(config.tiers_file).with_input_shape(dataset.input_shape)
+    tier_of_client = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
+    if not 0 <= partition_id < len(tier_of_client):
+        raise NodeConfigError(f"partition-id {partition_id} outside 0..{len(tier_of_client) - 1}")
+    partition = make_partition(
+        config.partition,
+        dataset.labels.numpy(),
+        len(tier_of_client),
+        config.seed,
+        alpha=config.alpha,
+        classes_per_client=config.classes_per_client,
+        client_families=[t.family for t in tier_of_client],
+        classes_per_family=config.classes_per_family,
+    )
+    return dataset, tier_of_client[partition_id], partition.clients[partition_id]
+
+
+def client_count(config: TrainConfig) -> int:
+    return len(load_tiers(config.tiers_file).tiers) * config.clients_per_tier
+
+
+def partition_of(context: Context, config: TrainConfig) -> int:
+    node = context.node_config
+    if "partition-id" not in node or "num-partitions" not in node:
+        raise NodeConfigError("node config needs partition-id and num-partitions")
+    expected = client_count(config)
+    if int(node["num-partitions"]) != expected:
+        raise NodeConfigError(
+            f"node config num-partitions={node['num-partitions']}, the run has {expected} clients"
+        )
+    return int(node["partition-id"])
+
+
+def federation_secret(context: Context) -> bytes:
+    """The secret label tokens are keyed with: a file named by node config (provisioned to every
+    phone, never to the server). Without one the node gets a random secret of its own, which is
+    enough for methods that send no tokens."""
+    path = context.node_config.get(SECRET_FILE_KEY) or os.environ.get("HARMONY_FEDERATION_SECRET_FILE")
+    if not path:
+        return os.urandom(32)
+    return open(str(path), "rb").read()
+
+
+def build_client(context: Context, config: TrainConfig) -> Client:
+    partition_id = partition_of(context, config)
+    dataset, tier, split = _client_data(config.model_dump_json(), partition_id)
+    channels, size, _ = dataset.input_shape
+    interface = InterfaceSpec(config.interface_channels, config.interface_size)
+    return Client(
+        client_id=split.client_id,
+        tier=tier,
+        classes=split.classes,
+        model=FamilyModel(tier.family, channels, size, dataset.num_classes, tier.width, interface),
+        train_x=dataset.images[split.train],
+        train_y=dataset.labels[split.train],
+        val_x=dataset.images[split.val],
+        val_y=dataset.labels[split.val],
+        federation_secret=federation_secret(context),
+    )
+
+
+def rng_record(generator: torch.Generator) -> ArrayRecord:
+    """The round's randomness as the client leaves it, so the next client continues the stream
+    exactly as the in-process engine does."""
+    return tensor_dict_to_record({"generator": generator.get_state(), "torch": torch.get_rng_state()})
+
+
+def restore_rng(record: ArrayRecord) -> torch.Generator:
+    states = record_to_tensor_dict(record)
+    torch.set_rng_state(states["torch"])
+    generator = torch.Generator()
+    generator.set_state(states["generator"])
+    return generator
+
+
+def load_algorithm_state(algorithm, context: Context) -> None:
+    if ALGORITHM_STATE in context.state.config_records:
+        blob = context.state.config_records[ALGORITHM_STATE]["blob"]
+        vars(algorithm).update(torch.load(io.BytesIO(blob), weights_only=True))
+
+
+def save_algorithm_state(algorithm, context: Context) -> None:
+    state = {k: v for k, v in vars(algorithm).items() if k not in ("config", "name")}
+    if state:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        context.state.config_records[ALGORITHM_STATE] = ConfigRecord({"blob": buffer.getvalue()})
+
+
+def make_client_app(settings: FlowerSettings | None = None) -> ClientApp:
+    """A ClientApp; without `settings` it reads them from the run config (`flwr run`)."""
+    app = ClientApp()
+
+    def setup(context: Context):
+        run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+        config = run_settings.train_config
+        torch.set_num_threads(config.threads)
+        algorithm = build_algorithm(config.algorithm, config.algorithm_config)
+        load_algorithm_state(algorithm, context)
+        return config, algorithm, build_client(context, config)
+
+    @app.query("hello")
+    def hello(message: Message, context: Context) -> Message:
+        config = (settings or FlowerSettings.from_run_config(dict(context.run_config))).train_config
+        reply = ConfigRecord({"partition-id": partition_of(context, config)})
+        return Message(RecordDict({"node": reply}), reply_to=message)
+
+    @app.train("round")
+    def train_round(message: Message, context: Context) -> Message:
+        _, algorithm, client = setup(context)
+        broadcast = record_to_message(message.content, Broadcast)
+        generator = restore_rng(message.content.array_records[RNG_RECORD])
+        client.receive(broadcast)
+        update = algorithm.client_round(client, None, broadcast.round_id, generator)
+        save_algorithm_state(algorithm, context)
+        content = message_to_record(update)
+        content[RNG_RECORD] = rng_record(generator)
+        return Message(content, reply_to=message)
+
+    @app.train("personalize")
+    def personalize(message: Message, context: Context) -> Message:
+        _, algorithm, client = setup(context)
+        broadcast = record_to_message(message.content, Broadcast)
+        generator = restore_rng(message.content.array_records[RNG_RECORD])
+        client.receive(broadcast)
+        algorithm.personalize(client, None, generator)
+        content = RecordDict(
+            {
+                "model": tensor_dict_to_record(client.model.state_dict()),
+                "client": ConfigRecord({"threshold": float(client.threshold), "client-id": client.client_id}),
+                RNG_RECORD: rng_record(generator),
+            }
+        )
+        return Message(content, reply_to=message)
+
+    return app
+
+
+app = make_client_app()

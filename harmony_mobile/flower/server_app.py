@@ -1,0 +1,169 @@
+"""The Flower ServerApp: family meta-weights, the back-end and the rounds, driven over a Grid.
+
+It runs `harmony train`'s own steps (flower/run.py) with the client turns of a round sent as
+messages to the SuperNodes that hold those clients. A round visits its sampled clients in the
+same order and with the same randomness stream as the in-process engine (each client returns
+the RNG state it leaves, the next one continues it), so the arithmetic is the same and the two
+engines produce the same numbers.
+
+A client that does not answer within `reply_timeout` (dead SuperNode, error in its ClientApp)
+is left out of the round; the round proceeds if at least `min_replies` answered, otherwise the
+run stops with its last checkpoint intact and a rerun resumes after it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from flwr.app import Context, Message, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from harmony_mobile.federation.messages import Broadcast, ClientUpdate
+from harmony_mobile.flower.client_app import RNG_RECORD, rng_record
+from harmony_mobile.flower.records import (
+    message_to_record,
+    record_to_message,
+    record_to_tensor_dict,
+)
+from harmony_mobile.flower.settings import FlowerSettings
+
+log = logging.getLogger(__name__)
+TRANSPORT_LOG = "flower_rounds.jsonl"  # per round: replies, missing clients, bytes each way, seconds
+
+
+class FlowerRunError(RuntimeError):
+    """The federation cannot go on (too few nodes or replies); the last checkpoint stays valid."""
+
+
+def record_bytes(content: RecordDict) -> int:
+    return sum(record.count_bytes() for record in content.values())
+
+
+@dataclass
+class FlowerClients:
+    """The server's view of the SuperNodes: which node holds which client, and traffic counters."""
+
+    grid: Grid
+    settings: FlowerSettings
+    node_of_client: dict[int, int] = field(default_factory=dict)
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+    def connect(self, expected: int) -> None:
+        """Wait for the SuperNodes, then ask each which client (partition) it holds."""
+        deadline = time.monotonic() + self.settings.node_wait_timeout
+        node_ids = list(self.grid.get_node_ids())
+        while len(node_ids) < expected and time.monotonic() < deadline:
+            time.sleep(0.5)
+            node_ids = list(self.grid.get_node_ids())
+        if len(node_ids) < self.settings.min_replies:
+            raise FlowerRunError(
+                f"{len(node_ids)} SuperNodes connected within {self.settings.node_wait_timeout:g} s; "
+                f"the run needs at least min_replies={self.settings.min_replies}"
+            )
+        hello = [Message(RecordDict(), dst_node_id=n, message_type="query.hello") for n in node_ids]
+        for reply in self.grid.send_and_receive(hello, timeout=self.settings.reply_timeout):
+            if reply.has_error():
+                log.warning("node %s: %s", reply.metadata.src_node_id, reply.error.reason)
+                continue
+            partition = int(reply.content.config_records["node"]["partition-id"])
+            if partition in self.node_of_client:
+                raise FlowerRunError(f"two SuperNodes claim partition-id {partition}")
+            self.node_of_client[partition] = reply.metadata.src_node_id
+        log.info("%d of %d clients connected", len(self.node_of_client), expected)
+
+    def ask(self, client_id: int, message_type: str, content: RecordDict, round_id: int) -> RecordDict | None:
+        """One client's turn: the reply's content, or None when it does not come in time."""
+        node = self.node_of_client.get(client_id)
+        if node is None:
+            return None
+        message = Message(content, dst_node_id=node, message_type=message_type, group_id=str(round_id))
+        self.bytes_sent += record_bytes(content)
+        replies = list(self.grid.send_and_receive([message], timeout=self.settings.reply_timeout))
+        if not replies or replies[0].has_error():
+            reason = replies[0].error.reason if replies else "no reply in time"
+            log.warning("client %d (node %d), %s: %s", client_id, node, message_type, reason)
+            return None
+        self.bytes_received += record_bytes(replies[0].content)
+        return replies[0].content
+
+    def client_turn(
+        self, client_id: int, message_type: str, broadcast: Broadcast, generator: torch.Generator
+    ) -> RecordDict | None:
+        """Send a Broadcast and the round's RNG state; on a reply, continue the RNG from the client's."""
+        content = message_to_record(broadcast)
+        content[RNG_RECORD] = rng_record(generator)
+        reply = self.ask(client_id, message_type, content, broadcast.round_id)
+        if reply is not None:
+            states = record_to_tensor_dict(reply[RNG_RECORD])
+            generator.set_state(states["generator"])
+            torch.set_rng_state(states["torch"])
+        return reply
+
+    def train_round(self, federation, client_ids, round_id: int, generator) -> list[ClientUpdate]:
+        updates = []
+        for client_id in client_ids:
+            family = federation.clients[client_id].tier.family
+            broadcast = Broadcast(round_id, family, federation.family_weights[family], f"round-{round_id}")
+            reply = self.client_turn(client_id, "train.round", broadcast, generator)
+            if reply is not None:
+                updates.append(record_to_message(reply, ClientUpdate))
+        if len(updates) < self.settings.min_replies:
+            raise FlowerRunError(
+                f"round {round_id}: {len(updates)} of {len(client_ids)} sampled clients replied, "
+                f"fewer than min_replies={self.settings.min_replies}; the run stops at its last checkpoint"
+            )
+        return updates
+
+    def personalize(self, federation, generator: torch.Generator) -> list[int]:
+        """Every client personalizes from its family's meta-weights; the server's harness copy of
+        it takes the final model and threshold (for evaluation and the run dir). Returns the ids of
+        clients that did not answer (their harness copy keeps the meta-weights)."""
+        missing = []
+        for client in federation.clients:
+            family = client.tier.family
+            broadcast = Broadcast(-1, family, federation.family_weights[family], "round--1")
+            reply = self.client_turn(client.client_id, "train.personalize", broadcast, generator)
+            if reply is None:
+                missing.append(client.client_id)
+                client.receive(broadcast)
+                continue
+            client.model.load_state_dict(record_to_tensor_dict(reply["model"]))
+            client.threshold = float(reply.config_records["client"]["threshold"])
+        return missing
+
+    def log_round(self, run_path: Path, round_id: int, sampled: int, replied: int, seconds: float) -> None:
+        entry = {
+            "round": round_id,
+            "sampled": sampled,
+            "replied": replied,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+            "seconds": seconds,
+        }
+        with open(run_path / TRANSPORT_LOG, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+        self.bytes_sent = self.bytes_received = 0
+
+
+def make_server_app(settings: FlowerSettings | None = None) -> ServerApp:
+    """A ServerApp; without `settings` it reads them from the run config (`flwr run`)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        from harmony_mobile.flower.run import train_on_grid
+
+        run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+        results = train_on_grid(grid, run_settings)
+        log.info("finished: %s", results.get("summary"))
+
+    return app
+
+
+app = make_server_app()
