@@ -150,10 +150,14 @@ def train_on_grid(grid, settings: FlowerSettings) -> dict:
     config, run_path = settings.train_config, Path(settings.run_dir)
     check_supported(config)
     federation, dataset, partition, info, backend, projection = setup_federation(config, run_path)
+    phases = {"setup": time.perf_counter() - started}
     transport = FlowerClients(grid, settings)
     transport.connect(len(federation.clients))
+    phases["connect"] = time.perf_counter() - started - sum(phases.values())
     history = run_flower_rounds(federation, transport, config, run_path)
+    phases["rounds"] = time.perf_counter() - started - sum(phases.values())
     missing = transport.personalize(federation, round_generator(config.seed, config.rounds))
+    phases["personalize"] = time.perf_counter() - started - sum(phases.values())
     if len(federation.clients) - len(missing) < settings.min_replies:
         raise FlowerRunError(f"{len(missing)} clients did not return their personalized model")
     algorithm, clients = federation.algorithm, federation.clients
@@ -184,6 +188,7 @@ def train_on_grid(grid, settings: FlowerSettings) -> dict:
     results["rounds"] = len(history)
     results["thresholds"] = {c.name: c.threshold for c in clients}
     results["engine"] = "flower"
+    results["phase_seconds"] = phases
     results["clients_without_personalization"] = missing
     (run_path / "final_metrics.json").write_text(json.dumps(results, indent=2))
     return results
