@@ -75,6 +75,15 @@ def train(
     config: Annotated[
         Path | None, typer.Option(help="YAML/JSON with TrainConfig fields (flags override it)")
     ] = None,
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="inprocess (default) | flower (Flower's Simulation Engine, one virtual SuperNode per client)"
+        ),
+    ] = "inprocess",
+    min_replies: Annotated[
+        int, typer.Option(help="flower: a round with fewer client replies stops the run (resumable)")
+    ] = 1,
 ) -> None:
     """Train and meta-adapt front-ends and the server back-end (HARMONY or a baseline)."""
     import yaml
@@ -107,9 +116,23 @@ def train(
         noise_multiplier=noise_multiplier,
     )
     values.update({k: v for k, v in flags.items() if v is not None})
+    if engine not in ("inprocess", "flower"):
+        fail(f"unknown engine {engine!r}: inprocess or flower")
     try:
         train_config = TrainConfig(**values)
-        results = run_training(train_config, run_dir)
+        if engine == "flower":
+            from harmony_mobile.flower.run import FlowerRunError, train_flower
+            from harmony_mobile.flower.settings import FlowerSettings
+
+            settings = FlowerSettings(
+                train_config=train_config, run_dir=str(run_dir), min_replies=min_replies
+            )
+            try:
+                results = train_flower(settings)
+            except FlowerRunError as error:
+                fail(str(error))
+        else:
+            results = run_training(train_config, run_dir)
     except ValidationError as error:
         fail(f"invalid training configuration:\n{error}")
     except (RunDirError, ValueError, FileNotFoundError) as error:

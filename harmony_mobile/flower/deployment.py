@@ -81,8 +81,19 @@ class LocalDeployment:
 
     def start(self) -> None:
         self.port = free_port()
-        superlink = [flower_bin("flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(self.port)]
-        superlink += ["--disable-runtime-dependency-installation", "--database", str(self.work_dir / "state.db")]
+        superlink = [
+            flower_bin("flower-superlink"),
+            "--insecure",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        superlink += [
+            "--disable-runtime-dependency-installation",
+            "--database",
+            str(self.work_dir / "state.db"),
+        ]
         self._spawn("superlink", superlink)
         self._wait_for_port(self.port, "flower-superlink")
         for partition in range(self.num_clients):
@@ -118,7 +129,15 @@ class LocalDeployment:
         the run to end (the ServerApp writes the run dir)."""
         overrides = self.work_dir / "run_config.toml"
         overrides.write_text(tomli_w.dumps(settings.to_run_config()))
-        args = [flower_bin("flwr"), "run", str(APP_DIR), CONNECTION, "--run-config", str(overrides), "--stream"]
+        args = [
+            flower_bin("flwr"),
+            "run",
+            str(APP_DIR),
+            CONNECTION,
+            "--run-config",
+            str(overrides),
+            "--stream",
+        ]
         result = subprocess.run(
             args, env=self.environment(), cwd=self.work_dir, capture_output=True, text=True, timeout=timeout
         )

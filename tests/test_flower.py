@@ -1,0 +1,140 @@
+"""The Flower app's logic, on a Grid that delivers to ClientApps in this process (flower_fixtures):
+message <-> record conversion, the same numbers as the in-process engine, missing replies, resume.
+The real Simulation Engine and a SuperLink/SuperNode deployment: test_flower_engines.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from harmony_mobile.federation import messages
+from harmony_mobile.flower.client_app import make_client_app
+from harmony_mobile.flower.records import RecordError, message_to_record, record_to_message
+from harmony_mobile.flower.run import FlowerRunError, check_supported, train_on_grid
+from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.run_dir import RunDir
+from harmony_mobile.training import TrainConfig, train
+from tests.flower_fixtures import LoopbackGrid
+
+TINY = {"local_steps": 2, "batch_size": 16}
+
+
+def tiny_config(algorithm: str = "fedavg", rounds: int = 2, **extra) -> TrainConfig:
+    return TrainConfig(
+        dataset="digits",
+        dataset_limit=600,
+        clients_per_tier=1,
+        rounds=rounds,
+        algorithm=algorithm,
+        algorithm_config=TINY,
+        threads=1,
+        **extra,
+    )
+
+
+def example_messages() -> list:
+    tensor = torch.randn(3, 2, 4, 4)
+    return [
+        messages.Broadcast(2, "cnn", {"w": torch.randn(2, 2), "n": torch.tensor(3)}, "round-2"),
+        messages.FeatureUpload("client-001", 2, tensor, (b"12345678",) * 3, (1, 2, 2), "cnn", "t", "v"),
+        messages.InterfaceGradients("client-001", 2, tensor),
+        messages.ClientUpdate("client-001", 2, "cnn", "t", {"w": torch.randn(5)}, 40, {"loss": 0.5}),
+        messages.ClientUpdate("client-002", 0, "cnn", "t", {}, 40, {}),
+        messages.ReplayFeatures("client-001", tensor, 2, "cnn", "t"),
+    ]
+
+
+def same_message(a, b) -> bool:
+    for field in dataclasses.fields(a):
+        x, y = getattr(a, field.name), getattr(b, field.name)
+        if isinstance(x, torch.Tensor):
+            if not (torch.equal(x, y) and x.dtype == y.dtype):
+                return False
+        elif isinstance(x, dict) and x and isinstance(next(iter(x.values())), torch.Tensor):
+            if x.keys() != y.keys() or not all(torch.equal(x[k], y[k]) for k in x):
+                return False
+        elif x != y or type(x) is not type(y):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("message", example_messages(), ids=lambda m: type(m).__name__)
+def test_every_message_survives_the_record_round_trip(message):
+    assert same_message(record_to_message(message_to_record(message)), message)
+
+
+def test_a_record_of_another_type_or_with_extra_fields_is_refused():
+    record = message_to_record(example_messages()[3])
+    with pytest.raises(RecordError, match="expected Broadcast, got 'ClientUpdate'"):
+        record_to_message(record, messages.Broadcast)
+    record.config_records["fields"]["label"] = 3
+    with pytest.raises(RecordError, match="unknown fields"):
+        record_to_message(record)
+    with pytest.raises(RecordError, match="is not a message"):
+        message_to_record(object())
+
+
+def test_settings_travel_as_flat_run_config_and_missing_keys_are_named():
+    settings = FlowerSettings(train_config=tiny_config(), run_dir="runs/x", min_replies=2)
+    assert FlowerSettings.from_run_config(settings.to_run_config()) == settings
+    with pytest.raises(ValueError, match="lacks \\['run-dir'\\]"):
+        FlowerSettings.from_run_config({"train-config": "{}"})
+
+
+def test_centralized_is_refused_with_the_reason():
+    with pytest.raises(ValueError, match="non-federated upper bound"):
+        check_supported(tiny_config("centralized"))
+
+
+def run_on_loopback(tmp_path, config, name="flower", **grid_options):
+    settings = FlowerSettings(train_config=config, run_dir=str(tmp_path / name), reply_timeout=5)
+    grid = LoopbackGrid(make_client_app(settings), 4, **grid_options)
+    return train_on_grid(grid, settings), tmp_path / name
+
+
+def metric_lines(run_path) -> list[dict]:
+    return [json.loads(line) for line in (run_path / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "local"])
+def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, algorithm):
+    """Same seed, data and budget: every client turn is the same arithmetic in the same order with
+    the same random streams, so metrics, thresholds and every saved front-end are bit-identical."""
+    config = tiny_config(algorithm, clients_per_round=3)
+    flower, flower_path = run_on_loopback(tmp_path, config)
+    reference = train(config, tmp_path / "inprocess", show_progress=False)
+    assert metric_lines(flower_path) == metric_lines(tmp_path / "inprocess")
+    for key in ("summary", "mean", "thresholds"):  # json: NaN rates compare equal to NaN
+        assert json.dumps(flower[key], sort_keys=True) == json.dumps(reference[key], sort_keys=True)
+    mine, theirs = RunDir(flower_path), RunDir(tmp_path / "inprocess")
+    assert mine.info.model_version == theirs.info.model_version
+    for a, b in zip(mine.clients(), theirs.clients(), strict=True):
+        assert a.front_end_state.keys() == b.front_end_state.keys()
+        assert all(torch.equal(a.front_end_state[k], b.front_end_state[k]) for k in a.front_end_state)
+    transport = [json.loads(line) for line in (flower_path / "flower_rounds.jsonl").read_text().splitlines()]
+    assert [t["replied"] for t in transport] == [3, 3]
+    assert all(t["bytes_sent"] > 0 and t["bytes_received"] > 0 for t in transport)
+
+
+def test_a_silent_client_is_left_out_and_the_round_proceeds(tmp_path):
+    results, run_path = run_on_loopback(tmp_path, tiny_config(), dead=[1])
+    assert [m["clients"] for m in metric_lines(run_path)] == [3, 3]
+    assert results["clients_without_personalization"] == [1]
+    assert (run_path / "final_metrics.json").is_file()
+
+
+def test_too_few_replies_stop_the_run_and_a_rerun_resumes_from_the_checkpoint(tmp_path):
+    config = tiny_config(rounds=3)
+    with pytest.raises(FlowerRunError, match="round 1: 0 of 4 sampled clients replied"):
+        run_on_loopback(tmp_path, config, fail_from_round=1)
+    run_path = tmp_path / "flower"
+    assert [m["round"] for m in metric_lines(run_path)] == [0]
+    assert torch.load(run_path / "checkpoints/last.pt", weights_only=True)["completed_round"] == 0
+    resumed, _ = run_on_loopback(tmp_path, config)
+    uninterrupted, _ = run_on_loopback(tmp_path, config, name="uninterrupted")
+    assert [m["round"] for m in metric_lines(run_path)] == [0, 1, 2]
+    assert metric_lines(run_path) == metric_lines(tmp_path / "uninterrupted")
+    assert json.dumps(resumed["summary"]) == json.dumps(uninterrupted["summary"])
