@@ -17,7 +17,9 @@ from flwr.supercore.task_identity import TaskIdentity
 class LoopbackGrid(Grid):
     """Nodes 101, 102, ... hold partitions 0, 1, ...; `dead` partitions never answer."""
 
-    def __init__(self, client_app, num_clients: int, dead: Iterable[int] = (), fail_from_round: int | None = None):
+    def __init__(
+        self, client_app, num_clients: int, dead: Iterable[int] = (), fail_from_round: int | None = None
+    ):
         TaskIdentity.run_id, TaskIdentity.task_id, TaskIdentity.node_id = 1, 1, 0
         self.client_app = client_app
         self.contexts = {
@@ -59,7 +61,9 @@ class LoopbackGrid(Grid):
             node = message.metadata.dst_node_id
             self.sent.append(message.metadata.message_type)
             group = message.metadata.group_id
-            silent = self.fail_from_round is not None and group.isdigit() and int(group) >= self.fail_from_round
+            silent = (
+                self.fail_from_round is not None and group.isdigit() and int(group) >= self.fail_from_round
+            )
             if node in self.dead or silent:
                 continue
             replies.append(self.client_app(message, self.contexts[node]))

@@ -67,7 +67,10 @@ class LocalDeployment:
         return env
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
-        log = open(self.work_dir / f"{name}.log", "wb")
+        with open(self.work_dir / f"{name}.log", "wb") as log:  # the child keeps its own handle
+            return self._popen(args, log)
+
+    def _popen(self, args: list[str], log) -> subprocess.Popen:
         process = subprocess.Popen(
             args,
             stdout=log,
@@ -80,6 +83,7 @@ class LocalDeployment:
         return process
 
     def start(self) -> None:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         superlink = [
             flower_bin("flower-superlink"),

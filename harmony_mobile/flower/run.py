@@ -207,7 +207,8 @@ def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -
     tiers = load_tiers(config.tiers_file)
     check_tiers(tiers)
     prepare_run_dir(Path(settings.run_dir), config)  # bad run dirs fail before Ray starts
-    resources = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}}
+    # a round's client turns run one after another (server_app.py), so one actor serves them all
+    resources = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 1}}
     run_simulation(
         server_app=make_server_app(settings),
         client_app=make_client_app(settings),
