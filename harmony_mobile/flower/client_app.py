@@ -28,6 +28,7 @@ from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.messages import Broadcast
+from harmony_mobile.flower import split
 from harmony_mobile.flower.records import (
     message_to_record,
     record_to_message,
@@ -143,17 +144,54 @@ def save_algorithm_state(algorithm, context: Context) -> None:
         context.state.config_records[ALGORITHM_STATE] = ConfigRecord({"blob": buffer.getvalue()})
 
 
+def run_turn(context: Context, content: RecordDict, settings: FlowerSettings | None, work) -> RecordDict:
+    """One message of a client's turn: run `work(algorithm, client, server, broadcast, generator)`
+    from the turn's start, with the server's answers so far (split.py); returns the reply's content:
+    the next split-step request, or `work`'s result plus the RNG state it leaves."""
+    run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+    config = run_settings.train_config
+    torch.set_num_threads(config.threads)
+    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
+    server = None
+    if algorithm.uses_split:
+        if split.is_continuation(content):
+            split.record_reply(context.state, content)
+            content = split.turn_start(context.state)
+        else:
+            split.save_turn_start(context.state, content)
+        server = split.ReplayServer(*split.recorded_steps(context.state))
+    load_algorithm_state(algorithm, context)
+    client = build_client(context, config)
+    broadcast = record_to_message(content, Broadcast)
+    generator = restore_rng(content.array_records[RNG_RECORD])
+    client.receive(broadcast)
+    try:
+        result = work(algorithm, client, server, broadcast, generator)
+    except split.SplitStepNeeded as needed:
+        split.set_pending(context.state, needed.digest)
+        return split.step_request(needed)
+    save_algorithm_state(algorithm, context)
+    result[RNG_RECORD] = rng_record(generator)
+    return result
+
+
+def client_round(algorithm, client: Client, server, broadcast: Broadcast, generator) -> RecordDict:
+    return message_to_record(algorithm.client_round(client, server, broadcast.round_id, generator))
+
+
+def personalize(algorithm, client: Client, server, broadcast: Broadcast, generator) -> RecordDict:
+    algorithm.personalize(client, server, generator)
+    return RecordDict(
+        {
+            "model": tensor_dict_to_record(client.model.state_dict()),
+            "client": ConfigRecord({"threshold": float(client.threshold), "client-id": client.client_id}),
+        }
+    )
+
+
 def make_client_app(settings: FlowerSettings | None = None) -> ClientApp:
     """A ClientApp; without `settings` it reads them from the run config (`flwr run`)."""
     app = ClientApp()
-
-    def setup(context: Context):
-        run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
-        config = run_settings.train_config
-        torch.set_num_threads(config.threads)
-        algorithm = build_algorithm(config.algorithm, config.algorithm_config)
-        load_algorithm_state(algorithm, context)
-        return config, algorithm, build_client(context, config)
 
     @app.query("hello")
     def hello(message: Message, context: Context) -> Message:
@@ -163,31 +201,11 @@ def make_client_app(settings: FlowerSettings | None = None) -> ClientApp:
 
     @app.train("round")
     def train_round(message: Message, context: Context) -> Message:
-        _, algorithm, client = setup(context)
-        broadcast = record_to_message(message.content, Broadcast)
-        generator = restore_rng(message.content.array_records[RNG_RECORD])
-        client.receive(broadcast)
-        update = algorithm.client_round(client, None, broadcast.round_id, generator)
-        save_algorithm_state(algorithm, context)
-        content = message_to_record(update)
-        content[RNG_RECORD] = rng_record(generator)
-        return Message(content, reply_to=message)
+        return Message(run_turn(context, message.content, settings, client_round), reply_to=message)
 
     @app.train("personalize")
-    def personalize(message: Message, context: Context) -> Message:
-        _, algorithm, client = setup(context)
-        broadcast = record_to_message(message.content, Broadcast)
-        generator = restore_rng(message.content.array_records[RNG_RECORD])
-        client.receive(broadcast)
-        algorithm.personalize(client, None, generator)
-        content = RecordDict(
-            {
-                "model": tensor_dict_to_record(client.model.state_dict()),
-                "client": ConfigRecord({"threshold": float(client.threshold), "client-id": client.client_id}),
-                RNG_RECORD: rng_record(generator),
-            }
-        )
-        return Message(content, reply_to=message)
+    def train_personalize(message: Message, context: Context) -> Message:
+        return Message(run_turn(context, message.content, settings, personalize), reply_to=message)
 
     return app
 

@@ -24,6 +24,7 @@ from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from harmony_mobile.federation.messages import Broadcast, ClientUpdate
+from harmony_mobile.flower import split
 from harmony_mobile.flower.client_app import RNG_RECORD, rng_record
 from harmony_mobile.flower.records import (
     message_to_record,
@@ -93,12 +94,20 @@ class FlowerClients:
         return replies[0].content
 
     def client_turn(
-        self, client_id: int, message_type: str, broadcast: Broadcast, generator: torch.Generator
+        self, federation, client_id: int, message_type: str, broadcast: Broadcast, generator: torch.Generator
     ) -> RecordDict | None:
-        """Send a Broadcast and the round's RNG state; on a reply, continue the RNG from the client's."""
+        """Send a Broadcast and the round's RNG state, answer the client's split steps with the
+        server's `step` (split.py), and on its final reply continue the RNG from the client's."""
         content = message_to_record(broadcast)
         content[RNG_RECORD] = rng_record(generator)
         reply = self.ask(client_id, message_type, content, broadcast.round_id)
+        while reply is not None and split.is_step_request(reply):
+            upload, update = split.read_step_request(reply)
+            if federation.server is None or upload.client_id != federation.clients[client_id].name:
+                log.warning("client %d sent a split step it cannot send; left out", client_id)
+                return None
+            gradients = federation.server.step(upload, update=update)
+            reply = self.ask(client_id, message_type, message_to_record(gradients), broadcast.round_id)
         if reply is not None:
             states = record_to_tensor_dict(reply[RNG_RECORD])
             generator.set_state(states["generator"])
@@ -110,7 +119,7 @@ class FlowerClients:
         for client_id in client_ids:
             family = federation.clients[client_id].tier.family
             broadcast = Broadcast(round_id, family, federation.family_weights[family], f"round-{round_id}")
-            reply = self.client_turn(client_id, "train.round", broadcast, generator)
+            reply = self.client_turn(federation, client_id, "train.round", broadcast, generator)
             if reply is not None:
                 updates.append(record_to_message(reply, ClientUpdate))
         if len(updates) < self.settings.min_replies:
@@ -128,7 +137,7 @@ class FlowerClients:
         for client in federation.clients:
             family = client.tier.family
             broadcast = Broadcast(-1, family, federation.family_weights[family], "round--1")
-            reply = self.client_turn(client.client_id, "train.personalize", broadcast, generator)
+            reply = self.client_turn(federation, client.client_id, "train.personalize", broadcast, generator)
             if reply is None:
                 missing.append(client.client_id)
                 client.receive(broadcast)
