@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -200,12 +201,29 @@ def privacy_report(config: TrainConfig, clients: list[Client]) -> dict:
     }
 
 
-def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> dict:
-    """Train, personalize, calibrate, evaluate and write the run directory; returns final metrics."""
-    started = time.perf_counter()
-    torch.set_num_threads(config.threads)
-    run_path = Path(run_path)
-    # bad tiers or algorithm settings fail before the run directory is touched
+@dataclass
+class TrainingRun:
+    """Everything `harmony train` sets up before the rounds and finishes after them; the engines
+    (in-process here, Flower in harmony_mobile/flower) run the rounds and personalization between."""
+
+    config: TrainConfig
+    run_path: Path
+    started: float
+    dataset: Any
+    partition: Partition
+    info: RunInfo
+    federation: Federation
+    backend: Backend
+    projection: ProjectionHead
+    label_epoch: str
+
+    @property
+    def clients(self) -> list[Client]:
+        return self.federation.clients
+
+
+def check_config(config: TrainConfig) -> TierSet:
+    """Bad tiers or algorithm settings fail before the run directory is touched."""
     tiers = load_tiers(config.tiers_file)
     check_tiers(tiers)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
@@ -215,13 +233,13 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
             f"tiers {', '.join(fixed)} fix a max-softmax exit threshold, but {config.algorithm!r} exits by "
             f"{algorithm.exit_rule!r}: remove `threshold` from those tiers"
         )
-    prepare_run_dir(run_path, config)
+    return tiers
 
-    dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
-    tiers = tiers.with_input_shape(dataset.input_shape)
-    interface = InterfaceSpec(config.interface_channels, config.interface_size)
+
+def client_partition(config: TrainConfig, tiers: TierSet, dataset) -> Partition:
+    """Client i of the run holds split i and the i-th tier slot (tiers in file order, each repeated)."""
     families = [tier.family for tier in tiers.tiers for _ in range(config.clients_per_tier)]
-    partition = make_partition(
+    return make_partition(
         config.partition,
         dataset.labels.numpy(),
         len(families),
@@ -231,9 +249,22 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
         client_families=families,
         classes_per_family=config.classes_per_family,
     )
+
+
+def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
+    """Checks, run dir, data, partition, clients, run.json, back-end and the federation."""
+    started = time.perf_counter()
+    torch.set_num_threads(config.threads)
+    run_path = Path(run_path)
+    tiers = check_config(config)
+    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
+    prepare_run_dir(run_path, config)
+    dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
+    tiers = tiers.with_input_shape(dataset.input_shape)
+    interface = InterfaceSpec(config.interface_channels, config.interface_size)
+    partition = client_partition(config, tiers, dataset)
     secret, label_epoch = lineage_secrets(run_path)
     clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
-
     info = RunInfo(
         algorithm=config.algorithm,
         dataset=dataset.name,
@@ -257,7 +288,6 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
         },
     )
     write_run_info(run_path, info)
-
     torch.manual_seed(config.seed)
     backend = Backend(interface, dataset.num_classes)
     projection = ProjectionHead(backend.feature_dim)
@@ -265,28 +295,23 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
     server = (
         SplitServer(backend, projection, server_config, label_epoch) if server_config is not None else None
     )
-    federation = Federation(
-        algorithm, clients, initial_family_weights(config, tiers, dataset, interface), server
+    weights = initial_family_weights(config, tiers, dataset, interface)
+    federation = Federation(algorithm, clients, weights, server)
+    return TrainingRun(
+        config, run_path, started, dataset, partition, info, federation, backend, projection, label_epoch
     )
 
-    clients_per_round = config.clients_per_round or len(clients)
-    history = run_rounds(
-        federation, config.rounds, clients_per_round, config.seed, run_path, show_progress=show_progress
-    )
 
-    # final personalization from the meta-weights on each client's own data, then tau calibration
-    generator = round_generator(config.seed, config.rounds)
-    for client in clients:
-        federation.broadcast(client)
-        algorithm.personalize(client, server, generator)
-
-    served = ServedBackend(backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
-    results = evaluate(
-        clients, served, dataset.images, dataset.labels, partition, config.seed, algorithm.exit_rule
-    )
-    version = model_version(backend, config.algorithm)
-    for client in clients:
-        split = partition.clients[client.client_id]
+def finish_run(run: TrainingRun, history: list[dict]) -> dict:
+    """Evaluate the personalized clients, write their artifacts, the back-end and final metrics."""
+    config, run_path, algorithm = run.config, run.run_path, run.federation.algorithm
+    server = run.federation.server
+    served = ServedBackend(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
+    images, labels = run.dataset.images, run.dataset.labels
+    results = evaluate(run.clients, served, images, labels, run.partition, config.seed, algorithm.exit_rule)
+    version = model_version(run.backend, config.algorithm)
+    for client in run.clients:
+        split = run.partition.clients[client.client_id]
         save_client(
             run_path,
             ClientArtifact(
@@ -301,19 +326,45 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
             ),
         )
     # the replay set alignment rounds keep the back-end's predictions on (federation/replay.py)
-    replay = collect_replay(clients, config.seed) if algorithm.uses_split else None
-    slot_table = server.slot_table if server is not None else SlotTable(label_epoch, dataset.num_classes)
+    replay = collect_replay(run.clients, config.seed) if algorithm.uses_split else None
+    num_classes = run.dataset.num_classes
+    slot_table = server.slot_table if server is not None else SlotTable(run.label_epoch, num_classes)
+    class_names = run.dataset.class_names
     save_backend(
-        run_path / "backend.pt", backend, projection, version, dataset.class_names, slot_table, replay
+        run_path / "backend.pt", run.backend, run.projection, version, class_names, slot_table, replay
     )
-    privacy = privacy_report(config, clients)
-    write_run_info(run_path, info.model_copy(update={"model_version": version, "privacy": privacy}))
+    privacy = privacy_report(config, run.clients)
+    write_run_info(run_path, run.info.model_copy(update={"model_version": version, "privacy": privacy}))
     results["privacy"] = privacy
-    results["train_seconds"] = time.perf_counter() - started
+    results["train_seconds"] = time.perf_counter() - run.started
     results["rounds"] = len(history)
-    results["thresholds"] = {c.name: c.threshold for c in clients}
-    (run_path / "final_metrics.json").write_text(json.dumps(results, indent=2))
+    results["thresholds"] = {c.name: c.threshold for c in run.clients}
     return results
+
+
+def write_final_metrics(run: TrainingRun, results: dict) -> dict:
+    (run.run_path / "final_metrics.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> dict:
+    """Train, personalize, calibrate, evaluate and write the run directory; returns final metrics."""
+    run = start_run(config, run_path)
+    clients_per_round = config.clients_per_round or len(run.clients)
+    history = run_rounds(
+        run.federation,
+        config.rounds,
+        clients_per_round,
+        config.seed,
+        run.run_path,
+        show_progress=show_progress,
+    )
+    # final personalization from the meta-weights on each client's own data, then tau calibration
+    generator = round_generator(config.seed, config.rounds)
+    for client in run.clients:
+        run.federation.broadcast(client)
+        run.federation.algorithm.personalize(client, run.federation.server, generator)
+    return write_final_metrics(run, finish_run(run, history))
 
 
 def summary_rows(results: dict) -> list[tuple[str, str]]:

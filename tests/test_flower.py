@@ -6,20 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 
 import pytest
 import torch
 
 from harmony_mobile.federation import messages
+from harmony_mobile.flower import split
 from harmony_mobile.flower.client_app import make_client_app
 from harmony_mobile.flower.records import RecordError, message_to_record, record_to_message
 from harmony_mobile.flower.run import FlowerRunError, check_supported, train_on_grid
 from harmony_mobile.flower.settings import FlowerSettings
-from harmony_mobile.run_dir import RunDir
+from harmony_mobile.run_dir import SECRET_FILE, RunDir
 from harmony_mobile.training import TrainConfig, train
 from tests.flower_fixtures import LoopbackGrid
 
 TINY = {"local_steps": 2, "batch_size": 16}
+SPLIT_TINY = {"local_steps": 2, "batch_size": 16, "personalize_epochs": 1}
 
 
 def tiny_config(algorithm: str = "fedavg", rounds: int = 2, **extra) -> TrainConfig:
@@ -29,7 +32,7 @@ def tiny_config(algorithm: str = "fedavg", rounds: int = 2, **extra) -> TrainCon
         clients_per_tier=1,
         rounds=rounds,
         algorithm=algorithm,
-        algorithm_config=TINY,
+        algorithm_config=TINY if algorithm in ("fedavg", "local") else SPLIT_TINY,
         threads=1,
         **extra,
     )
@@ -39,8 +42,18 @@ def example_messages() -> list:
     tensor = torch.randn(3, 2, 4, 4)
     return [
         messages.Broadcast(2, "cnn", {"w": torch.randn(2, 2), "n": torch.tensor(3)}, "round-2"),
-        messages.FeatureUpload("client-001", 2, tensor, (b"12345678",) * 3, (1, 2, 2), "cnn", "t", "v"),
-        messages.InterfaceGradients("client-001", 2, tensor),
+        messages.FeatureUpload(
+            client_id="client-001",
+            round_id=2,
+            label_epoch="e-1",
+            features=tensor,
+            label_tokens=(b"12345678",) * 3,
+            split_depths=(1, 2, 2),
+            family="cnn",
+            tier="t",
+            model_version="v",
+        ),
+        messages.InterfaceGradients("client-001", 2, tensor, 0.25),
         messages.ClientUpdate("client-001", 2, "cnn", "t", {"w": torch.randn(5)}, 40, {"loss": 0.5}),
         messages.ClientUpdate("client-002", 0, "cnn", "t", {}, 40, {}),
         messages.ReplayFeatures("client-001", tensor, 2, "cnn", "t"),
@@ -89,6 +102,15 @@ def test_centralized_is_refused_with_the_reason():
         check_supported(tiny_config("centralized"))
 
 
+def same_lineage(source, target) -> None:
+    """Give run dir `target` the federation secret and label epoch of `source` (a run's lineage is
+    random: two runs compare bit for bit only within one lineage). A run dir holding run.json and no
+    checkpoint starts at round 0 with the lineage it finds."""
+    target.mkdir(parents=True)
+    for name in ("run.json", SECRET_FILE):
+        shutil.copy2(source / name, target / name)
+
+
 def run_on_loopback(tmp_path, config, name="flower", **grid_options):
     settings = FlowerSettings(train_config=config, run_dir=str(tmp_path / name), reply_timeout=5)
     grid = LoopbackGrid(make_client_app(settings), 4, **grid_options)
@@ -99,13 +121,14 @@ def metric_lines(run_path) -> list[dict]:
     return [json.loads(line) for line in (run_path / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "local"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "local", "harmony", "splitgp"])
 def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, algorithm):
     """Same seed, data and budget: every client turn is the same arithmetic in the same order with
     the same random streams, so metrics, thresholds and every saved front-end are bit-identical."""
     config = tiny_config(algorithm, clients_per_round=3)
-    flower, flower_path = run_on_loopback(tmp_path, config)
     reference = train(config, tmp_path / "inprocess", show_progress=False)
+    same_lineage(tmp_path / "inprocess", tmp_path / "flower")
+    flower, flower_path = run_on_loopback(tmp_path, config)
     assert metric_lines(flower_path) == metric_lines(tmp_path / "inprocess")
     for key in ("summary", "mean", "thresholds"):  # json: NaN rates compare equal to NaN
         assert json.dumps(flower[key], sort_keys=True) == json.dumps(reference[key], sort_keys=True)
@@ -134,7 +157,41 @@ def test_too_few_replies_stop_the_run_and_a_rerun_resumes_from_the_checkpoint(tm
     assert [m["round"] for m in metric_lines(run_path)] == [0]
     assert torch.load(run_path / "checkpoints/last.pt", weights_only=True)["completed_round"] == 0
     resumed, _ = run_on_loopback(tmp_path, config)
+    same_lineage(run_path, tmp_path / "uninterrupted")
     uninterrupted, _ = run_on_loopback(tmp_path, config, name="uninterrupted")
     assert [m["round"] for m in metric_lines(run_path)] == [0, 1, 2]
     assert metric_lines(run_path) == metric_lines(tmp_path / "uninterrupted")
     assert json.dumps(resumed["summary"]) == json.dumps(uninterrupted["summary"])
+
+
+def test_a_replayed_turn_that_uploads_something_else_is_caught():
+    """The client replays its turn against the recorded server replies; if the replay is not the
+    same computation (non-determinism), the recorded gradients would be applied to other features:
+    ReplayServer refuses instead."""
+    upload = example_messages()[1]
+    gradients = example_messages()[2]
+    recorded = split.ReplayServer([gradients], [split.upload_digest(upload, True)])
+    assert recorded.step(upload) is gradients
+    with pytest.raises(split.SplitStepNeeded) as needed:
+        recorded.step(upload)  # the second step has no recorded reply: the server must answer it
+    assert needed.value.upload is upload and needed.value.update is True
+    other = dataclasses.replace(upload, features=upload.features + 1e-6)
+    with pytest.raises(split.ReplayDivergedError, match="split step 0 differs"):
+        split.ReplayServer([gradients], [split.upload_digest(upload, True)]).step(other)
+    with pytest.raises(split.ReplayDivergedError):  # same features, but the server must not update
+        split.ReplayServer([gradients], [split.upload_digest(upload, True)]).step(upload, update=False)
+
+
+def test_cli_refuses_an_unknown_engine_and_a_method_flower_cannot_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from harmony_mobile.cli import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["train", str(tmp_path / "a"), "--engine", "spark"])
+    assert result.exit_code == 2 and "unknown engine 'spark'" in result.output
+    result = runner.invoke(
+        app, ["train", str(tmp_path / "b"), "--engine", "flower", "--algorithm", "centralized"]
+    )
+    assert result.exit_code == 2 and "in-process engine" in result.output
+    assert not (tmp_path / "b").exists()

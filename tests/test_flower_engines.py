@@ -16,7 +16,7 @@ from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.models.tiers import DEFAULT_TIERS_FILE
 from harmony_mobile.run_dir import RunDir
 from harmony_mobile.training import train
-from tests.test_flower import metric_lines, tiny_config
+from tests.test_flower import metric_lines, same_lineage, tiny_config
 
 
 def assert_same_run(flower_path, inprocess_path) -> None:
@@ -33,9 +33,10 @@ def assert_same_run(flower_path, inprocess_path) -> None:
 
 
 def test_simulation_engine_matches_the_in_process_engine(tmp_path):
-    config = tiny_config(rounds=1, clients_per_round=2)
-    train_flower(FlowerSettings(train_config=config, run_dir=str(tmp_path / "flower"), reply_timeout=300))
+    config = tiny_config("harmony", rounds=1, clients_per_round=2)
     train(config, tmp_path / "inprocess", show_progress=False)
+    same_lineage(tmp_path / "inprocess", tmp_path / "flower")
+    train_flower(FlowerSettings(train_config=config, run_dir=str(tmp_path / "flower"), reply_timeout=300))
     assert_same_run(tmp_path / "flower", tmp_path / "inprocess")
 
 
@@ -50,9 +51,10 @@ def two_tier_file(tmp_path):
 def test_superlink_and_two_supernodes_match_the_in_process_engine(tmp_path):
     config = tiny_config(rounds=1, tiers_file=two_tier_file(tmp_path))
     settings = FlowerSettings(train_config=config, run_dir=str(tmp_path / "flower"), reply_timeout=300)
+    train(config, tmp_path / "inprocess", show_progress=False)
+    same_lineage(tmp_path / "inprocess", tmp_path / "flower")
     with LocalDeployment(2, work_dir=tmp_path / "deployment") as deployment:
         deployment.run(settings)
         assert len(deployment.processes) == 3 and all(p.poll() is None for p in deployment.processes)
     assert all(p.poll() is not None for p in deployment.processes)
-    train(config, tmp_path / "inprocess", show_progress=False)
     assert_same_run(tmp_path / "flower", tmp_path / "inprocess")

@@ -78,6 +78,16 @@ class Client:
         """How often the most-uploaded training sample has left this phone (for the DP accountant)."""
         return int(self._releases.max()) if len(self._releases) else 0
 
+    def private_state(self) -> dict[str, torch.Tensor]:
+        """What the phone keeps between rounds besides its model: how often each training sample
+        left it (for the DP accountant) and its local noise stream. An engine that rebuilds the
+        client per message (Flower) carries it over with these two methods."""
+        return {"releases": self._releases.clone(), "noise": self._noise.get_state()}
+
+    def load_private_state(self, state: dict[str, torch.Tensor]) -> None:
+        self._releases = state["releases"].clone()
+        self._noise.set_state(state["noise"])
+
     def receive(self, broadcast: Broadcast) -> None:
         """Start from the meta-weights the server broadcast for this client's family."""
         if broadcast.family != self.tier.family:

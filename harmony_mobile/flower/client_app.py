@@ -16,8 +16,8 @@ algorithm object's attributes.
 from __future__ import annotations
 
 import io
-import os
 from functools import lru_cache
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -25,7 +25,6 @@ from flwr.clientapp import ClientApp
 
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
-from harmony_mobile.data.partition import make_partition
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.messages import Broadcast
 from harmony_mobile.flower import split
@@ -37,10 +36,13 @@ from harmony_mobile.flower.records import (
 )
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.models import FamilyModel, InterfaceSpec, load_tiers
-from harmony_mobile.training import TrainConfig
+from harmony_mobile.run_dir import SECRET_FILE
+from harmony_mobile.training import TrainConfig, client_partition, upload_privacy
 
 RNG_RECORD = "rng"
 ALGORITHM_STATE = "algorithm-state"
+CLIENT_STATE = "client-state"  # what the phone keeps between rounds besides its model (Client.private_state)
+LINEAGE_RECORD = "lineage"  # the run's label epoch, sent with every turn start
 SECRET_FILE_KEY = "federation-secret-file"
 
 
@@ -50,25 +52,16 @@ class NodeConfigError(ValueError):
 
 @lru_cache(maxsize=4)
 def _client_data(config_json: str, partition_id: int):
-    """Data split and tier of one client: the same dataset, partition and tier order as
-    training.train, so partition p here is client p there. Cached per process: a ClientApp
-    process serves many messages of one run."""
+    """Data split and tier of one client: training.client_partition's split and tier order, so
+    partition p here is client p of `harmony train`. Cached per process: a ClientApp process may
+    serve many messages of one run."""
     config = TrainConfig.model_validate_json(config_json)
     dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
     tiers = load_tiers(config.tiers_file).with_input_shape(dataset.input_shape)
     tier_of_client = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
     if not 0 <= partition_id < len(tier_of_client):
         raise NodeConfigError(f"partition-id {partition_id} outside 0..{len(tier_of_client) - 1}")
-    partition = make_partition(
-        config.partition,
-        dataset.labels.numpy(),
-        len(tier_of_client),
-        config.seed,
-        alpha=config.alpha,
-        classes_per_client=config.classes_per_client,
-        client_families=[t.family for t in tier_of_client],
-        classes_per_family=config.classes_per_family,
-    )
+    partition = client_partition(config, tiers, dataset)
     return dataset, tier_of_client[partition_id], partition.clients[partition_id]
 
 
@@ -88,17 +81,18 @@ def partition_of(context: Context, config: TrainConfig) -> int:
     return int(node["partition-id"])
 
 
-def federation_secret(context: Context) -> bytes:
-    """The secret label tokens are keyed with: a file named by node config (provisioned to every
-    phone, never to the server). Without one the node gets a random secret of its own, which is
-    enough for methods that send no tokens."""
-    path = context.node_config.get(SECRET_FILE_KEY) or os.environ.get("HARMONY_FEDERATION_SECRET_FILE")
-    if not path:
-        return os.urandom(32)
-    return open(str(path), "rb").read()
+def federation_secret(context: Context, settings: FlowerSettings) -> bytes:
+    """The secret label tokens and the wire order of class rows are keyed with: the file the node
+    config names (provisioned to every phone, never to the server), else the run dir's secret when
+    the run dir is on this machine (Simulation Engine, loopback deployment)."""
+    path = context.node_config.get(SECRET_FILE_KEY) or Path(settings.run_dir) / SECRET_FILE
+    if not Path(str(path)).is_file():
+        raise NodeConfigError(f"no federation secret: set node config {SECRET_FILE_KEY} (no file at {path})")
+    return Path(str(path)).read_bytes()
 
 
-def build_client(context: Context, config: TrainConfig) -> Client:
+def build_client(context: Context, settings: FlowerSettings, label_epoch: str) -> Client:
+    config = settings.train_config
     partition_id = partition_of(context, config)
     dataset, tier, split = _client_data(config.model_dump_json(), partition_id)
     channels, size, _ = dataset.input_shape
@@ -112,7 +106,10 @@ def build_client(context: Context, config: TrainConfig) -> Client:
         train_y=dataset.labels[split.train],
         val_x=dataset.images[split.val],
         val_y=dataset.labels[split.val],
-        federation_secret=federation_secret(context),
+        federation_secret=federation_secret(context, settings),
+        label_epoch=label_epoch,
+        class_names=tuple(dataset.class_names),
+        privacy=upload_privacy(config),
     )
 
 
@@ -161,7 +158,10 @@ def run_turn(context: Context, content: RecordDict, settings: FlowerSettings | N
             split.save_turn_start(context.state, content)
         server = split.ReplayServer(*split.recorded_steps(context.state))
     load_algorithm_state(algorithm, context)
-    client = build_client(context, config)
+    label_epoch = str(content.config_records[LINEAGE_RECORD]["label-epoch"])
+    client = build_client(context, run_settings, label_epoch)
+    if CLIENT_STATE in context.state.array_records:
+        client.load_private_state(record_to_tensor_dict(context.state.array_records[CLIENT_STATE]))
     broadcast = record_to_message(content, Broadcast)
     generator = restore_rng(content.array_records[RNG_RECORD])
     client.receive(broadcast)
@@ -171,7 +171,9 @@ def run_turn(context: Context, content: RecordDict, settings: FlowerSettings | N
         split.set_pending(context.state, needed.digest)
         return split.step_request(needed)
     save_algorithm_state(algorithm, context)
+    context.state[CLIENT_STATE] = tensor_dict_to_record(client.private_state())
     result[RNG_RECORD] = rng_record(generator)
+    result[CLIENT_STATE] = context.state[CLIENT_STATE]
     return result
 
 

@@ -1,9 +1,9 @@
-"""`harmony train --engine flower`: the steps of training.train with the clients behind a Flower Grid.
+"""`harmony train --engine flower`: training.train's steps with the clients behind a Flower Grid.
 
 The server side (run dir, meta-weights, back-end, aggregation, checkpoints, evaluation, artifacts)
-is the in-process engine's code; only each client's turn travels as messages (server_app.py).
-The run directory comes out in the same layout, so `harmony export` reads it unchanged; the
-Flower engine adds `flower_rounds.jsonl` (replies and bytes per round).
+is training.py's own code (`start_run`, `finish_run`); only the clients' turns travel as messages
+(server_app.py). The run directory comes out in the same layout, so `harmony export` reads it
+unchanged; the Flower engine adds `flower_rounds.jsonl` (replies and bytes per round).
 
 `train_flower` runs it on Flower's Simulation Engine (one virtual SuperNode per client); a
 deployment runs the same ServerApp/ClientApp through `flwr run` (flower_app/ in the repo).
@@ -18,29 +18,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harmony_mobile.algorithms.registry import build_algorithm
-from harmony_mobile.data import load_dataset
-from harmony_mobile.data.partition import make_partition
-from harmony_mobile.evaluation import evaluate
-from harmony_mobile.federation.replay import collect_replay
-from harmony_mobile.federation.server import SplitServer
-from harmony_mobile.federation.simulation import (
-    Federation,
-    load_checkpoint,
-    round_generator,
-    save_checkpoint,
-)
+from harmony_mobile.federation.simulation import load_checkpoint, round_generator, save_checkpoint
 from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
 from harmony_mobile.flower.settings import FlowerSettings
-from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead, load_tiers
-from harmony_mobile.run_dir import ClientArtifact, RunInfo, save_backend, save_client, write_run_info
 from harmony_mobile.training import (
     TrainConfig,
-    build_clients,
-    check_tiers,
-    initial_family_weights,
-    model_version,
+    TrainingRun,
+    check_config,
+    finish_run,
     prepare_run_dir,
+    start_run,
+    write_final_metrics,
 )
 
 UNSUPPORTED = {
@@ -50,72 +38,13 @@ UNSUPPORTED = {
 
 
 def check_supported(config: TrainConfig) -> None:
-    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
     if config.algorithm in UNSUPPORTED:
         raise ValueError(f"{config.algorithm!r} {UNSUPPORTED[config.algorithm]}")
-    if algorithm.uses_split:
-        raise ValueError(
-            f"{config.algorithm!r} is a split method: its split step on Flower is not built yet; "
-            "use the in-process engine"
-        )
 
 
-def setup_federation(config: TrainConfig, run_path: Path):
-    """training.train's setup: checks, run dir, data, partition, the harness clients, run.json."""
-    torch.set_num_threads(config.threads)
-    tiers = load_tiers(config.tiers_file)
-    check_tiers(tiers)
-    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
-    prepare_run_dir(run_path, config)
-    dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
-    tiers = tiers.with_input_shape(dataset.input_shape)
-    interface = InterfaceSpec(config.interface_channels, config.interface_size)
-    families = [tier.family for tier in tiers.tiers for _ in range(config.clients_per_tier)]
-    partition = make_partition(
-        config.partition,
-        dataset.labels.numpy(),
-        len(families),
-        config.seed,
-        alpha=config.alpha,
-        classes_per_client=config.classes_per_client,
-        client_families=families,
-        classes_per_family=config.classes_per_family,
-    )
-    clients = build_clients(config, tiers, dataset, partition, interface)
-    info = RunInfo(
-        algorithm=config.algorithm,
-        dataset=dataset.name,
-        data_root=config.data_root,
-        dataset_limit=config.dataset_limit,
-        num_classes=dataset.num_classes,
-        class_names=dataset.class_names,
-        input_shape=dataset.input_shape,
-        mean=dataset.mean,
-        std=dataset.std,
-        interface=(interface.channels, interface.size),
-        tiers=tiers,
-        model_version="in-training",
-        seed=config.seed,
-        train_config=config.model_dump(),
-        partition={
-            "scheme": config.partition,
-            "client_classes": [list(c.classes) for c in partition.clients],
-        },
-    )
-    write_run_info(run_path, info)
-    torch.manual_seed(config.seed)
-    backend = Backend(interface, dataset.num_classes)
-    projection = ProjectionHead(backend.feature_dim)
-    server_config = algorithm.server_config()
-    server = SplitServer(backend, projection, server_config) if server_config is not None else None
-    federation = Federation(
-        algorithm, clients, initial_family_weights(config, tiers, dataset, interface), server
-    )
-    return federation, dataset, partition, info, backend, projection
-
-
-def run_flower_rounds(federation: Federation, transport: FlowerClients, config: TrainConfig, run_path: Path):
+def run_flower_rounds(run: TrainingRun, transport: FlowerClients) -> list[dict]:
     """simulation.run_rounds with each client's turn sent to its SuperNode."""
+    federation, config, run_path = run.federation, run.config, run.run_path
     start = load_checkpoint(run_path, federation) + 1
     clients_per_round = min(config.clients_per_round or len(federation.clients), len(federation.clients))
     history = []
@@ -146,52 +75,23 @@ def run_flower_rounds(federation: Federation, transport: FlowerClients, config: 
 
 def train_on_grid(grid, settings: FlowerSettings) -> dict:
     """The ServerApp's whole job; returns the final metrics it also writes to the run dir."""
-    started = time.perf_counter()
-    config, run_path = settings.train_config, Path(settings.run_dir)
-    check_supported(config)
-    federation, dataset, partition, info, backend, projection = setup_federation(config, run_path)
-    phases = {"setup": time.perf_counter() - started}
-    transport = FlowerClients(grid, settings)
-    transport.connect(len(federation.clients))
-    phases["connect"] = time.perf_counter() - started - sum(phases.values())
-    history = run_flower_rounds(federation, transport, config, run_path)
-    phases["rounds"] = time.perf_counter() - started - sum(phases.values())
-    missing = transport.personalize(federation, round_generator(config.seed, config.rounds))
-    phases["personalize"] = time.perf_counter() - started - sum(phases.values())
-    if len(federation.clients) - len(missing) < settings.min_replies:
+    check_supported(settings.train_config)
+    run = start_run(settings.train_config, Path(settings.run_dir))
+    phases = {"setup": time.perf_counter() - run.started}
+    transport = FlowerClients(grid, settings, run.label_epoch)
+    transport.connect(len(run.clients))
+    phases["connect"] = time.perf_counter() - run.started - sum(phases.values())
+    history = run_flower_rounds(run, transport)
+    phases["rounds"] = time.perf_counter() - run.started - sum(phases.values())
+    missing = transport.personalize(run.federation, round_generator(run.config.seed, run.config.rounds))
+    if len(run.clients) - len(missing) < settings.min_replies:
         raise FlowerRunError(f"{len(missing)} clients did not return their personalized model")
-    algorithm, clients = federation.algorithm, federation.clients
-    backend_for_eval = backend.eval() if algorithm.uses_split else None
-    results = evaluate(
-        clients, backend_for_eval, dataset.images, dataset.labels, partition, config.seed, algorithm.exit_rule
-    )
-    version = model_version(backend, config.algorithm)
-    for client in clients:
-        split = partition.clients[client.client_id]
-        save_client(
-            run_path,
-            ClientArtifact(
-                client_id=client.client_id,
-                tier=client.tier.name,
-                classes=client.classes,
-                threshold=client.threshold,
-                train_idx=split.train.tolist(),
-                val_idx=split.val.tolist(),
-                test_idx=split.test.tolist(),
-                front_end_state=client.model.front_end(client.split_depth).state_dict(),
-            ),
-        )
-    replay = collect_replay(clients, config.seed) if algorithm.uses_split else None
-    save_backend(run_path / "backend.pt", backend, projection, version, dataset.class_names, replay)
-    write_run_info(run_path, info.model_copy(update={"model_version": version}))
-    results["train_seconds"] = time.perf_counter() - started
-    results["rounds"] = len(history)
-    results["thresholds"] = {c.name: c.threshold for c in clients}
+    phases["personalize"] = time.perf_counter() - run.started - sum(phases.values())
+    results = finish_run(run, history)
     results["engine"] = "flower"
     results["phase_seconds"] = phases
     results["clients_without_personalization"] = missing
-    (run_path / "final_metrics.json").write_text(json.dumps(results, indent=2))
-    return results
+    return write_final_metrics(run, results)
 
 
 def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -> dict:
@@ -204,8 +104,7 @@ def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -
 
     config = settings.train_config
     check_supported(config)
-    tiers = load_tiers(config.tiers_file)
-    check_tiers(tiers)
+    check_config(config)
     prepare_run_dir(Path(settings.run_dir), config)  # bad run dirs fail before Ray starts
     # a round's client turns run one after another (server_app.py), so one actor serves them all
     resources = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 1}}

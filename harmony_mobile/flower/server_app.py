@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
 from harmony_mobile.federation.messages import Broadcast, ClientUpdate
 from harmony_mobile.flower import split
-from harmony_mobile.flower.client_app import RNG_RECORD, rng_record
+from harmony_mobile.flower.client_app import CLIENT_STATE, LINEAGE_RECORD, RNG_RECORD, rng_record
 from harmony_mobile.flower.records import (
     message_to_record,
     record_to_message,
@@ -51,6 +51,7 @@ class FlowerClients:
 
     grid: Grid
     settings: FlowerSettings
+    label_epoch: str
     node_of_client: dict[int, int] = field(default_factory=dict)
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -100,6 +101,7 @@ class FlowerClients:
         server's `step` (split.py), and on its final reply continue the RNG from the client's."""
         content = message_to_record(broadcast)
         content[RNG_RECORD] = rng_record(generator)
+        content[LINEAGE_RECORD] = ConfigRecord({"label-epoch": self.label_epoch})
         reply = self.ask(client_id, message_type, content, broadcast.round_id)
         while reply is not None and split.is_step_request(reply):
             upload, update = split.read_step_request(reply)
@@ -109,6 +111,8 @@ class FlowerClients:
             gradients = federation.server.step(upload, update=update)
             reply = self.ask(client_id, message_type, message_to_record(gradients), broadcast.round_id)
         if reply is not None:
+            # the harness copy of the client keeps its release counts (run.json's privacy account)
+            federation.clients[client_id].load_private_state(record_to_tensor_dict(reply[CLIENT_STATE]))
             states = record_to_tensor_dict(reply[RNG_RECORD])
             generator.set_state(states["generator"])
             torch.set_rng_state(states["torch"])
