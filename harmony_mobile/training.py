@@ -158,7 +158,9 @@ def prepare_run_dir(run_path: Path, config: TrainConfig) -> None:
     if run_path.exists() and not run_path.is_dir():
         raise RunDirError(f"{run_path} exists and is not a directory")
     if not info_file.is_file():
-        if run_path.is_dir() and any(run_path.iterdir()):
+        # a federation secret provisioned ahead of the run (a deployment's phones hold the same file)
+        # is the one file a new run dir may already have
+        if run_path.is_dir() and any(p.name != SECRET_FILE for p in run_path.iterdir()):
             raise RunDirError(f"{run_path} is not empty and holds no harmony run; choose a new run directory")
         return
     previous = json.loads(info_file.read_text()).get("train_config")

@@ -195,3 +195,17 @@ def test_cli_refuses_an_unknown_engine_and_a_method_flower_cannot_run(tmp_path):
     )
     assert result.exit_code == 2 and "in-process engine" in result.output
     assert not (tmp_path / "b").exists()
+
+
+def test_a_run_dir_may_start_with_a_provisioned_federation_secret_and_keeps_it(tmp_path):
+    from harmony_mobile.run_dir import RunDirError
+    from harmony_mobile.training import lineage_secrets, prepare_run_dir
+
+    run_path = tmp_path / "run"
+    run_path.mkdir()
+    (run_path / SECRET_FILE).write_bytes(b"k" * 32)
+    prepare_run_dir(run_path, tiny_config())
+    assert lineage_secrets(run_path)[0] == b"k" * 32
+    (run_path / "notes.txt").write_text("x")
+    with pytest.raises(RunDirError, match="not empty and holds no harmony run"):
+        prepare_run_dir(run_path, tiny_config())

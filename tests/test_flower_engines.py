@@ -14,7 +14,7 @@ from harmony_mobile.flower.deployment import LocalDeployment
 from harmony_mobile.flower.run import train_flower
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.models.tiers import DEFAULT_TIERS_FILE
-from harmony_mobile.run_dir import RunDir
+from harmony_mobile.run_dir import SECRET_FILE, RunDir
 from harmony_mobile.training import train
 from tests.test_flower import metric_lines, same_lineage, tiny_config
 
@@ -53,7 +53,9 @@ def test_superlink_and_two_supernodes_match_the_in_process_engine(tmp_path):
     settings = FlowerSettings(train_config=config, run_dir=str(tmp_path / "flower"), reply_timeout=300)
     train(config, tmp_path / "inprocess", show_progress=False)
     same_lineage(tmp_path / "inprocess", tmp_path / "flower")
-    with LocalDeployment(2, work_dir=tmp_path / "deployment") as deployment:
+    # the SuperNodes read the federation secret from the file their node config names
+    secret_file = tmp_path / "flower" / SECRET_FILE
+    with LocalDeployment(2, work_dir=tmp_path / "deployment", secret_file=secret_file) as deployment:
         deployment.run(settings)
         assert len(deployment.processes) == 3 and all(p.poll() is None for p in deployment.processes)
     assert all(p.poll() is not None for p in deployment.processes)

@@ -5,12 +5,15 @@ the run's client count) picks its data split and tier exactly as `harmony train`
 Each message runs the registry's own `Algorithm` code on a `Client` rebuilt from that data:
 
   query.hello        -> which partition this node holds
-  train.round        Broadcast + RNG state -> algorithm.client_round -> ClientUpdate + RNG state
-  train.personalize  Broadcast + RNG state -> algorithm.personalize -> final model + threshold
+  train.round        Broadcast + RNG state + label epoch -> algorithm.client_round -> ClientUpdate
+  train.personalize  the same -> algorithm.personalize -> final model + threshold
 
-Per-client algorithm state that must outlive one message (the `local` baseline keeps its own
-model and optimizer between rounds) lives in Flower's `context.state`, as the tensors of the
-algorithm object's attributes.
+Both `train` messages return the RNG state they leave and the client's private state. A split
+method's turn is several messages, one per split step (split.py).
+
+What must outlive one message lives in Flower's `context.state`: the algorithm object's own
+state (the `local` baseline keeps its model and optimizer between rounds), the client's private
+state (Client.private_state) and, during a split turn, the turn's start and the server's replies.
 """
 
 from __future__ import annotations
