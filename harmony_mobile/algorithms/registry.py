@@ -7,6 +7,7 @@ from typing import Any
 from harmony_mobile.algorithms.base import Algorithm
 from harmony_mobile.algorithms.centralized import Centralized
 from harmony_mobile.algorithms.fedavg import FedAvg
+from harmony_mobile.algorithms.fedproto import FedProto
 from harmony_mobile.algorithms.harmony import Harmony, HarmonyConfig
 from harmony_mobile.algorithms.local import Local
 from harmony_mobile.algorithms.multi_exit import MultiExit
@@ -25,6 +26,7 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split
     "multi-exit": (MultiExit, {}),  # hybrid SFL without personalization mixing (SplitGP, lambda = 0)
     "splitgp": (SplitGP, {}),  # gamma-weighted exit/server CE, lambda-mixing, entropy fallback
+    "fedproto": (FedProto, {}),  # prototypes keyed by label token through the server, no weight sharing
     "centralized": (Centralized, {}),  # upper bound: per family one model on pooled data
 }
 
