@@ -48,6 +48,9 @@ def fake_run(method: str, seed: int, accuracy: float, split: bool = True) -> dic
             "client_mean": accuracy / 3,
         },
         "per_tier": {tier: rates for tier in TIERS},
+        "round_metrics": [{"round": 0, "path_to_noise": 0.5}, {"round": 1, "path_to_noise": 1.5}]
+        if method == "harmony"
+        else [{"round": 0, "loss": 1.0}],
     }
 
 
@@ -199,6 +202,9 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
     )
     assert '| harmony | 0 | `{"lr": 0.003}` | 80.0 | 90.0 | **yes** |' in text
     assert "own stated budgets: `centralized` 9 x 8 x 64" in text
+    diagnostics = text.split("Mechanism diagnostics")[1].split("\n\n")[1].splitlines()
+    assert diagnostics[2] == "| harmony | – | – | 1 | – | – |"  # mean of 0.5 and 1.5 over rounds
+    assert len(diagnostics) == 3  # methods that log none of the diagnostics have no row
     assert "tuned on validation only" in text
     for png in ("accuracy_vs_ood.png", "unseen_classes.png", "features.png"):
         data = (tmp_path / png).read_bytes()

@@ -50,6 +50,9 @@ class FedProtoConfig(BaseModel):
     personalize_epochs: int = Field(
         default=0, ge=0, description="final fine-tuning epochs with the same loss (equal budgets)"
     )
+    personalize_batch_size: int | None = Field(
+        default=None, ge=2, description="batch size of the fine-tuning; None = batch_size"
+    )
     calibration_target: float = Field(default=0.98, gt=0, le=1, description="local-exit accuracy target")
 
 
@@ -163,8 +166,9 @@ class FedProto:
         self._restore(client)
         if c.personalize_epochs > 0:
             optimizer = torch.optim.Adam(client.held_parameters().values(), lr=c.lr)
-            steps = c.personalize_epochs * max(1, len(client.train_y) // c.batch_size)
+            batch = c.personalize_batch_size or c.batch_size
+            steps = c.personalize_epochs * max(1, len(client.train_y) // batch)
             for _ in range(steps):
-                images, labels = client.batch(c.batch_size, generator)
+                images, labels = client.batch(batch, generator)
                 self._step(client, server, optimizer, images, labels, -1, False)
         calibrate_client(client, c.calibration_target, self.exit_rule)

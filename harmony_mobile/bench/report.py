@@ -482,6 +482,45 @@ def tuning_lines(results: dict) -> list[str]:
     return [*lines, ""]
 
 
+# per-round training metrics that show whether a mechanism does anything (mean over the rounds and
+# seeds of a method): how far the simulated extractors are from theta, how much a class's features
+# move across them, and how large the contrastive gradient at z is next to the CE's
+DIAGNOSTICS = (
+    ("path_norm", "path ‖θ′−θ‖"),
+    ("noise_norm", "weight noise ‖θ·ε‖"),
+    ("path_to_noise", "path / noise"),
+    ("variant_spread", "feature spread across variants"),
+    ("contrastive_grad_ratio", "‖∇z SupCon‖ / ‖∇z CE‖"),
+)
+
+
+def diagnostic_lines(results: dict, setting: str, methods: list[str]) -> list[str]:
+    rows = []
+    for method in methods:
+        values = {key: [] for key, _ in DIAGNOSTICS}
+        for run in results["runs"]:
+            if run["setting"] != setting or run["method"] != method:
+                continue
+            for row in run.get("round_metrics", []):
+                for key in values:
+                    if key in row and row[key] is not None:
+                        values[key].append(float(row[key]))
+        if any(values.values()):
+            cells = [f"{np.mean(v):.3g}" if v else "–" for v in values.values()]
+            rows.append(f"| {method} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    header = "| method | " + " | ".join(title for _, title in DIAGNOSTICS) + " |"
+    return [
+        "Mechanism diagnostics (training metrics, mean over rounds and seeds):",
+        "",
+        header,
+        "|---|" + "---|" * len(DIAGNOSTICS),
+        *rows,
+        "",
+    ]
+
+
 def budget_line(results: dict) -> str:
     profile = results["profile"]
     budget = profile["budget"]
@@ -556,6 +595,7 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         lines += [f"## {setting}", "", markdown_table(aggregated, setting, methods), ""]
         if gaps[setting]["harmony_vs"] or gaps[setting]["ablations"]:
             lines += comparison_lines(gaps[setting], confidence)
+        lines += diagnostic_lines(results, setting, methods)
         lines += latency_lines(results, setting, methods)
     lines += ["## Plots", "", "![accuracy vs OOD fraction](accuracy_vs_ood.png)", ""]
     if has_unseen:
