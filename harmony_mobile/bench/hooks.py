@@ -171,18 +171,16 @@ def validation_metrics(
 
 
 def _unseen_accuracy(client, backend, images, labels, pool: np.ndarray, classes, seed: int) -> float:
-    """Accuracy on up to UNSEEN_SAMPLES_PER_CLIENT pool samples of `classes`, through the client's
-    front-end and the server (split methods) or its full model."""
+    """Accuracy on up to UNSEEN_SAMPLES_PER_CLIENT pool samples of `classes`: the server's answer
+    through the client's front-end (split methods, decoded as the phone decodes it), the full
+    model's otherwise."""
     candidates = pool[np.isin(labels.numpy()[pool], list(classes))]
     if len(candidates) == 0:
         return float("nan")
     rng = np.random.default_rng((seed, client.client_id, 7))
     chosen = np.sort(rng.choice(candidates, min(len(candidates), UNSEEN_SAMPLES_PER_CLIENT), replace=False))
-    if backend is None:
-        prediction = client.model.classify_full(images[chosen]).argmax(1)
-    else:
-        _, features = client.model(images[chosen], client.split_depth)
-        prediction = backend(features).argmax(1)
+    out = predict(client, backend, images[chosen])
+    prediction = out.get("server_prediction", out["prediction"])
     return (prediction == labels[chosen]).float().mean().item()
 
 

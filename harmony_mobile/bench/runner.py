@@ -86,10 +86,10 @@ def run_one(
     if run_path.exists():
         shutil.rmtree(run_path)
     counter, extras = UplinkCounter(), RunExtras()
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     with instrument(counter, extras, spec.seed):
         results = training.train(config, run_path, show_progress=False)
-    wall = time.perf_counter() - started
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     train_samples = sum(len(c.train_idx) for c in RunDir(run_path).clients())
     record = {
         "stage": spec.stage,
@@ -99,12 +99,14 @@ def run_one(
         "trial": spec.trial,
         "train_config": config.model_dump(),
         "wall_seconds": wall,
+        "cpu_seconds": cpu,  # on a shared machine closer to the run's own cost than wall time
         "summary": results["summary"],
         "mean": results["mean"],
         "uplink": counter.as_dict(),
         "train_samples": train_samples,
         "upload_bytes_per_sample": counter.total() / train_samples,
         "thresholds": results.get("thresholds", {}),
+        "privacy": results.get("privacy", {}),  # label DP / feature DP settings and their accounting
         "validation": extras.validation,
         "unseen": extras.unseen,
         "per_tier": extras.per_tier,
