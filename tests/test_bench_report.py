@@ -286,8 +286,23 @@ def test_the_standard_profile_is_the_benchmark_the_readme_quotes():
     assert profile.convergence.min_accuracy == 0.95 and "mnist5k" in profile.convergence.datasets
     assert profile.latency.rtt_ms == 50
     assert profile.tuning is not None and profile.tuning.trials >= 2
-    assert {"splitgp", "fedavg", "local"} <= set(profile.tuning.grids)
+    tuned = {"harmony", "splitgp", "splitgp-restricted", "fedproto", "fedavg", "local"}
+    assert tuned <= set(profile.tuning.grids) and tuned <= set(profile.methods)
     assert profile.targets.margin == 0.05 and profile.targets.fraction_of_reference == 0.9
+    assert {"splitgp-restricted", "fedproto"} <= set(profile.targets.baselines)
+    ablations = {"harmony-no-meta", "harmony-fixed-depth", "harmony-no-contrastive", "harmony-full-softmax"}
+    assert set(profile.targets.ablations) == ablations and ablations <= set(profile.methods)
+
+
+def test_a_renamed_ablation_in_a_profile_is_refused_with_its_new_name():
+    with pytest.raises(ValidationError, match="harmony-no-meta"):
+        BenchProfile(
+            name="t",
+            seeds=[0],
+            settings=[{"name": "s"}],
+            methods=["harmony", "harmony-meta"],
+            budget={"rounds": 1, "local_steps": 1, "samples_per_step": 8},
+        )
 
 
 def test_a_client_holding_every_class_is_evaluated_without_ood():

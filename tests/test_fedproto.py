@@ -6,7 +6,9 @@ import torch
 
 from harmony_mobile.algorithms.fedproto import PrototypeStore
 from harmony_mobile.algorithms.registry import build_algorithm
+from harmony_mobile.federation.client import cached_epoch_key
 from harmony_mobile.federation.simulation import run_rounds
+from harmony_mobile.privacy.label_tokens import class_tokens
 from harmony_mobile.training import TrainConfig, train
 from tests.test_baselines import snapshot, tiny_federation
 
@@ -82,7 +84,8 @@ def test_the_prototype_term_pulls_features_towards_the_shared_prototypes():
             federation.algorithm._restore(client)
             with torch.no_grad():
                 _, features = client.model(client.train_x, client.split_depth)
-            tokens = client.tokens(0, client.train_y)
+            key = cached_epoch_key(client.federation_secret, client.label_epoch)
+            tokens = class_tokens(key, [client.class_names[int(y)] for y in client.train_y])
             targets = torch.stack([store.global_prototypes[t] for t in tokens])
             total += torch.nn.functional.mse_loss(features, targets).item()
         return total

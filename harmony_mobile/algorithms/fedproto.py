@@ -26,14 +26,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
-from harmony_mobile.algorithms.base import calibrate_client, split_step
+from harmony_mobile.algorithms.base import calibrate_client
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer
 
-# Prototypes must be comparable across rounds, so they are keyed by tokens under one fixed key for
-# the whole training (the lineage's label epoch, ALGORITHM.md "Label tokens").
-TOKEN_KEY_ID = 0
 FLOAT_BYTES = 4
 TOKEN_BYTES = 8
 COUNT_BYTES = 4
@@ -93,7 +90,7 @@ class FedProto:
         self._optimizer_state: dict[str, dict] = {}
 
     def server_config(self) -> ServerConfig:
-        return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0)
+        return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0, restrict_to_client_slots=True)
 
     def _restore(self, client: Client) -> None:
         if client.name in self._weights:
@@ -105,7 +102,10 @@ class FedProto:
         """One step of exit CE + lambda * prototype MSE; the features also train g (not the front-end)."""
         optimizer.zero_grad()
         exit_logits, features = client.model(images, client.split_depth)
-        tokens = client.tokens(TOKEN_KEY_ID, labels)
+        # tokens of the lineage's label epoch: fixed for the whole training, so prototypes of one
+        # round match the next round's rows (ALGORITHM.md "Label tokens")
+        upload, sent = client.upload(features, labels, (client.split_depth,) * len(labels), round_id)
+        tokens = upload.label_tokens
         loss = F.cross_entropy(exit_logits, labels)
         known = [i for i, t in enumerate(tokens) if t in self.store.global_prototypes]
         if known and self.config.proto_weight > 0:
@@ -113,11 +113,8 @@ class FedProto:
             loss = loss + self.config.proto_weight * F.mse_loss(features[known], targets)
         loss.backward()
         optimizer.step()
-        # g learns from the uploaded features; its gradient stops at this detached copy
-        detached = features.detach().requires_grad_(True)
-        depths = (client.split_depth,) * len(labels)
-        split_step(client, server, detached, labels, depths, round_id, 1.0, update, own_classes_only=True)
-        return loss.item(), features.detach(), tokens
+        server.step(upload, update=update)  # g learns from the upload; its dL/dz is not used
+        return loss.item(), sent.detach(), tokens
 
     def client_round(
         self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator

@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harmony_mobile.algorithms.harmony import Harmony
-from harmony_mobile.algorithms.registry import ALGORITHMS
+from harmony_mobile.algorithms.registry import ALGORITHMS, check_algorithm
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
 
@@ -155,9 +155,8 @@ class BenchProfile(BaseModel):
         named = [*self.methods, *self.algorithm_config, *self.budgets]
         if self.tuning:
             named += list(self.tuning.grids)
-        unknown = [m for m in named if m not in ALGORITHMS]
-        if unknown:
-            raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALGORITHMS)}")
+        for method in named:
+            check_algorithm(method)  # unknown or renamed: a clear error naming the right method
         reserved = {
             "dataset",
             "data_root",
