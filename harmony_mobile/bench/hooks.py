@@ -17,6 +17,8 @@ nothing that training does afterwards changes).
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from harmony_mobile import training
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
 from harmony_mobile.evaluation import predict
 from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.run_dir import SECRET_FILE
 
 LABEL_BYTES = 8  # a token is trunc64(HMAC): 8 bytes; SplitGP's original int64 label is 8 bytes too
 DEPTH_BYTES = 1
@@ -122,15 +125,32 @@ def instrument(counter: UplinkCounter, extras: RunExtras, seed: int) -> Iterator
         extras.per_tier = per_tier_rates(clients, results)
         return results
 
+    lineage = training.lineage_secrets
+
+    def seeded_lineage(run_path):
+        """A benchmark run's federation secret and label epoch follow from its seed (a phone's
+        would be random): the same run gives the same tokens, so the same numbers, serial or
+        parallel, first try or resumed."""
+        if (run_path / "run.json").is_file() or (run_path / SECRET_FILE).is_file():
+            return lineage(run_path)
+        secret = hashlib.sha256(f"harmony-bench/federation-secret/{seed}".encode()).digest()
+        run_path.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(run_path / SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(secret)
+        return secret, f"e-bench-{seed}"
+
     for name, patched in _server_patches(counter).items():
         setattr(SplitServer, name, patched)
     training.build_algorithm, training.evaluate = counted_build, evaluate_and_measure
+    training.lineage_secrets = seeded_lineage
     try:
         yield
     finally:
         for name, original in originals.items():
             setattr(SplitServer, name, original)
         training.build_algorithm, training.evaluate = build, evaluate
+        training.lineage_secrets = lineage
 
 
 def _mean(values: list[float]) -> float:
