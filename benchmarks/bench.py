@@ -1,6 +1,7 @@
 """Run a benchmark profile and write its report (the same as `harmony bench`).
 
-    python benchmarks/bench.py --profile quick          # mnist5k, 3 seeds, < 25 min on 2 cores
+    python benchmarks/bench.py --profile quick          # smoke profile: mnist5k, 3 seeds, < 25 min on 2 cores
+    python benchmarks/bench.py --profile standard --jobs 2   # the README's numbers (about 2 h on 2 cores)
     python benchmarks/bench.py --profile full --data-root ~/data   # more seeds, digits, Dirichlet 0.1/0.5
 
 Profiles are benchmarks/configs/<name>.yaml; reports land in benchmarks/results/<name>/.
@@ -30,6 +31,7 @@ def main() -> None:
     parser.add_argument("--seeds", default=None, help="comma-separated seeds overriding the profile's")
     parser.add_argument("--methods", default=None, help="comma-separated methods overriding the profile's")
     parser.add_argument("--report-only", action="store_true", help="re-render the report from results.json")
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel worker processes")
     args = parser.parse_args()
     bench(
         args.profile,
@@ -40,6 +42,7 @@ def main() -> None:
         [int(s) for s in args.seeds.split(",")] if args.seeds else None,
         args.methods.split(",") if args.methods else None,
         report_only=args.report_only,
+        jobs=args.jobs,
     )
 
 

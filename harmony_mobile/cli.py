@@ -148,7 +148,10 @@ def train(
 @app.command()
 def bench(
     profile: Annotated[
-        str, typer.Option(help="quick | full (benchmarks/configs/<name>.yaml) or a path to a profile YAML")
+        str,
+        typer.Option(
+            help="quick | standard | full (benchmarks/configs/<name>.yaml) or a path to a profile YAML"
+        ),
     ] = "quick",
     out: Annotated[
         Path | None, typer.Option(help="report folder (default benchmarks/results/<profile>)")
@@ -168,8 +171,15 @@ def bench(
     report_only: Annotated[
         bool, typer.Option(help="re-render the report from the out folder's results.json, no training")
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(min=1, help="independent runs in parallel worker processes (1 torch thread each)"),
+    ] = 1,
 ) -> None:
-    """Run every method on the same partitions, tiers and budget over several seeds; write the report."""
+    """Run every method on the same partitions, tiers and budget over several seeds; write the report.
+
+    `--resume` continues an interrupted profile: finished runs are read back from their records in
+    the work dir, a run killed half-way is redone."""
     from pydantic import ValidationError
 
     from harmony_mobile.bench.runner import bench as run_bench
@@ -185,6 +195,7 @@ def bench(
             [m.strip() for m in methods.split(",")] if methods else None,
             log=console.print,
             report_only=report_only,
+            jobs=jobs,
         )
     except (FileNotFoundError, ValidationError, ValueError) as error:
         fail(str(error))

@@ -44,9 +44,9 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_every_baseline_and_ablation_is_registered_with_a_validated_config():
     assert set(BASELINES) | {
         "harmony",
-        "harmony-meta",
-        "harmony-stochastic-depth",
-        "harmony-contrastive",
+        "harmony-no-meta",
+        "harmony-fixed-depth",
+        "harmony-no-contrastive",
         "harmony-full-softmax",
     } <= set(ALGORITHMS)
     for name in BASELINES:

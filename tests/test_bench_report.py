@@ -3,13 +3,22 @@
 import json
 import math
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
+from scipy import stats
 
+from harmony_mobile.bench.latency import expected_latency_ms
 from harmony_mobile.bench.profile import BenchProfile, load_profile
 from harmony_mobile.bench.report import aggregate, paired_gap, write_report
+from harmony_mobile.bench.stats import paired_ci
 
-METHODS = ["harmony", "harmony-meta", "splitgp", "fedavg"]
+METHODS = ["harmony", "harmony-full-softmax", "splitgp", "fedavg", "centralized"]
+SEEDS = (0, 1, 2, 3, 4)
+# per-seed noise, so that paired differences have a spread (and a CI of non-zero width)
+NOISE = {0: 0.0, 1: 0.01, 2: -0.01, 3: 0.02, 4: 0.005}
+BASE = {"harmony": 0.9, "harmony-full-softmax": 0.85, "splitgp": 0.7, "fedavg": 0.6, "centralized": 0.93}
+TIERS = ("entry-android", "flagship")
 
 
 def fake_run(method: str, seed: int, accuracy: float, split: bool = True) -> dict:
@@ -22,7 +31,8 @@ def fake_run(method: str, seed: int, accuracy: float, split: bool = True) -> dic
     summary = {"accuracy_without_ood": accuracy, "accuracy_with_ood": accuracy - 0.1}
     if split:
         summary["alignment_score"] = 0.5
-    run = {
+    rates = {p: {"exit_rate": 0.6 if split else 1.0, "fallback_rate": 0.4 if split else 0.0} for p in mean}
+    return {
         "setting": "toy-family",
         "method": method,
         "seed": seed,
@@ -31,20 +41,31 @@ def fake_run(method: str, seed: int, accuracy: float, split: bool = True) -> dic
         "wall_seconds": 10.0 + seed,
         "upload_bytes_per_sample": 1234.0,
         "uplink": {"total": 1234},
+        "validation": {"accuracy_with_ood": accuracy - 0.05, "accuracy_without_ood": accuracy},
+        "unseen": {
+            "family": {"cnn": {"accuracy": accuracy / 2, "classes": [8, 9]}, "resnet": {"accuracy": None}},
+            "family_mean": accuracy / 2,
+            "client_mean": accuracy / 3,
+        },
+        "per_tier": {tier: rates for tier in TIERS},
+        "round_metrics": [{"round": 0, "path_to_noise": 0.5}, {"round": 1, "path_to_noise": 1.5}]
+        if method == "harmony"
+        else [{"round": 0, "loss": 1.0}],
     }
-    if split:
-        run["validation"] = {"accuracy_with_ood": accuracy - 0.05}
-    return run
 
 
-def synthetic_results() -> dict:
-    base = {"harmony": 0.9, "harmony-meta": 0.85, "splitgp": 0.7, "fedavg": 0.6}
+def synthetic_results(centralized: float = 0.93) -> dict:
+    base = {**BASE, "centralized": centralized}
     runs = [
-        fake_run(m, seed, base[m] + 0.01 * seed, split=m != "fedavg") for seed in (0, 1, 2) for m in METHODS
+        fake_run(m, seed, base[m] + NOISE[seed] * (m == "harmony"), split=m not in ("fedavg", "centralized"))
+        for seed in SEEDS
+        for m in METHODS
     ]
     points = {
         "x": [0.0, 1.0, 2.0, 3.0],
         "y": [1.0, 0.0, 1.0, 2.0],
+        "tsne_x": [0.0, 1.0, 2.0, 3.0],
+        "tsne_y": [3.0, 0.0, 1.0, 2.0],
         "class": [0, 1, 2, 3],
         "family": ["cnn", "mobilenet", "resnet", "cnn"],
         "ood": [False, False, True, False],
@@ -53,17 +74,57 @@ def synthetic_results() -> dict:
         "profile": {
             "name": "toy",
             "description": "a synthetic profile",
-            "seeds": [0, 1, 2],
-            "settings": [{"name": "toy-family", "dataset": "digits", "partition": "family"}],
+            "seeds": list(SEEDS),
+            "settings": [{"name": "toy-family", "dataset": "mnist5k", "partition": "family"}],
             "methods": METHODS,
             "budget": {"rounds": 2, "local_steps": 3, "samples_per_step": 32},
-            "train": {"clients_per_tier": 1},
+            "budgets": {"centralized": {"rounds": 9, "local_steps": 8, "samples_per_step": 64}},
+            "train": {"clients_per_tier": 2},
             "notes": "tuned on validation only",
+            "tuning": {"seeds": [100], "settings": None, "grids": {}},
+            "convergence": {"method": "centralized", "datasets": ["mnist5k"], "min_accuracy": 0.95},
+            "targets": {
+                "method": "harmony",
+                "baselines": ["splitgp", "fedavg"],
+                "margin": 0.05,
+                "reference": "centralized",
+                "fraction_of_reference": 0.9,
+                "ablations": {"harmony-full-softmax": "restricted server softmax"},
+                "confidence": 0.95,
+            },
         },
         "method_configs": {m: {"local_steps": 3} for m in METHODS},
-        "machine": {"cpu_count": 2},
+        "machine": {"cpu_count": 2, "jobs": 2},
         "total_wall_seconds": 123.0,
         "runs": runs,
+        "tuning": {
+            "chosen": {"harmony": {"lr": 0.003}},
+            "trials": [
+                {
+                    "method": "harmony",
+                    "trial": 0,
+                    "params": {"lr": 0.003},
+                    "val_acc_with_ood": 0.8,
+                    "val_acc_without_ood": 0.9,
+                    "runs": 1,
+                    "chosen": True,
+                },
+                {
+                    "method": "harmony",
+                    "trial": 1,
+                    "params": {"lr": 0.01},
+                    "val_acc_with_ood": 0.7,
+                    "val_acc_without_ood": 0.85,
+                    "runs": 1,
+                    "chosen": False,
+                },
+            ],
+        },
+        "latency": {
+            "tiers": {"entry-android": {"device_ms": 1.0}, "flagship": {"device_ms": 3.0}},
+            "server_ms": 2.0,
+            "rtt_ms": 50.0,
+        },
         "projections": {
             "setting": "toy-family",
             "seed": 0,
@@ -72,46 +133,95 @@ def synthetic_results() -> dict:
     }
 
 
+def test_paired_ci_is_the_student_t_interval_and_says_when_it_excludes_zero():
+    diffs = [0.01, 0.03, -0.01, 0.05, 0.02]
+    ci = paired_ci(diffs)
+    low, high = stats.t.interval(0.95, df=4, loc=np.mean(diffs), scale=stats.sem(diffs))
+    assert ci["low"] == pytest.approx(low) and ci["high"] == pytest.approx(high)
+    assert ci["n"] == 5 and not ci["excludes_zero"]  # low < 0 < high
+    assert paired_ci([0.05, 0.06, 0.07])["excludes_zero"]
+    assert paired_ci([-0.05, -0.06, -0.07])["excludes_zero"]
+    one = paired_ci([0.2])
+    assert math.isnan(one["low"]) and not one["excludes_zero"]  # one seed: no interval, no claim
+    constant = paired_ci([0.2, 0.2, float("nan"), 0.2])
+    assert constant["n"] == 3 and constant["excludes_zero"]
+    assert constant["low"] == pytest.approx(0.2) and constant["high"] == pytest.approx(0.2)
+
+
 def test_aggregate_gives_mean_and_sample_std_over_seeds():
-    aggregated = aggregate(synthetic_results())
+    results = synthetic_results()
+    aggregated = aggregate(results)
     harmony = aggregated["toy-family"]["harmony"]
-    assert harmony["acc_p0"]["mean"] == pytest.approx(0.91)
-    assert harmony["acc_p0"]["std"] == pytest.approx(0.01)
-    assert harmony["acc_with_ood"]["n"] == 3
+    assert harmony["acc_p0"]["mean"] == pytest.approx(0.9 + np.mean(list(NOISE.values())))
+    assert harmony["acc_p0"]["std"] == pytest.approx(np.std(list(NOISE.values()), ddof=1))
+    assert harmony["acc_with_ood"]["n"] == 5
+    assert harmony["unseen_family"]["mean"] == pytest.approx(harmony["acc_p0"]["mean"] / 2)
     assert math.isnan(aggregated["toy-family"]["fedavg"]["alignment_score"]["mean"])
-    gap = paired_gap(synthetic_results(), "toy-family", "harmony", "splitgp")
-    assert gap["mean"] == pytest.approx(0.2) and gap["std"] == pytest.approx(0.0, abs=1e-12)
+    gap = paired_gap(results, "toy-family", "harmony", "splitgp")
+    assert gap["per_seed"] == pytest.approx([0.2 + NOISE[s] for s in SEEDS])
+    assert gap["low"] > 0.15 and gap["excludes_zero"]
 
 
-def test_report_has_a_table_per_setting_plots_and_round_tripping_json(tmp_path):
+def test_expected_latency_weighs_device_and_fallback_time():
+    assert expected_latency_ms(1.0, 2.0, 5.0, 50.0) == pytest.approx(2.0)  # everything exits
+    assert expected_latency_ms(0.0, 2.0, 5.0, 50.0) == pytest.approx(57.0)  # everything falls back
+    assert expected_latency_ms(0.6, 2.0, 5.0, 50.0) == pytest.approx(0.6 * 2 + 0.4 * 57)
+    assert math.isnan(expected_latency_ms(float("nan"), 2.0, 5.0, 50.0))
+
+
+def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_path):
     results = synthetic_results()
     report = write_report(results, tmp_path)
     text = report.read_text()
     assert "## toy-family" in text
     assert "| method | acc p=0 | acc p=0.2 | acc p=0.5 | acc with OOD |" in text
     harmony_row = next(line for line in text.splitlines() if line.startswith("| harmony |"))
-    assert "91.0 ± 1.0" in harmony_row  # acc p=0, percent
-    assert "81.0 ± 1.0" in harmony_row  # with OOD
     assert "1,234" in harmony_row  # upload bytes per sample
     fedavg_row = next(line for line in text.splitlines() if line.startswith("| fedavg |"))
     assert "–" in fedavg_row  # no fallback / alignment for a no-split method
-    assert "**+20.0 ± 0.0 points**" in text  # HARMONY - SplitGP
-    assert "`harmony-meta` -5.0" in text  # ablation cost
-    assert "target of at least +5 points: **met**" in text
-    assert "Every ablation costs accuracy on average: **yes**" in text
+    gap = paired_ci([0.2 + NOISE[s] for s in SEEDS])
+    expected = f"| harmony - splitgp | +{100 * gap['mean']:.1f} [+{100 * gap['low']:.1f}, +{100 * gap['high']:.1f}] | yes |"
+    assert expected in text
+    ablation_row = next(
+        line for line in text.splitlines() if line.startswith("| harmony-full-softmax - harmony")
+    )
+    assert ablation_row.endswith("| yes |")  # -5 points on every seed up to the harmony noise
+    # targets: +20 over the best baseline (splitgp), 0.80 / 0.83 of centralized, the mechanism helps
+    assert "above the best baseline (`splitgp`)" in text and "-> **met**" in text
+    ratio = (0.8 + np.mean(list(NOISE.values()))) / 0.83  # 0.97 >= 0.9
+    assert f"90 % of `centralized`: {100 * ratio:.1f} % -> **met**" in text
+    assert "*restricted server softmax* (`harmony-full-softmax`)" in text
+    assert (
+        "Convergence (toy-family): `centralized` without OOD 93.0 % (threshold 95 %): **FAIL: not converged**"
+        in text
+    )
+    # latency: exit 60 %: 0.6 * 1 + 0.4 * (1 + 50 + 2) = 21.8 ms on entry-android
+    assert (
+        "21.8 (exit 60 %)" in text
+        and "| fedavg |" not in text.split("Expected ms per query")[1].split("##")[0]
+    )
+    assert '| harmony | 0 | `{"lr": 0.003}` | 80.0 | 90.0 | **yes** |' in text
+    assert "own stated budgets: `centralized` 9 x 8 x 64" in text
+    diagnostics = text.split("Mechanism diagnostics")[1].split("\n\n")[1].splitlines()
+    assert diagnostics[2] == "| harmony | – | – | 1 | – | – |"  # mean of 0.5 and 1.5 over rounds
+    assert len(diagnostics) == 3  # methods that log none of the diagnostics have no row
     assert "tuned on validation only" in text
-    for png in ("accuracy_vs_ood.png", "pca_features.png"):
+    for png in ("accuracy_vs_ood.png", "unseen_classes.png", "features.png"):
         data = (tmp_path / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
         assert f"]({png})" in text
     loaded = json.loads((tmp_path / "results.json").read_text())
     assert loaded["runs"] == json.loads(json.dumps(results["runs"]))
-    assert loaded["aggregated"]["toy-family"]["harmony"]["acc_p0"]["mean"] == pytest.approx(0.91)
     assert loaded["aggregated"]["toy-family"]["fedavg"]["alignment_score"]["mean"] is None  # NaN -> null
-    assert loaded["projections"]["methods"]["harmony"]["family"][0] == "cnn"
-    # the report re-renders from its own results.json (NaN stored as null) with the same table
+    assert loaded["targets_evaluated"]["mechanisms"]["harmony-full-softmax"]["met"] is True
+    # the report re-renders from its own results.json (NaN stored as null) with the same tables
     rerendered = write_report(loaded, tmp_path / "again").read_text()
     assert rerendered.split("## Plots")[0] == text.split("## Plots")[0]
+
+
+def test_a_converged_reference_passes_the_convergence_line(tmp_path):
+    text = write_report(synthetic_results(centralized=0.97), tmp_path).read_text()
+    assert "`centralized` without OOD 97.0 % (threshold 95 %): **converged**" in text
 
 
 def test_profiles_share_one_budget_and_pass_hyper_parameters_to_relatives():
@@ -119,46 +229,80 @@ def test_profiles_share_one_budget_and_pass_hyper_parameters_to_relatives():
         name="t",
         seeds=[0],
         settings=[{"name": "s"}],
-        methods=["harmony", "harmony-contrastive", "splitgp", "multi-exit", "fedavg"],
+        methods=["harmony", "harmony-full-softmax", "splitgp", "multi-exit", "fedavg", "centralized"],
         budget={"rounds": 2, "local_steps": 5, "samples_per_step": 64},
+        budgets={"centralized": {"rounds": 30, "local_steps": 8, "samples_per_step": 64}},
         algorithm_config={"harmony": {"lr": 0.01}, "splitgp": {"gamma": 0.3, "mix_lambda": 0.5}},
     )
     assert profile.method_config("harmony") == {"local_steps": 5, "batch_size": 32, "lr": 0.01}
-    assert profile.method_config("harmony-contrastive") == {"local_steps": 5, "batch_size": 32, "lr": 0.01}
+    assert profile.method_config("harmony-full-softmax") == {"local_steps": 5, "batch_size": 32, "lr": 0.01}
     assert profile.method_config("multi-exit") == {"local_steps": 5, "batch_size": 64, "gamma": 0.3}
     assert profile.method_config("fedavg") == {"local_steps": 5, "batch_size": 64}
+    assert profile.method_config("centralized") == {"local_steps": 8, "batch_size": 64}
+    assert profile.method_budget("centralized").rounds == 30 and profile.method_budget("fedavg").rounds == 2
+    # a tuned value overrides the fixed one and reaches the ablation too
+    tuned = {"harmony": {"lr": 0.001, "temperature": 0.2}}
+    assert profile.method_config("harmony-full-softmax", tuned)["lr"] == 0.001
+    assert profile.method_config("harmony-full-softmax", tuned)["temperature"] == 0.2
     with pytest.raises(ValidationError):
         BenchProfile(**{**profile.model_dump(), "methods": ["nope"]})
-    for name in ("quick", "full"):
+    for name in ("quick", "standard", "full"):
         assert load_profile(name).name == name
 
 
-def test_a_tiny_benchmark_runs_end_to_end_and_counts_uplink_bytes(tmp_path):
-    from harmony_mobile.bench.runner import run_benchmark
-
-    profile = BenchProfile(
-        name="tiny",
-        seeds=[0],
-        settings=[{"name": "digits-family", "dataset": "digits", "dataset_limit": 600}],
-        methods=["harmony", "splitgp", "fedavg", "local"],
-        budget={"rounds": 1, "local_steps": 2, "samples_per_step": 16},
-        train={"clients_per_tier": 1},
-        algorithm_config={"harmony": {"personalize_epochs": 1}},
+def test_tuning_grids_must_be_fair_and_kept_off_the_evaluation_seeds():
+    base = {
+        "name": "t",
+        "seeds": [0, 1],
+        "settings": [{"name": "s"}],
+        "methods": ["harmony", "splitgp"],
+        "budget": {"rounds": 2, "local_steps": 5, "samples_per_step": 64},
+    }
+    ok = BenchProfile(
+        **base,
+        tuning={"seeds": [9], "grids": {"harmony": [{}, {"lr": 0.01}], "splitgp": [{}, {"gamma": 0.3}]}},
     )
-    results = run_benchmark(profile, tmp_path / "runs", log=lambda _: None)
-    runs = {r["method"]: r for r in results["runs"]}
-    harmony, splitgp = runs["harmony"]["uplink"], runs["splitgp"]["uplink"]
-    # HARMONY uploads V=2 variants of each query row, SplitGP one row per sample, 64x8x8 float32 each
-    assert harmony["feature_bytes"] == harmony["uploaded_rows"] * 64 * 8 * 8 * 4
-    assert harmony["label_bytes"] == 8 * harmony["uploaded_rows"]
-    assert splitgp["uploaded_rows"] > 0 and splitgp["update_bytes"] > 0
-    assert runs["local"]["uplink"]["total"] == 0  # nothing leaves a local-only phone
-    assert runs["fedavg"]["uplink"]["feature_bytes"] == 0 and runs["fedavg"]["uplink"]["update_bytes"] > 0
-    assert 0 <= runs["harmony"]["validation"]["accuracy_with_ood"] <= 1
-    assert "validation" not in runs["fedavg"]
-    assert set(results["projections"]["methods"]) == {"splitgp", "harmony"}
-    report = write_report(results, tmp_path / "report")
-    assert "| harmony |" in report.read_text()
+    assert ok.tuning.trials == 2
+    with pytest.raises(ValidationError, match="same"):  # 2 trials for one method, 1 for another
+        BenchProfile(**base, tuning={"seeds": [9], "grids": {"harmony": [{}, {"lr": 0.01}], "splitgp": [{}]}})
+    with pytest.raises(ValidationError, match="also evaluation seeds"):
+        BenchProfile(**base, tuning={"seeds": [1], "grids": {"harmony": [{}]}})
+    with pytest.raises(ValidationError, match="parent"):  # an ablation is tuned through HARMONY
+        BenchProfile(**base, tuning={"seeds": [9], "grids": {"harmony-full-softmax": [{}]}})
+    with pytest.raises(ValidationError, match="not settings"):
+        BenchProfile(**base, tuning={"seeds": [9], "settings": ["other"], "grids": {"harmony": [{}]}})
+
+
+def test_the_standard_profile_is_the_benchmark_the_readme_quotes():
+    profile = load_profile("standard")
+    datasets = {
+        (s.dataset, s.partition, s.alpha if s.partition == "dirichlet" else None) for s in profile.settings
+    }
+    for dataset in ("mnist5k", "digits"):
+        assert (dataset, "family", None) in datasets and (dataset, "dirichlet", 0.1) in datasets
+    assert profile.train["clients_per_tier"] >= 2  # 8 clients over 4 tiers: every family federates
+    assert len(profile.seeds) >= 5
+    assert "centralized" in profile.budgets and "centralized" in profile.methods
+    assert profile.convergence.min_accuracy == 0.95 and "mnist5k" in profile.convergence.datasets
+    assert profile.latency.rtt_ms == 50
+    assert profile.tuning is not None and profile.tuning.trials >= 2
+    tuned = {"harmony", "splitgp", "splitgp-restricted", "fedproto", "fedavg", "local"}
+    assert tuned <= set(profile.tuning.grids) and tuned <= set(profile.methods)
+    assert profile.targets.margin == 0.05 and profile.targets.fraction_of_reference == 0.9
+    assert {"splitgp-restricted", "fedproto"} <= set(profile.targets.baselines)
+    ablations = {"harmony-no-meta", "harmony-fixed-depth", "harmony-no-contrastive", "harmony-full-softmax"}
+    assert set(profile.targets.ablations) == ablations and ablations <= set(profile.methods)
+
+
+def test_a_renamed_ablation_in_a_profile_is_refused_with_its_new_name():
+    with pytest.raises(ValidationError, match="harmony-no-meta"):
+        BenchProfile(
+            name="t",
+            seeds=[0],
+            settings=[{"name": "s"}],
+            methods=["harmony", "harmony-meta"],
+            budget={"rounds": 1, "local_steps": 1, "samples_per_step": 8},
+        )
 
 
 def test_a_client_holding_every_class_is_evaluated_without_ood():

@@ -3,7 +3,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harmony_mobile.algorithms.losses import distillation_loss, supcon_loss
+from harmony_mobile.algorithms.losses import cross_family_supcon, distillation_loss, supcon_loss
 
 
 def test_supcon_matches_a_hand_computed_batch():
@@ -38,3 +38,52 @@ def test_distillation_is_zero_for_identical_logits_and_positive_otherwise():
     logits = torch.randn(5, 10)
     assert distillation_loss(logits, logits).abs().item() < 1e-6
     assert distillation_loss(logits, logits.flip(1)).item() > 0.01
+
+
+def test_cross_family_supcon_matches_a_hand_computed_case():
+    """Anchor of family 0, group 1, client holds groups {1, 2}. Pool: same group same family (not a
+    positive), same group other family (positive), group 2 (held: negative), group 3 (not held:
+    ignored)."""
+    anchor = F.normalize(torch.tensor([[1.0, 0.2]]), dim=1)
+    pool = F.normalize(torch.tensor([[1.0, 0.0], [0.8, 0.6], [0.0, 1.0], [-1.0, 0.0]]), dim=1)
+    groups, families = torch.tensor([1, 1, 2, 3]), torch.tensor([0, 1, 2, 1])
+    t = 0.5
+    s = (anchor @ pool.T / t)[0]
+    expected = -(s[1] - torch.logsumexp(torch.stack([s[1], s[2]]), dim=0))
+    loss = cross_family_supcon(anchor, torch.tensor([1]), 0, torch.tensor([1, 2]), pool, groups, families, t)
+    assert torch.isclose(loss, expected, atol=1e-6)
+    # the unheld group's row does not matter however close it is; the same-family row neither
+    moved = pool.clone()
+    moved[3] = anchor[0]
+    moved[0] = -anchor[0]
+    assert torch.isclose(
+        cross_family_supcon(anchor, torch.tensor([1]), 0, torch.tensor([1, 2]), moved, groups, families, t),
+        loss,
+    )
+
+
+def test_cross_family_supcon_pulls_other_families_together():
+    torch.manual_seed(0)
+    anchors = F.normalize(torch.randn(4, 8), dim=1).requires_grad_(True)
+    groups = torch.tensor([0, 0, 1, 1])
+    pool = F.normalize(torch.randn(6, 8), dim=1)
+    pool_groups, pool_families = torch.tensor([0, 1, 0, 1, 2, 2]), torch.tensor([1, 1, 2, 2, 1, 2])
+    loss = cross_family_supcon(anchors, groups, 0, torch.tensor([0, 1]), pool, pool_groups, pool_families)
+    loss.backward()
+    # a small step against the gradient moves each anchor towards its cross-family positives
+    moved = F.normalize(anchors.detach() - 0.1 * anchors.grad, dim=1)
+    for i in range(4):
+        positives = pool[(pool_groups == groups[i])]
+        assert (moved[i] @ positives.T).mean() > (anchors[i].detach() @ positives.T).mean()
+
+
+def test_cross_family_supcon_without_a_cross_family_positive_is_zero_with_a_gradient_path():
+    anchors = F.normalize(torch.randn(2, 4), dim=1).requires_grad_(True)
+    pool = F.normalize(torch.randn(2, 4), dim=1)
+    # the only rows of the anchors' group come from the anchors' own family
+    loss = cross_family_supcon(
+        anchors, torch.tensor([0, 0]), 3, torch.tensor([0]), pool, torch.tensor([0, 0]), torch.tensor([3, 3])
+    )
+    assert loss.item() == 0.0
+    loss.backward()
+    assert anchors.grad is not None

@@ -87,7 +87,9 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
     generator = torch.Generator().manual_seed(0)
     depths, betas = set(), []
     for _ in range(60):
-        depths.add(algo._sample_variant(client, adapted, variant, generator))
+        depth, noise = algo._sample_variant(client, adapted, variant, generator)
+        depths.add(depth)
+        assert noise == 0.0  # weight_noise = 0: the measured noise is none
         betas.append(
             (variant.connectors["1"].conv.bias - client.model.connectors["1"].conv.bias).mean().item()
         )
@@ -95,15 +97,21 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
     assert min(betas) >= 0 and max(betas) <= algo.config.beta_max + 1e-5
     assert max(betas) > 1.0  # extrapolation beyond the personalized point happens
 
-    fixed = tiny_federation(algorithm="harmony-stochastic-depth").algorithm
-    assert {fixed._sample_variant(client, adapted, variant, generator) for _ in range(20)} == {3}
+    fixed = tiny_federation(algorithm="harmony-fixed-depth").algorithm
+    assert {fixed._sample_variant(client, adapted, variant, generator)[0] for _ in range(20)} == {3}
 
 
 def connector_gradient_of_one_split_step(algorithm: str) -> torch.Tensor:
     federation = tiny_federation(algorithm=algorithm)
     client, server = federation.clients[0], federation.server
-    federation.broadcast(client)
     server.start_round(0)
+    # another family uploads first: SupCon's positives come from other families only
+    other = federation.clients[1]
+    federation.broadcast(other)
+    images, labels = other.batch(16, torch.Generator().manual_seed(1))
+    _, features = other.model(images, other.split_depth)
+    split_step(other, server, features, labels, (other.split_depth,) * 16, 0, weight=1.0)
+    federation.broadcast(client)
     images, labels = client.batch(16, torch.Generator().manual_seed(0))
     client.model.zero_grad()
     _, features = client.model(images, client.split_depth)
@@ -113,7 +121,7 @@ def connector_gradient_of_one_split_step(algorithm: str) -> torch.Tensor:
 
 def test_contrastive_gradient_reaches_the_connector():
     with_supcon = connector_gradient_of_one_split_step("harmony")
-    without = connector_gradient_of_one_split_step("harmony-contrastive")
+    without = connector_gradient_of_one_split_step("harmony-no-contrastive")
     assert with_supcon.abs().sum() > 0 and without.abs().sum() > 0
     # same seed, same batch, same initial weights: the only difference is the SupCon term
     assert not torch.allclose(with_supcon, without)
@@ -185,7 +193,7 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
 
 @pytest.mark.parametrize("restricted", [True, False])
 def test_the_server_ce_runs_over_the_slots_of_the_uploading_client(restricted):
-    algorithm = "harmony-contrastive" if restricted else "harmony-full-softmax"
+    algorithm = "harmony-no-contrastive" if restricted else "harmony-full-softmax"
     federation = tiny_federation(algorithm=algorithm, overrides={"contrastive_weight": 0.0})
     first, second = federation.clients[0], federation.clients[-1]
     server = federation.server
@@ -205,7 +213,7 @@ def test_the_server_ce_runs_over_the_slots_of_the_uploading_client(restricted):
 
 
 def test_the_reply_is_the_gradient_of_the_slot_ce_at_the_features_and_nothing_else():
-    federation = tiny_federation(algorithm="harmony-contrastive")
+    federation = tiny_federation(algorithm="harmony-no-contrastive")
     client, server = federation.clients[0], federation.server
     federation.broadcast(client)
     server.start_round(0)

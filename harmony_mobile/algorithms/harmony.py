@@ -13,11 +13,19 @@ One local step of client k, top to bottom:
                   misses) + SupCon; g_v = gamma * dL_srv/dz_v back-propagated at theta_v
   4. update       theta <- Adam(theta, g_exit + mean_v g_v)
 The server computes both terms itself from tokens (`SplitServer.step`); only dL/dz comes back.
+
+Each mechanism has one switch, so that an ablation turns off exactly one (algorithms/registry.py):
+`meta` (the inner loop, hence the personalization path), `stochastic_depth`, `contrastive_weight`
+and `own_classes_only`. The round's metrics measure how diverse the simulated extractors are:
+the path length ||theta' - theta|| next to the weight noise actually drawn, and how far a class's
+mean feature moves across the variants relative to the class's own spread.
 """
 
 from __future__ import annotations
 
 import copy
+import math
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -62,7 +70,10 @@ class HarmonyConfig(BaseModel):
         default=True, description="draw variant depths from 1..d_k (False: always d_k)"
     )
     meta: bool = Field(
-        default=True, description="inner loop + simulated extractors (False: plain exit + split loss)"
+        default=True,
+        description="inner loop: variants lie on and beyond the personalization path theta' - theta "
+        "(False: theta' = theta, so variants are theta plus weight noise; depth sampling and channel "
+        "drop unchanged)",
     )
     gamma: float = Field(default=1.0, ge=0, description="weight of the server CE in the client loss")
     own_classes_only: bool = Field(
@@ -70,6 +81,11 @@ class HarmonyConfig(BaseModel):
         description="the server CE's softmax runs over the slots of the uploading client's tokens only",
     )
     contrastive_weight: float = Field(default=0.5, ge=0, description="SupCon weight on the server; 0 = off")
+    contrastive: Literal["cross_family", "token"] = Field(
+        default="cross_family",
+        description="cross_family: positives from other families, negatives from the client's own slots "
+        "(ALGORITHM.md step 7); token: every same-token row a positive, every other row a negative",
+    )
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
     bank_size: int = Field(default=512, ge=0, description="server's same-round contrastive memory (rows)")
     server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of g and h")
@@ -97,6 +113,7 @@ class Harmony:
             temperature=c.temperature,
             bank_size=c.bank_size,
             restrict_to_client_slots=c.own_classes_only,
+            contrastive=c.contrastive,
         )
 
     def client_round(
@@ -107,7 +124,7 @@ class Harmony:
         optimizer = torch.optim.Adam(theta.values(), lr=c.lr)
         adapted = copy.deepcopy(client.model)  # theta'
         variant = copy.deepcopy(client.model)  # theta_v
-        exit_total = server_total = 0.0
+        totals: dict[str, float] = {}
         for _ in range(c.local_steps):
             support = client.batch(c.batch_size, generator)
             query_x, query_y = client.batch(c.batch_size, generator)
@@ -116,45 +133,63 @@ class Harmony:
                 self._personalize_inner(client, adapted, *support)
             else:
                 adapted.load_state_dict(client.model.state_dict())
-
-            # first-order meta-gradient of the query exit loss, taken at theta'
-            adapted.zero_grad()
-            query_loss = exit_loss(adapted, query_x, query_y, client.split_depth)
-            query_loss.backward()
-            adapted_params = dict(adapted.named_parameters())
-            for name, p in theta.items():
-                grad = adapted_params[name].grad  # None for connectors: the exit loss does not reach them
-                p.grad = grad.clone() if grad is not None else torch.zeros_like(p)
-
-            # simulated extractors -> U-shaped split steps (server CE + SupCon reach theta_v)
-            variant_params = dict(variant.named_parameters())
-            for _ in range(c.variants):
-                depth = self._sample_variant(client, adapted, variant, generator)
-                variant.zero_grad()
-                activation = variant.extract(query_x, depth)
-                if c.meta and c.channel_drop > 0:
-                    activation = F.dropout2d(activation, c.channel_drop, training=True)
-                features = variant.connectors[str(depth)](activation)
-                depths = (depth,) * len(query_y)
-                server_total += split_step(
-                    client,
-                    server,
-                    features,
-                    query_y,
-                    depths,
-                    round_id,
-                    c.gamma,
-                )
-                for name, p in theta.items():
-                    if variant_params[name].grad is not None:
-                        p.grad += variant_params[name].grad / c.variants
+            step = {"exit_loss": self._meta_gradient(client, adapted, theta, query_x, query_y)}
+            step |= self._variant_steps(
+                client, server, adapted, variant, query_x, query_y, round_id, generator
+            )
             optimizer.step()
-            exit_total += query_loss.item()
-        metrics = {
-            "exit_loss": exit_total / c.local_steps,
-            "server_ce": server_total / (c.local_steps * c.variants),
-        }
+            for key, value in step.items():
+                totals[key] = totals.get(key, 0.0) + value
+        metrics = {key: value / c.local_steps for key, value in totals.items()}
+        noise = metrics["noise_norm"]
+        metrics["path_to_noise"] = metrics["path_norm"] / noise if noise > 0 else math.nan
+        metrics.update(server.take_diagnostics())
         return client_update(client, round_id, metrics)
+
+    @staticmethod
+    def _meta_gradient(client: Client, adapted: FamilyModel, theta: dict, query_x, query_y) -> float:
+        """First-order meta-gradient of the query exit loss, taken at theta', written into theta's grads."""
+        adapted.zero_grad()
+        query_loss = exit_loss(adapted, query_x, query_y, client.split_depth)
+        query_loss.backward()
+        adapted_params = dict(adapted.named_parameters())
+        for name, p in theta.items():
+            grad = adapted_params[name].grad  # None for connectors: the exit loss does not reach them
+            p.grad = grad.clone() if grad is not None else torch.zeros_like(p)
+        return query_loss.item()
+
+    def _variant_steps(
+        self, client: Client, server: SplitServer, adapted, variant, query_x, query_y, round_id, generator
+    ) -> dict[str, float]:
+        """Simulated extractors -> split steps (server CE + SupCon reach theta_v); adds mean_v g_v to
+        theta's grads and returns the step's server loss and diversity measurements."""
+        c = self.config
+        theta = client.held_parameters()
+        variant_params = dict(variant.named_parameters())
+        server_loss = noise_norm = 0.0
+        features_by_variant = []
+        for _ in range(c.variants):
+            depth, noise = self._sample_variant(client, adapted, variant, generator)
+            noise_norm += noise / c.variants
+            variant.zero_grad()
+            activation = variant.extract(query_x, depth)
+            if c.channel_drop > 0:
+                activation = F.dropout2d(activation, c.channel_drop, training=True)
+            features = variant.connectors[str(depth)](activation)
+            features_by_variant.append(features.detach())
+            depths = (depth,) * len(query_y)
+            server_loss += (
+                split_step(client, server, features, query_y, depths, round_id, c.gamma) / c.variants
+            )
+            for name, p in theta.items():
+                if variant_params[name].grad is not None:
+                    p.grad += variant_params[name].grad / c.variants
+        return {
+            "server_ce": server_loss,
+            "path_norm": parameter_distance(client.model, adapted, theta),
+            "noise_norm": noise_norm,
+            "variant_spread": variant_spread(features_by_variant, query_y),
+        }
 
     def _personalize_inner(self, client: Client, adapted: FamilyModel, images, labels) -> None:
         """Inner loop: theta' = theta after `inner_steps` SGD steps on the support exit loss."""
@@ -168,23 +203,27 @@ class Harmony:
     @torch.no_grad()
     def _sample_variant(
         self, client: Client, adapted: FamilyModel, variant: FamilyModel, generator: torch.Generator
-    ) -> int:
-        """Load one simulated extractor into `variant` and return its split depth."""
+    ) -> tuple[int, float]:
+        """Load one simulated extractor into `variant`; returns its split depth and the norm of the
+        weight noise drawn for it (over the parameters the client holds)."""
         c = self.config
-        if not c.meta:
-            variant.load_state_dict(client.model.state_dict())
-            return client.split_depth
         beta = float(torch.rand((), generator=generator)) * c.beta_max
         adapted_params = dict(adapted.named_parameters())
+        held = client.held_parameters()
+        noise_sq = 0.0
         for name, p in variant.named_parameters():
             theta = client.model.get_parameter(name)
             value = theta + beta * (adapted_params[name] - theta)
             if c.weight_noise > 0:
-                value = value * (1 + c.weight_noise * torch.randn(value.shape, generator=generator))
+                noise = value * c.weight_noise * torch.randn(value.shape, generator=generator)
+                value = value + noise
+                if name in held:
+                    noise_sq += float(noise.pow(2).sum())
             p.copy_(value)
-        if not c.stochastic_depth:
-            return client.split_depth
-        return int(torch.randint(1, client.split_depth + 1, (), generator=generator))
+        depth = client.split_depth
+        if c.stochastic_depth:
+            depth = int(torch.randint(1, client.split_depth + 1, (), generator=generator))
+        return depth, math.sqrt(noise_sq)
 
     def aggregate(
         self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
@@ -195,3 +234,27 @@ class Harmony:
         c = self.config
         personalize_split(client, server, c.personalize_epochs, c.batch_size, c.lr, c.gamma, generator)
         calibrate_client(client, c.calibration_target, self.exit_rule)
+
+
+@torch.no_grad()
+def parameter_distance(model: FamilyModel, adapted: FamilyModel, held: dict) -> float:
+    """||theta' - theta|| over the parameters the client holds: the personalization path's length."""
+    adapted_params = dict(adapted.named_parameters())
+    return math.sqrt(sum(float((adapted_params[n] - model.get_parameter(n)).pow(2).sum()) for n in held))
+
+
+@torch.no_grad()
+def variant_spread(features: list[torch.Tensor], labels: torch.Tensor) -> float:
+    """How far a class's mean feature moves across the simulated extractors, relative to how far its
+    samples lie from their class mean (0: the variants are one extractor; 1: they move a class as
+    much as the class's own spread). Mean over the classes of the batch."""
+    if len(features) < 2:
+        return 0.0
+    stacked = torch.stack([f.flatten(1) for f in features])  # (V, n, D)
+    moves, spreads = [], []
+    for label in labels.unique():
+        rows = stacked[:, labels == label]
+        means = rows.mean(dim=1)  # (V, D)
+        moves.append((means - means.mean(dim=0)).norm(dim=1).mean())
+        spreads.append((rows - means[:, None]).norm(dim=2).mean())
+    return float(torch.stack(moves).mean() / torch.stack(spreads).mean().clamp_min(1e-12))

@@ -7,6 +7,7 @@ from typing import Any
 from harmony_mobile.algorithms.base import Algorithm
 from harmony_mobile.algorithms.centralized import Centralized
 from harmony_mobile.algorithms.fedavg import FedAvg
+from harmony_mobile.algorithms.fedproto import FedProto
 from harmony_mobile.algorithms.harmony import Harmony, HarmonyConfig
 from harmony_mobile.algorithms.local import Local
 from harmony_mobile.algorithms.multi_exit import MultiExit
@@ -15,9 +16,10 @@ from harmony_mobile.algorithms.splitgp import SplitGP
 # name -> (constructor, overrides of its config that define the variant)
 ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony": (Harmony, {}),
-    "harmony-meta": (Harmony, {"meta": False}),  # ablation: no meta-adaptation / simulated extractors
-    "harmony-stochastic-depth": (Harmony, {"stochastic_depth": False}),  # ablation: fixed split depth
-    "harmony-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # ablation: no SupCon alignment
+    # ablations: each turns off exactly one mechanism (one config field; tests/test_ablations.py)
+    "harmony-no-meta": (Harmony, {"meta": False}),  # no inner loop: variants are theta plus noise
+    "harmony-fixed-depth": (Harmony, {"stochastic_depth": False}),  # every variant at the client's depth
+    "harmony-no-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # no SupCon on the server
     # ablation: the server CE over every slot instead of the uploading client's slots (federation/server.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
     # baselines (ALGORITHM.md, Baselines); each has a nested pydantic `Config`
@@ -25,15 +27,35 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split
     "multi-exit": (MultiExit, {}),  # hybrid SFL without personalization mixing (SplitGP, lambda = 0)
     "splitgp": (SplitGP, {}),  # gamma-weighted exit/server CE, lambda-mixing, entropy fallback
+    "splitgp-restricted": (SplitGP, {"restricted_softmax": True}),  # + HARMONY's restricted softmax
+    "fedproto": (FedProto, {}),  # prototypes keyed by label token through the server, no weight sharing
     "centralized": (Centralized, {}),  # upper bound: per family one model on pooled data
 }
 
 
-def build_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorithm:
-    """An algorithm by name; `config` overrides its defaults (unknown keys are a validation error)."""
+# names that read as "the mechanism on" although they turned it off: refused, pointing to the new name
+RENAMED = {
+    "harmony-meta": "harmony-no-meta",
+    "harmony-stochastic-depth": "harmony-fixed-depth",
+    "harmony-contrastive": "harmony-no-contrastive",
+}
+
+
+def check_algorithm(name: str) -> None:
+    """A clear error for an unknown algorithm name (with the new name for a renamed ablation)."""
+    if name in RENAMED:
+        raise ValueError(
+            f"{name!r} is not an algorithm: the ablation with that mechanism turned off is {RENAMED[name]!r}"
+        )
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
+
+
+def build_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorithm:
+    """An algorithm by name; `config` overrides its defaults (unknown keys are a validation error).
+    A variant's defining override wins over `config`."""
+    check_algorithm(name)
     constructor, variant = ALGORITHMS[name]
     if constructor is Harmony:
         return Harmony(HarmonyConfig(**{**(config or {}), **variant}), name=name)
-    return constructor(constructor.Config(**(config or {})))
+    return constructor(constructor.Config(**{**(config or {}), **variant}))

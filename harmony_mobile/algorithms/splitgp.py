@@ -55,6 +55,11 @@ class SplitGPConfig(BaseModel):
     calibration_target: float = Field(
         default=0.98, gt=0, le=1, description="local-exit accuracy target for the entropy threshold"
     )
+    restricted_softmax: bool = Field(
+        default=False,
+        description="server CE over the uploading client's slots only, as HARMONY's (splitgp-restricted); "
+        "False: over every slot, as published",
+    )
 
 
 class SplitGP:
@@ -68,7 +73,11 @@ class SplitGP:
         self._own: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its model after local training
 
     def server_config(self) -> ServerConfig:
-        return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0, restrict_to_client_slots=False)
+        return ServerConfig(
+            lr=self.config.server_lr,
+            contrastive_weight=0.0,
+            restrict_to_client_slots=self.config.restricted_softmax,
+        )
 
     @torch.no_grad()
     def _mix(self, client: Client) -> None:

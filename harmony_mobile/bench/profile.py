@@ -1,10 +1,13 @@
-"""A benchmark profile: data settings, seeds, methods and the one budget every method gets.
+"""A benchmark profile: data settings, seeds, methods, the one budget every method gets, the
+tuning grids, and the targets the report checks.
 
 The budget is shared: the same rounds, local steps per round and samples drawn per step for every
 method. HARMONY draws a support and a query batch per step, so its batch size is half the samples
-per step; every other method draws one batch of the full size. Hyper-parameters of one method
-(`algorithm_config`) are applied to its relatives too: HARMONY's to its ablations (an ablation
-changes exactly one mechanism), SplitGP's to multi-exit (except lambda, fixed at 0 there).
+per step; every other method draws one batch of the full size. A method may get its own stated
+budget (`budgets`): `centralized` is a converged reference, not a competitor at equal budget.
+Hyper-parameters of one method (`algorithm_config`, and the trial tuning picks for it) are applied
+to its relatives too: HARMONY's to its ablations (an ablation changes exactly one mechanism),
+SplitGP's to multi-exit (except lambda, fixed at 0 there).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harmony_mobile.algorithms.harmony import Harmony
-from harmony_mobile.algorithms.registry import ALGORITHMS
+from harmony_mobile.algorithms.registry import ALGORITHMS, check_algorithm
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
 
@@ -55,6 +58,71 @@ class PcaSpec(BaseModel):
     seed: int | None = None  # None = the first seed
     methods: list[str] = ["splitgp", "harmony"]
     max_points: int = Field(default=800, ge=10, description="points kept per method in results.json")
+    tsne: bool = Field(default=False, description="also a t-SNE of the same points (slower than PCA)")
+
+
+class TuningSpec(BaseModel):
+    """Every tuned method gets a grid of the same number of trials, scored on validation only
+    (clients' val splits + OOD from other clients' val splits) over the tuning seeds, which must not
+    be evaluation seeds. Ablations and multi-exit take their parent's pick (they are defined by one
+    switch relative to it), so they have no grid of their own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seeds: list[int] = Field(min_length=1)
+    settings: list[str] | None = Field(default=None, description="None = every setting")
+    grids: dict[str, list[dict[str, Any]]] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _same_number_of_trials(self) -> TuningSpec:
+        sizes = {method: len(trials) for method, trials in self.grids.items()}
+        if len(set(sizes.values())) != 1 or 0 in sizes.values():
+            raise ValueError(f"every tuned method needs the same (non-zero) number of trials; got {sizes}")
+        return self
+
+    @property
+    def trials(self) -> int:
+        return len(next(iter(self.grids.values())))
+
+
+class ConvergenceCheck(BaseModel):
+    """The report fails its convergence line unless `method` reaches `min_accuracy` without OOD on
+    every setting of the named datasets: an upper bound that did not converge bounds nothing."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str = "centralized"
+    datasets: list[str] = ["mnist5k"]
+    min_accuracy: float = Field(default=0.95, gt=0, le=1)
+
+
+class Targets(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    method: str = "harmony"
+    baselines: list[str] = Field(
+        default_factory=list, description="HARMONY with OOD must beat the best of these by `margin`"
+    )
+    margin: float = Field(default=0.05, ge=0, description="accuracy with OOD, fraction (0.05 = 5 points)")
+    reference: str = "centralized"
+    fraction_of_reference: float = Field(default=0.9, gt=0, le=1)
+    ablations: dict[str, str] = Field(
+        default_factory=dict, description="ablation method -> the mechanism it turns off"
+    )
+    confidence: float = Field(default=0.95, gt=0, lt=1)
+
+
+class LatencySpec(BaseModel):
+    """Expected time per query = exit rate * t_device + fallback rate * (t_device + RTT + t_server),
+    t_device = measured median batch-1 latency of the tier's .pte, t_server = measured median batch-1
+    time of the back-end g, RTT stated."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rtt_ms: float = Field(default=50.0, ge=0, description="stated network round trip")
+    quantization: Literal["fp32", "int8"] = "fp32"
+    runs: int = Field(default=50, ge=5, description="timed calls per measurement (median)")
+    method: str = Field(default="harmony", description="whose front-ends are exported and timed")
 
 
 class BenchProfile(BaseModel):
@@ -66,20 +134,29 @@ class BenchProfile(BaseModel):
     settings: list[Setting] = Field(min_length=1)
     methods: list[str] = Field(min_length=1)
     budget: Budget
+    budgets: dict[str, Budget] = Field(
+        default_factory=dict, description="a method's own stated budget instead of the shared one"
+    )
     train: dict[str, Any] = Field(
         default_factory=dict,
         description="other TrainConfig fields shared by every run (clients_per_tier, ...)",
     )
     algorithm_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    tuning: TuningSpec | None = None
+    convergence: ConvergenceCheck | None = None
+    targets: Targets | None = None
+    latency: LatencySpec | None = None
     pca: PcaSpec = PcaSpec()
     time_limit_minutes: float | None = None
     notes: str = Field(default="", description="markdown appended to the report (what was tuned and how)")
 
     @model_validator(mode="after")
     def _known_methods(self) -> BenchProfile:
-        unknown = [m for m in [*self.methods, *self.algorithm_config] if m not in ALGORITHMS]
-        if unknown:
-            raise ValueError(f"unknown methods {unknown}; known: {', '.join(ALGORITHMS)}")
+        named = [*self.methods, *self.algorithm_config, *self.budgets]
+        if self.tuning:
+            named += list(self.tuning.grids)
+        for method in named:
+            check_algorithm(method)  # unknown or renamed: a clear error naming the right method
         reserved = {
             "dataset",
             "data_root",
@@ -92,25 +169,66 @@ class BenchProfile(BaseModel):
         }
         if reserved & set(self.train):
             raise ValueError(f"train: {sorted(reserved & set(self.train))} are set by settings/budget/seeds")
+        self._check_tuning()
         return self
 
-    def method_config(self, method: str) -> dict[str, Any]:
-        """The algorithm config of `method` under this profile's shared budget."""
-        constructor = ALGORITHMS[method][0]
-        is_harmony = constructor is Harmony
-        per_step = self.budget.samples_per_step
+    def _check_tuning(self) -> None:
+        if self.tuning is None:
+            return
+        shared = set(self.tuning.seeds) & set(self.seeds)
+        if shared:
+            raise ValueError(f"tuning seeds {sorted(shared)} are also evaluation seeds; tune on other seeds")
+        names = {s.name for s in self.settings}
+        unknown = [s for s in self.tuning.settings or [] if s not in names]
+        if unknown:
+            raise ValueError(f"tuning settings {unknown} are not settings of this profile")
+        derived = [m for m in self.tuning.grids if parent_method(m) != m]
+        if derived:
+            raise ValueError(
+                f"{derived} take their parent's tuned values ({', '.join(parent_method(m) for m in derived)}); "
+                "tune the parent instead"
+            )
+
+    def method_budget(self, method: str) -> Budget:
+        return self.budgets.get(method, self.budget)
+
+    def method_config(self, method: str, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        """The algorithm config of `method` under its budget, with the values tuning picked for it (or
+        for its parent) on top of the profile's fixed ones."""
+        budget = self.method_budget(method)
+        per_step = budget.samples_per_step
         config: dict[str, Any] = {
-            "local_steps": self.budget.local_steps,
-            "batch_size": per_step // 2 if is_harmony else per_step,
+            "local_steps": budget.local_steps,
+            "batch_size": per_step // 2 if is_harmony(method) else per_step,
         }
-        parent = "harmony" if is_harmony else "splitgp" if method == "multi-exit" else method
-        inherited = dict(self.algorithm_config.get(parent, {}))
+        parent = parent_method(method)
+        inherited = {**self.algorithm_config.get(parent, {}), **(tuned or {}).get(parent, {})}
         if method == "multi-exit":
             inherited.pop("mix_lambda", None)
         config.update(inherited)
         if parent != method:
             config.update(self.algorithm_config.get(method, {}))
         return config
+
+    def tuning_settings(self) -> list[Setting]:
+        if self.tuning is None:
+            return []
+        wanted = self.tuning.settings
+        return [s for s in self.settings if wanted is None or s.name in wanted]
+
+
+def is_harmony(method: str) -> bool:
+    return ALGORITHMS[method][0] is Harmony
+
+
+def parent_method(method: str) -> str:
+    """The method whose hyper-parameters `method` inherits: HARMONY for its ablations, SplitGP for
+    multi-exit, itself otherwise."""
+    if is_harmony(method):
+        return "harmony"
+    if method == "multi-exit":
+        return "splitgp"
+    return method
 
 
 def load_profile(name_or_path: str | Path) -> BenchProfile:

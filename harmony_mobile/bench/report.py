@@ -1,5 +1,7 @@
-"""Aggregate benchmark runs over seeds and write the report: report.md (a table per setting),
-results.json (every number, per run and aggregated), accuracy_vs_ood.png and pca_features.png."""
+"""Aggregate benchmark runs over seeds and write the report: report.md (a table per setting, paired
+comparisons with confidence intervals, the targets, the convergence line, the latency trade-off and
+the tuning trials), results.json (every number, per run and aggregated) and the plots
+(accuracy_vs_ood.png, unseen_classes.png, features.png)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ import math
 from pathlib import Path
 
 import numpy as np
+
+from harmony_mobile.bench.latency import latency_table
+from harmony_mobile.bench.stats import paired_ci
 
 OOD_FRACTIONS = ("p=0", "p=0.2", "p=0.5")
 # (key, column header, format); the row value is read by `metric_value`
@@ -20,11 +25,11 @@ COLUMNS = (
     ("fallback_rate", "fallback rate", "pct"),
     ("server_fallback_accuracy", "server fallback acc", "pct"),
     ("alignment_score", "alignment", "pct"),
+    ("unseen_family", "family-unseen acc", "pct"),
+    ("unseen_client", "client-unseen acc", "pct"),
     ("upload_bytes_per_sample", "upload B/sample", "bytes"),
     ("wall_seconds", "wall s", "seconds"),
 )
-TARGET_GAP = 0.05  # issue 4: HARMONY beats SplitGP with OOD by at least 5 points
-SPLIT_ONLY = {"fallback_rate", "server_fallback_accuracy", "alignment_score"}
 FAMILY_MARKERS = {"cnn": "o", "mobilenet": "^", "resnet": "s"}
 
 
@@ -40,7 +45,15 @@ def metric_value(run: dict, key: str) -> float:
         return summary.get("alignment_score", math.nan)
     if key == "val_acc_with_ood":
         return run.get("validation", {}).get("accuracy_with_ood", math.nan)
+    if key == "unseen_family":
+        return _defined(run.get("unseen", {}).get("family_mean"))
+    if key == "unseen_client":
+        return _defined(run.get("unseen", {}).get("client_mean"))
     return float(run.get(key, math.nan))
+
+
+def _defined(value) -> float:
+    return math.nan if value is None else float(value)
 
 
 def _mean_std(values: list[float]) -> dict:
@@ -67,14 +80,21 @@ def aggregate(results: dict) -> dict:
     }
 
 
-def paired_gap(results: dict, setting: str, method: str, reference: str, key: str = "acc_with_ood") -> dict:
-    """method - reference on `key`, paired by seed: mean and std over seeds of the differences."""
+def paired_gap(
+    results: dict,
+    setting: str,
+    method: str,
+    reference: str,
+    key: str = "acc_with_ood",
+    confidence: float = 0.95,
+) -> dict:
+    """method - reference on `key`, paired by seed, with a t confidence interval over seeds."""
     by_seed: dict[int, dict[str, float]] = {}
     for run in results["runs"]:
         if run["setting"] == setting and run["method"] in (method, reference):
             by_seed.setdefault(run["seed"], {})[run["method"]] = metric_value(run, key)
-    diffs = [v[method] - v[reference] for v in by_seed.values() if method in v and reference in v]
-    return {**_mean_std(diffs), "per_seed": diffs}
+    diffs = [v[method] - v[reference] for _, v in sorted(by_seed.items()) if method in v and reference in v]
+    return paired_ci(diffs, confidence)
 
 
 def _format(stat: dict, kind: str) -> str:
@@ -142,7 +162,56 @@ def plot_accuracy_vs_ood(results: dict, aggregated: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_pca(projections: dict, path: Path) -> bool:
+def plot_unseen(results: dict, aggregated: dict, path: Path) -> bool:
+    """Per setting, the accuracy on each family's unseen classes (classes no client of the family
+    holds): the server's for split methods, the full model's otherwise; mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = _unseen_by_family(results)
+    settings = [s["name"] for s in results["profile"]["settings"] if table.get(s["name"])]
+    if not settings:
+        return False
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
+    for ax, setting in zip(axes[0], settings, strict=True):
+        methods = [m for m in results["profile"]["methods"] if m in table[setting]]
+        families = sorted({f for m in methods for f in table[setting][m]})
+        width = 0.8 / max(1, len(methods))
+        for i, method in enumerate(methods):
+            values = [100 * table[setting][method].get(f, math.nan) for f in families]
+            ax.bar(np.arange(len(families)) + i * width, values, width, label=method)
+        ax.set_xticks(np.arange(len(families)) + 0.4 - width / 2, families)
+        ax.set_title(setting)
+        ax.set_ylabel("accuracy on the family's unseen classes (%)")
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def _unseen_by_family(results: dict) -> dict:
+    """setting -> method -> family -> mean over seeds (families with no unseen class left out)."""
+    values: dict = {}
+    for run in results["runs"]:
+        for family, entry in run.get("unseen", {}).get("family", {}).items():
+            accuracy = _defined(entry.get("accuracy"))
+            if not math.isnan(accuracy):
+                cell = values.setdefault(run["setting"], {}).setdefault(run["method"], {})
+                cell.setdefault(family, []).append(accuracy)
+    return {
+        setting: {m: {f: float(np.mean(v)) for f, v in fams.items()} for m, fams in methods.items()}
+        for setting, methods in values.items()
+    }
+
+
+def plot_features(projections: dict, path: Path) -> bool:
+    """Back-end features of ID + OOD test samples, PCA (and t-SNE when computed): colour = class,
+    marker = family. Same-class points of different families together = aligned extractors."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,26 +220,31 @@ def plot_pca(projections: dict, path: Path) -> bool:
     methods = projections.get("methods", {})
     if not methods:
         return False
-    fig, axes = plt.subplots(1, len(methods), figsize=(5.5 * len(methods), 5), squeeze=False)
+    views = [("x", "y", "PCA")]
+    if all("tsne_x" in points for points in methods.values()):
+        views.append(("tsne_x", "tsne_y", "t-SNE"))
+    fig, axes = plt.subplots(
+        len(views), len(methods), figsize=(5.5 * len(methods), 5 * len(views)), squeeze=False
+    )
     cmap = plt.get_cmap("tab10")
-    for ax, (method, points) in zip(axes[0], methods.items(), strict=True):
-        x, y = np.array(points["x"]), np.array(points["y"])
-        classes, families = np.array(points["class"]), np.array(points["family"])
-        for family in sorted(set(families.tolist())):
-            mine = families == family
-            ax.scatter(
-                x[mine],
-                y[mine],
-                c=[cmap(c % 10) for c in classes[mine]],
-                marker=FAMILY_MARKERS.get(family, "x"),
-                s=12,
-                alpha=0.7,
-                linewidths=0,
-                label=family,
-            )
-        ax.set_title(f"{method}: back-end features (PCA)")
-        ax.set_xticks([])
-        ax.set_yticks([])
+    for row, (kx, ky, title) in enumerate(views):
+        for ax, (method, points) in zip(axes[row], methods.items(), strict=True):
+            x, y = np.array(points[kx]), np.array(points[ky])
+            classes, families = np.array(points["class"]), np.array(points["family"])
+            for family in sorted(set(families.tolist())):
+                mine = families == family
+                ax.scatter(
+                    x[mine],
+                    y[mine],
+                    c=[cmap(c % 10) for c in classes[mine]],
+                    marker=FAMILY_MARKERS.get(family, "x"),
+                    s=12,
+                    alpha=0.7,
+                    linewidths=0,
+                )
+            ax.set_title(f"{method}: back-end features ({title})")
+            ax.set_xticks([])
+            ax.set_yticks([])
     handles = [
         plt.Line2D([], [], color="gray", marker=m, linestyle="", label=f) for f, m in FAMILY_MARKERS.items()
     ]
@@ -210,21 +284,287 @@ METHOD_NOTES = """\
 - `harmony`: ALGORITHM.md (meta-adaptation over simulated extractors, stochastic split depth,
   label-token SupCon on the server, final personalization, max-softmax exit calibrated on val),
   with the client's server CE a softmax over the client's own classes (restricted softmax).
-  `harmony-meta` / `-stochastic-depth` / `-contrastive` / `-full-softmax`: exactly one mechanism
-  off, same hyper-parameters otherwise.
+  Each ablation turns off exactly one mechanism, same hyper-parameters otherwise.
 - `splitgp`: loss gamma CE(exit) + (1 - gamma) CE(server); client model lambda own + (1 - lambda)
-  average (lambda = 0.2); entropy-threshold fallback calibrated on val to the same local-exit
-  accuracy target as HARMONY. The original sends labels to the server; here the server CE goes
-  through the same U-shaped exchange as HARMONY (mathematically the same gradients), and the
-  8-byte label token on the wire stands in for the original's 8-byte label in the upload bytes
-  (plus 4 bytes per class of dL/dlogits that the original does not send).
+  average; entropy-threshold fallback calibrated on val to the same local-exit accuracy target as
+  HARMONY. `splitgp-restricted`: the same with HARMONY's restricted server softmax.
+- `fedproto`: prototype exchange (per-class feature means shared through the server).
 - `multi-exit`: SplitGP with lambda = 0 (no personalization mixing).
 - `fedavg`: FedAvg per family on full 4-stage models, no split, no personalization.
 - `local`: each client trains its own full 4-stage model on its own data, nothing uploaded.
-- `centralized`: upper bound; per family one full model trained on the pooled raw data of all
-  clients (the raw data upload counts in its upload bytes).
+- `centralized`: the reference; per family one full model trained on the pooled raw data of all
+  clients, with its own stated budget (the raw data upload counts in its upload bytes).
 - No-split methods answer every query with their full model: exit rate 100 %, no fallback.
 """
+
+
+def _ci_text(gap: dict) -> str:
+    if gap["n"] == 0:
+        return "–"
+    if gap["n"] < 2:
+        return f"{100 * gap['mean']:+.1f} (1 seed, no CI)"
+    return f"{100 * gap['mean']:+.1f} [{100 * gap['low']:+.1f}, {100 * gap['high']:+.1f}]"
+
+
+def comparisons(results: dict, setting: str, confidence: float = 0.95) -> dict:
+    """Paired accuracy-with-OOD gaps: HARMONY minus every other method, each ablation minus HARMONY."""
+    methods = [m for m in results["profile"]["methods"] if m != "harmony"]
+    if "harmony" not in results["profile"]["methods"]:
+        return {"harmony_vs": {}, "ablations": {}}
+    ablations = [m for m in methods if m.startswith("harmony-")]
+    return {
+        "harmony_vs": {
+            m: paired_gap(results, setting, "harmony", m, confidence=confidence)
+            for m in methods
+            if m not in ablations
+        },
+        "ablations": {
+            m: paired_gap(results, setting, m, "harmony", confidence=confidence) for m in ablations
+        },
+    }
+
+
+def comparison_lines(gaps: dict, confidence: float) -> list[str]:
+    level = f"{100 * confidence:g} %"
+    lines = [
+        f"Paired by seed, accuracy with OOD, points, mean [{level} t CI]:",
+        "",
+        "| comparison | difference | CI excludes 0 |",
+        "|---|---|---|",
+    ]
+    for method, gap in gaps["harmony_vs"].items():
+        lines.append(f"| harmony - {method} | {_ci_text(gap)} | {'yes' if gap['excludes_zero'] else 'no'} |")
+    for method, gap in gaps["ablations"].items():
+        lines.append(f"| {method} - harmony | {_ci_text(gap)} | {'yes' if gap['excludes_zero'] else 'no'} |")
+    return [*lines, ""]
+
+
+def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
+    """Per setting: the margin over the best baseline, the fraction of the reference, and per
+    mechanism whether turning it off costs accuracy with a CI below zero."""
+    targets = results["profile"].get("targets")
+    if not targets:
+        return {}
+    out: dict = {"settings": {}, "mechanisms": {}}
+    for setting, table in aggregated.items():
+        entry: dict = {}
+        present = [b for b in targets["baselines"] if b in table]
+        if targets["method"] in table and present:
+            best = max(present, key=lambda b: table[b]["acc_with_ood"]["mean"])
+            gap = gaps[setting]["harmony_vs"].get(best) or paired_gap(
+                results, setting, targets["method"], best
+            )
+            entry["margin"] = {
+                "best_baseline": best,
+                "gap": gap,
+                "met": bool(gap["n"] > 1 and gap["mean"] >= targets["margin"] and gap["low"] > 0),
+            }
+        reference = targets["reference"]
+        if targets["method"] in table and reference in table:
+            ratio = (
+                table[targets["method"]]["acc_with_ood"]["mean"] / table[reference]["acc_with_ood"]["mean"]
+            )
+            entry["reference"] = {"ratio": ratio, "met": bool(ratio >= targets["fraction_of_reference"])}
+        out["settings"][setting] = entry
+    for ablation, mechanism in targets["ablations"].items():
+        per_setting = {s: g["ablations"][ablation] for s, g in gaps.items() if ablation in g["ablations"]}
+        helps = [s for s, g in per_setting.items() if g["n"] > 1 and g["high"] < 0]
+        out["mechanisms"][ablation] = {
+            "mechanism": mechanism,
+            "settings_where_it_helps": helps,
+            "settings_where_ci_excludes_zero": [s for s, g in per_setting.items() if g["excludes_zero"]],
+            "met": bool(helps),
+        }
+    return out
+
+
+def target_lines(targets: dict, spec: dict) -> list[str]:
+    if not targets:
+        return []
+    verdict = {True: "**met**", False: "**not met**"}
+    lines = ["## Targets", ""]
+    for setting, entry in targets["settings"].items():
+        if "margin" in entry:
+            m = entry["margin"]
+            lines.append(
+                f"- {setting}: {spec['method']} with OOD at least {100 * spec['margin']:g} points above the best "
+                f"baseline (`{m['best_baseline']}`) with the paired CI above 0: {_ci_text(m['gap'])} -> "
+                f"{verdict[m['met']]}"
+            )
+        if "reference" in entry:
+            r = entry["reference"]
+            lines.append(
+                f"- {setting}: {spec['method']} with OOD at least {100 * spec['fraction_of_reference']:g} % of "
+                f"`{spec['reference']}`: {100 * r['ratio']:.1f} % -> {verdict[r['met']]}"
+            )
+    for ablation, entry in targets["mechanisms"].items():
+        where = ", ".join(entry["settings_where_it_helps"]) or "no setting"
+        excludes = ", ".join(entry["settings_where_ci_excludes_zero"]) or "none"
+        lines.append(
+            f"- mechanism *{entry['mechanism']}* (`{ablation}`): turning it off costs accuracy with OOD with a "
+            f"CI below 0 in {where} (CI excludes 0 in: {excludes}) -> {verdict[entry['met']]}"
+        )
+    return [*lines, ""]
+
+
+def convergence_lines(results: dict, aggregated: dict) -> list[str]:
+    check = results["profile"].get("convergence")
+    if not check:
+        return []
+    method, floor = check["method"], check["min_accuracy"]
+    lines = []
+    for setting in results["profile"]["settings"]:
+        stats = aggregated.get(setting["name"], {}).get(method)
+        if setting["dataset"] not in check["datasets"] or stats is None:
+            continue
+        accuracy = stats["acc_p0"]["mean"]
+        ok = accuracy >= floor
+        lines.append(
+            f"Convergence ({setting['name']}): `{method}` without OOD {100 * accuracy:.1f} % "
+            f"(threshold {100 * floor:g} %): **{'converged' if ok else 'FAIL: not converged'}**."
+        )
+    return [*lines, ""] if lines else []
+
+
+def latency_lines(results: dict, setting: str, methods: list[str]) -> list[str]:
+    latency = results.get("latency")
+    if not latency:
+        return []
+    if "tiers" not in latency:
+        return [f"Latency not measured: {latency.get('error')}", ""]
+    rows = latency_table(results, setting, methods)
+    if not rows:
+        return []
+    tiers = list(latency["tiers"])
+    head = " | ".join(f"{t} ({latency['tiers'][t]['device_ms']:.2f} ms)" for t in tiers)
+    lines = [
+        f"Expected ms per query at p=0.2 (exit rate x t_device + fallback rate x (t_device + "
+        f"{latency['rtt_ms']:g} ms RTT + {latency['server_ms']:.2f} ms server)), per tier (t_device):",
+        "",
+        f"| method | {head} | mean over tiers |",
+        "|---|" + "---|" * (len(tiers) + 1),
+    ]
+    for row in rows:
+        cells = [
+            f"{row['tiers'][t]['expected_ms']:.1f} (exit {100 * row['tiers'][t]['exit_rate']:.0f} %)"
+            for t in tiers
+        ]
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + f" | {row['mean_ms']:.1f} |")
+    return [*lines, ""]
+
+
+def tuning_lines(results: dict) -> list[str]:
+    tuning = results.get("tuning") or {}
+    trials = tuning.get("trials") or []
+    if not trials:
+        return []
+    spec = results["profile"].get("tuning") or {}
+    per_method: dict[str, int] = {}
+    for row in trials:
+        per_method[row["method"]] = per_method.get(row["method"], 0) + 1
+    lines = [
+        "## Tuning (validation only)",
+        "",
+        f"Seeds {spec.get('seeds')}, settings {spec.get('settings') or 'all'}; score = mean validation accuracy "
+        "with OOD (clients' val splits + OOD from other clients' val splits; never the test split). "
+        "Trials per method: " + ", ".join(f"`{m}` {n}" for m, n in per_method.items()) + ". Ablations and "
+        "multi-exit take their parent's pick; `centralized` is not tuned (fixed converged budget).",
+        "",
+        "| method | trial | params | val acc with OOD | val acc p=0 | chosen |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in trials:
+        lines.append(
+            f"| {row['method']} | {row['trial']} | `{json.dumps(row['params'])}` | "
+            f"{100 * row['val_acc_with_ood']:.1f} | {100 * row['val_acc_without_ood']:.1f} | "
+            f"{'**yes**' if row.get('chosen') else ''} |"
+        )
+    return [*lines, ""]
+
+
+# per-round training metrics that show whether a mechanism does anything (mean over the rounds and
+# seeds of a method): how far the simulated extractors are from theta, how much a class's features
+# move across them, and how large the contrastive gradient at z is next to the CE's
+DIAGNOSTICS = (
+    ("path_norm", "path ‖θ′−θ‖"),
+    ("noise_norm", "weight noise ‖θ·ε‖"),
+    ("path_to_noise", "path / noise"),
+    ("variant_spread", "feature spread across variants"),
+    ("contrastive_grad_ratio", "‖∇z SupCon‖ / ‖∇z CE‖"),
+)
+
+
+def diagnostic_lines(results: dict, setting: str, methods: list[str]) -> list[str]:
+    rows = []
+    for method in methods:
+        values = {key: [] for key, _ in DIAGNOSTICS}
+        for run in results["runs"]:
+            if run["setting"] != setting or run["method"] != method:
+                continue
+            for row in run.get("round_metrics", []):
+                for key in values:
+                    if key in row and row[key] is not None:
+                        values[key].append(float(row[key]))
+        if any(values.values()):
+            cells = [f"{np.mean(v):.3g}" if v else "–" for v in values.values()]
+            rows.append(f"| {method} | " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    header = "| method | " + " | ".join(title for _, title in DIAGNOSTICS) + " |"
+    return [
+        "Mechanism diagnostics (training metrics, mean over rounds and seeds):",
+        "",
+        header,
+        "|---|" + "---|" * len(DIAGNOSTICS),
+        *rows,
+        "",
+    ]
+
+
+def budget_line(results: dict) -> str:
+    profile = results["profile"]
+    budget = profile["budget"]
+    text = (
+        f"Shared budget: {budget['rounds']} rounds x {budget['local_steps']} local steps x "
+        f"{budget['samples_per_step']} samples drawn per step per client (HARMONY: support + query halves)"
+    )
+    own = [
+        f"`{m}` {b['rounds']} x {b['local_steps']} x {b['samples_per_step']}"
+        for m, b in profile.get("budgets", {}).items()
+        if m in profile["methods"]
+    ]
+    if own:
+        text += "; own stated budgets: " + ", ".join(own)
+    return text + f". Shared training settings: `{json.dumps(profile.get('train', {}))}`."
+
+
+def header_lines(results: dict) -> list[str]:
+    profile = results["profile"]
+    machine = results.get("machine", {})
+    return [
+        f"# Benchmark `{profile['name']}`",
+        "",
+        profile.get("description", "").strip(),
+        "",
+        f"Produced by `harmony bench --profile {profile['name']}`. Evaluation seeds {profile['seeds']}; every "
+        "method gets the same partition and tiers per seed. " + budget_line(results) + " Total wall time "
+        f"{results['total_wall_seconds'] / 60:.1f} min on {machine.get('cpu_count')} CPUs, "
+        f"{machine.get('jobs', 1)} parallel job(s) of 1 torch thread.",
+        "",
+        _code_line(machine.get("code")),
+        "",
+        "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
+        "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "
+        "(classes it does not hold); *with OOD* = mean of p=0.2 and p=0.5. Exit rate, fallback rate and "
+        "server fallback accuracy (accuracy of the back-end on the queries that fell back) at p=0.5. "
+        "Alignment = cross-family kNN accuracy of back-end features. Family-unseen acc = accuracy on the "
+        "classes no client of the family holds (the server's for split methods, the full model's otherwise), "
+        "mean over families that miss a class; client-unseen acc = the same on the classes the client "
+        "itself lacks. Upload B/sample = every byte a phone sends during training divided by the number of "
+        "training samples. Val acc with OOD = the same accuracy on validation data only, the only number "
+        "tuning looks at. Mean ± sample std over seeds; percentages.",
+        "",
+    ]
 
 
 def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
@@ -234,80 +574,39 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     aggregated = aggregate(results)
     profile = results["profile"]
     methods = profile["methods"]
-    gaps = {}
-    for setting in aggregated:
-        gaps[setting] = (
-            {m: paired_gap(results, setting, m, "splitgp") for m in methods if m != "splitgp"}
-            if "splitgp" in methods
-            else {}
-        )
-        if "harmony" in methods:
-            gaps[setting]["ablations_vs_harmony"] = {
-                m: paired_gap(results, setting, m, "harmony") for m in methods if m.startswith("harmony-")
-            }
+    confidence = (profile.get("targets") or {}).get("confidence", 0.95)
+    gaps = {setting: comparisons(results, setting, confidence) for setting in aggregated}
+    targets = evaluate_targets(results, aggregated, gaps)
     plot_accuracy_vs_ood(results, aggregated, out_dir / "accuracy_vs_ood.png")
-    has_pca = plot_pca(results.get("projections", {}), out_dir / "pca_features.png")
+    has_unseen = plot_unseen(results, aggregated, out_dir / "unseen_classes.png")
+    has_features = plot_features(results.get("projections", {}), out_dir / "features.png")
     (out_dir / "results.json").write_text(
-        json.dumps(_json_safe({**results, "aggregated": aggregated, "gaps": gaps}), indent=1)
+        json.dumps(
+            _json_safe({**results, "aggregated": aggregated, "gaps": gaps, "targets_evaluated": targets}),
+            indent=1,
+        )
     )
-
-    budget = profile["budget"]
-    lines = [
-        f"# Benchmark `{profile['name']}`",
-        "",
-        profile.get("description", "").strip(),
-        "",
-        f"Produced by `harmony bench --profile {profile['name']}`. Seeds {profile['seeds']}; every method gets "
-        f"the same partition, tiers and budget per seed: {budget['rounds']} rounds x {budget['local_steps']} local "
-        f"steps x {budget['samples_per_step']} samples drawn per step per client (HARMONY: support + query halves). "
-        f"Shared training settings: `{json.dumps(profile.get('train', {}))}`. Total wall time "
-        f"{results['total_wall_seconds'] / 60:.1f} min on {results['machine'].get('cpu_count')} CPUs, "
-        "1 torch thread.",
-        "",
-        _code_line(results.get("machine", {}).get("code")),
-        "",
-        "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
-        "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "
-        "(classes it does not hold); *with OOD* = mean of p=0.2 and p=0.5. Exit rate, fallback rate and "
-        "server fallback accuracy (accuracy of the back-end on the queries that fell back) at p=0.5. "
-        "Alignment = cross-family kNN accuracy of back-end features. Upload B/sample = every byte a phone "
-        "sends during training (features, label tokens/labels, depths, dL/dlogits, model updates, raw data "
-        "for centralized) divided by the number of training samples. Val acc with OOD = the same accuracy on "
-        "validation data only (each client's val split + OOD from other clients' val splits), the only "
-        "number used for tuning. Mean ± sample std over seeds; percentages.",
-        "",
-    ]
+    lines = header_lines(results) + target_lines(targets, profile.get("targets") or {})
+    lines += convergence_lines(results, aggregated)
     for setting_spec in profile["settings"]:
         setting = setting_spec["name"]
         if setting not in aggregated:
             continue
         lines += [f"## {setting}", "", markdown_table(aggregated, setting, methods), ""]
-        setting_gaps = gaps.get(setting, {})
-        if "harmony" in setting_gaps:
-            g = setting_gaps["harmony"]
-            lines.append(
-                f"HARMONY - SplitGP, accuracy with OOD, paired by seed: **{100 * g['mean']:+.1f} ± "
-                f"{100 * g['std']:.1f} points** (per seed: {', '.join(f'{100 * d:+.1f}' for d in g['per_seed'])}); "
-                f"issue-4 target of at least +5 points: **{'met' if g['mean'] >= TARGET_GAP else 'not met'}**."
-            )
-        ablations = setting_gaps.get("ablations_vs_harmony", {})
-        if ablations:
-            parts = [f"`{m}` {100 * g['mean']:+.1f} ± {100 * g['std']:.1f}" for m, g in ablations.items()]
-            every = all(g["mean"] < 0 for g in ablations.values())
-            lines.append(
-                "Ablation - HARMONY, accuracy with OOD (points): "
-                + "; ".join(parts)
-                + f". Every ablation costs accuracy on average: **{'yes' if every else 'no'}**."
-            )
-        lines.append("")
+        if gaps[setting]["harmony_vs"] or gaps[setting]["ablations"]:
+            lines += comparison_lines(gaps[setting], confidence)
+        lines += diagnostic_lines(results, setting, methods)
+        lines += latency_lines(results, setting, methods)
     lines += ["## Plots", "", "![accuracy vs OOD fraction](accuracy_vs_ood.png)", ""]
-    if has_pca:
-        lines += ["![PCA of back-end features](pca_features.png)", ""]
+    if has_unseen:
+        lines += ["![accuracy on each family's unseen classes](unseen_classes.png)", ""]
+    if has_features:
+        lines += ["![back-end features](features.png)", ""]
+    lines += tuning_lines(results)
     lines += ["## Method configurations", "", "| method | config |", "|---|---|"]
     for method, config in results.get("method_configs", {}).items():
         lines.append(f"| {method} | `{json.dumps(config)}` |")
-    lines.append("")
-    lines += ["## Methods", "", METHOD_NOTES]
+    lines += ["", "## Methods", "", METHOD_NOTES]
     notes = "\n\n".join(n.strip() for n in (profile.get("notes", ""), notes) if n and n.strip())
     if notes:
         lines += ["## Notes", "", notes, ""]

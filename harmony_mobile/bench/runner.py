@@ -1,154 +1,105 @@
-"""One training run per (setting, method, seed) through `harmony_mobile.training.train`, plus what
-the report needs beyond train()'s own metrics:
+"""The benchmark driver: tuning trials, then one training run per (setting, method, seed) through
+`harmony_mobile.training.train`, then the latency measurement and the feature projections the report
+plots.
 
-- uplink bytes: everything a phone sends during training (feature uploads with their label
-  tokens and split depths, dL/dlogits, model updates, raw data for `centralized`), counted on the
-  message objects as they cross the boundary;
-- validation metrics (split methods): the clients' val splits mixed with OOD samples taken from
-  *other clients' val splits*, never from the test split or the OOD pool; this is what tuning
-  looks at;
-- a 2-D PCA of back-end features for the representation-skew plot.
+Every run writes its record (RUN/bench.json) as soon as it finishes, so an interrupted profile
+continues with `resume`: finished runs are read back, a run killed half-way (no record) is redone
+from scratch. Runs are independent (each builds its own data, partition and models from the
+seed), so `jobs` > 1 runs them in that many worker processes, each with one torch thread; the
+numbers are the same as with `jobs` = 1.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import platform
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from harmony_mobile import training
-from harmony_mobile.algorithms.base import exit_confidence
-from harmony_mobile.algorithms.registry import build_algorithm
+from harmony_mobile.bench.hooks import RunExtras, UplinkCounter, instrument
 from harmony_mobile.bench.profile import BenchProfile, Setting
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
-from harmony_mobile.evaluation import decode_slots
-from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.run_dir import RunDir
 
-LABEL_BYTES = 8  # a token is trunc64(HMAC): 8 bytes; SplitGP's original int64 label is 8 bytes too
-DEPTH_BYTES = 1
 RECORD = "bench.json"
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@dataclass
-class UplinkCounter:
-    feature_bytes: int = 0  # interface features
-    label_bytes: int = 0  # label tokens (HARMONY) or the labels they stand in for (SplitGP, multi-exit)
-    depth_bytes: int = 0
-    gradient_bytes: int = 0  # client -> server gradients: none since the split step runs in slot space
-    update_bytes: int = 0  # model updates (ClientUpdate weights)
-    raw_data_bytes: int = 0  # `centralized`: the raw training data, once
-    uploaded_rows: int = 0
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run: which stage it belongs to, its data setting, method, seed and config."""
 
-    def total(self) -> int:
-        return (
-            self.feature_bytes
-            + self.label_bytes
-            + self.depth_bytes
-            + self.gradient_bytes
-            + self.update_bytes
-            + self.raw_data_bytes
-        )
+    stage: str  # "tune" (a tuning trial, scored on validation) or "eval"
+    setting: Setting
+    method: str
+    seed: int
+    rounds: int
+    algorithm_config: dict = field(default_factory=dict)
+    trial: int | None = None
 
-    def as_dict(self) -> dict[str, int]:
-        return {**self.__dict__, "total": self.total()}
+    def path(self, work_dir: Path) -> Path:
+        run = Path(work_dir) / self.stage / self.setting.name / self.method / f"seed-{self.seed}"
+        return run / f"trial-{self.trial}" if self.trial is not None else run
+
+    def label(self) -> str:
+        trial = f" trial {self.trial}" if self.trial is not None else ""
+        return f"{self.stage} {self.setting.name} {self.method}{trial} seed={self.seed}"
 
 
-@contextmanager
-def count_uplink(counter: UplinkCounter) -> Iterator[None]:
-    """Count every client -> server message of the training runs inside the block.
-
-    Wraps SplitServer.step (FeatureUpload) and the client_round of
-    every algorithm that training builds (ClientUpdate), and restores them on exit."""
-    step, build = SplitServer.step, training.build_algorithm
-
-    def counted_step(server: SplitServer, upload: FeatureUpload, update: bool = True):
-        counter.feature_bytes += upload.features.nbytes
-        counter.label_bytes += LABEL_BYTES * len(upload.label_tokens)
-        counter.depth_bytes += DEPTH_BYTES * len(upload.split_depths)
-        counter.uploaded_rows += len(upload.label_tokens)
-        return step(server, upload, update)
-
-    def counted_build(name, config=None):
-        algorithm = build(name, config)
-        client_round = algorithm.client_round
-
-        def counted_round(*args, **kwargs):
-            update = client_round(*args, **kwargs)
-            counter.update_bytes += sum(t.nbytes for t in update.weights.values())
-            counter.raw_data_bytes += int(update.metrics.get("raw_upload_bytes", 0))
-            return update
-
-        algorithm.client_round = counted_round
-        return algorithm
-
-    SplitServer.step = counted_step
-    training.build_algorithm = counted_build
-    try:
-        yield
-    finally:
-        SplitServer.step = step
-        training.build_algorithm = build
-
-
-def train_config(profile: BenchProfile, setting: Setting, method: str, seed: int, data_root: str | None):
+def train_config(spec: RunSpec, shared: dict, data_root: str | None) -> training.TrainConfig:
+    setting = spec.setting
     return training.TrainConfig(
         dataset=setting.dataset,
         data_root=data_root,
         dataset_limit=setting.dataset_limit,
         partition=setting.partition,
         alpha=setting.alpha,
-        rounds=profile.budget.rounds,
-        seed=seed,
-        algorithm=method,
-        algorithm_config=profile.method_config(method),
-        **{"threads": 1, **profile.train},
+        rounds=spec.rounds,
+        seed=spec.seed,
+        algorithm=spec.method,
+        algorithm_config=spec.algorithm_config,
+        **{"threads": 1, **shared},
     )
 
 
 def run_one(
-    profile: BenchProfile,
-    setting: Setting,
-    method: str,
-    seed: int,
-    work_dir: Path,
-    data_root: str | None = None,
-    resume: bool = False,
+    spec: RunSpec, shared: dict, work_dir: Path, data_root: str | None = None, resume: bool = False
 ) -> dict:
-    """Train one (setting, method, seed) and return its record (also written to RUN/bench.json)."""
-    config = train_config(profile, setting, method, seed, data_root)
-    run_path = Path(work_dir) / setting.name / method / f"seed-{seed}"
+    """Train one run and return its record (also written to RUN/bench.json). With `resume`, a
+    finished run of the same configuration is read back instead; anything else there is redone."""
+    config = train_config(spec, shared, data_root)
+    run_path = spec.path(work_dir)
     record_file = run_path / RECORD
     if resume and record_file.is_file():
         record = json.loads(record_file.read_text())
         if record.get("train_config") == config.model_dump():
-            return record
+            return {**record, "reused": True}
     if run_path.exists():
         shutil.rmtree(run_path)
-    counter = UplinkCounter()
-    started = time.perf_counter()
-    with count_uplink(counter):
+    counter, extras = UplinkCounter(), RunExtras()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    with instrument(counter, extras, spec.seed):
         results = training.train(config, run_path, show_progress=False)
-    wall = time.perf_counter() - started
-    run = RunDir(run_path)
-    clients = run.clients()
-    train_samples = sum(len(c.train_idx) for c in clients)
-    algorithm = build_algorithm(method, config.algorithm_config)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    train_samples = sum(len(c.train_idx) for c in RunDir(run_path).clients())
     record = {
-        "setting": setting.name,
-        "method": method,
-        "seed": seed,
+        "stage": spec.stage,
+        "setting": spec.setting.name,
+        "method": spec.method,
+        "seed": spec.seed,
+        "trial": spec.trial,
         "train_config": config.model_dump(),
         "wall_seconds": wall,
+        "cpu_seconds": cpu,  # on a shared machine closer to the run's own cost than wall time
         "summary": results["summary"],
         "mean": results["mean"],
         "uplink": counter.as_dict(),
@@ -156,66 +107,148 @@ def run_one(
         "upload_bytes_per_sample": counter.total() / train_samples,
         "thresholds": results.get("thresholds", {}),
         "privacy": results.get("privacy", {}),  # label DP / feature DP settings and their accounting
+        "validation": extras.validation,
+        "unseen": extras.unseen,
+        "per_tier": extras.per_tier,
+        "round_metrics": _round_metrics(run_path),
     }
-    if algorithm.uses_split:
-        record["validation"] = validation_metrics(run, algorithm.exit_rule, seed)
     record_file.write_text(json.dumps(record, indent=1))
     return record
 
 
-@torch.no_grad()
-def validation_metrics(run: RunDir, exit_rule: str, seed: int, ood_fractions=(0.0, 0.2, 0.5)) -> dict:
-    """Accuracy of the phones' answers on validation data only: each client's ID val split plus OOD
-    samples from the other clients' val splits (classes outside its own), at fractions p."""
-    dataset = run.dataset()
-    labels = dataset.labels.numpy()
-    backend = run.backend().backend
-    slot_class = run.slot_to_class()
-    artifacts = run.clients()
-    all_val = np.unique(np.concatenate([np.asarray(c.val_idx, dtype=np.int64) for c in artifacts]))
-    per_p: dict[str, list[float]] = {f"p={p:g}": [] for p in ood_fractions}
-    fallback: dict[str, list[float]] = {f"p={p:g}": [] for p in ood_fractions}
-    ood_fallback: list[float] = []  # fraction of OOD val samples that fall back
-    ood_server: list[float] = []  # the back-end's accuracy on OOD val samples
-    for artifact in artifacts:
-        front_end = run.front_end(artifact)
-        own = np.asarray(artifact.val_idx, dtype=np.int64)
-        if len(own) == 0:
-            continue
-        split = ClientSplit(artifact.client_id, tuple(artifact.classes), own, own, own)
-        for p in ood_fractions:
-            try:
-                index, _ = ood_test_indices(split, labels, all_val, p, seed)
-            except ValueError:  # no other client holds a class this one lacks
-                continue
-            exit_logits, features = front_end(dataset.images[index])
-            exits = exit_confidence(exit_logits, exit_rule) >= artifact.threshold
-            server_prediction = decode_slots(
-                backend(features)[:, : len(slot_class)], slot_class, exit_logits.argmax(1)
+def _round_metrics(run_path: Path) -> list[dict]:
+    """The scalar metrics training logged per round (losses, diversity measurements...)."""
+    log = run_path / "metrics.jsonl"
+    if not log.is_file():
+        return []
+    rows = []
+    for line in log.read_text().splitlines():
+        row = json.loads(line)
+        rows.append({k: v for k, v in row.items() if isinstance(v, int | float)})
+    return rows
+
+
+def _run_in_worker(spec: RunSpec, shared: dict, work_dir: Path, data_root: str | None, resume: bool) -> dict:
+    torch.set_num_threads(1)
+    return run_one(spec, shared, work_dir, data_root, resume)
+
+
+def execute(
+    specs: list[RunSpec],
+    shared: dict,
+    work_dir: Path,
+    data_root: str | None,
+    resume: bool,
+    jobs: int,
+    log: Callable[[str], None],
+) -> list[dict]:
+    """Run every spec (in `jobs` worker processes when jobs > 1); records in the order of `specs`."""
+    started = time.perf_counter()
+    records: list[dict | None] = [None] * len(specs)
+
+    def report(index: int, record: dict, done: int) -> None:
+        val = record.get("validation", {}).get("accuracy_with_ood", float("nan"))
+        how = "reused" if record.get("reused") else f"{record['wall_seconds']:.0f} s"
+        log(
+            f"[{done}/{len(specs)}] {specs[index].label()}: acc p=0 {record['summary']['accuracy_without_ood']:.3f}, "
+            f"with OOD {record['summary']['accuracy_with_ood']:.3f} (val {val:.3f}), {how}, "
+            f"total {time.perf_counter() - started:.0f} s"
+        )
+
+    if jobs <= 1:
+        for index, spec in enumerate(specs):
+            records[index] = run_one(spec, shared, work_dir, data_root, resume)
+            report(index, records[index], index + 1)
+        return records
+    # spawn: a fresh interpreter per worker (no forked torch thread pools)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {
+            pool.submit(_run_in_worker, spec, shared, work_dir, data_root, resume): index
+            for index, spec in enumerate(specs)
+        }
+        for done, future in enumerate(as_completed(futures), start=1):
+            index = futures[future]
+            records[index] = future.result()
+            report(index, records[index], done)
+    return records
+
+
+def validation_score(record: dict) -> float:
+    return record.get("validation", {}).get("accuracy_with_ood", float("nan"))
+
+
+def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: bool, jobs: int, log) -> dict:
+    """Run every trial of every tuned method on the tuning settings and seeds; each method keeps
+    the trial with the best mean validation accuracy with OOD (ties: the earlier trial)."""
+    if profile.tuning is None:
+        return {"chosen": {}, "trials": []}
+    specs = [
+        RunSpec(
+            "tune",
+            setting,
+            method,
+            seed,
+            profile.method_budget(method).rounds,
+            {**profile.method_config(method), **trial},
+            index,
+        )
+        for method, trials in profile.tuning.grids.items()
+        for index, trial in enumerate(trials)
+        for setting in profile.tuning_settings()
+        for seed in profile.tuning.seeds
+    ]
+    log(
+        f"tuning: {len(profile.tuning.grids)} methods x {profile.tuning.trials} trials x {len(specs) // (len(profile.tuning.grids) * profile.tuning.trials)} runs each"
+    )
+    records = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
+    trials, chosen = [], {}
+    for method, grid in profile.tuning.grids.items():
+        scores = []
+        for index, params in enumerate(grid):
+            mine = [r for r, s in zip(records, specs, strict=True) if s.method == method and s.trial == index]
+            score = float(np.nanmean([validation_score(r) for r in mine]))
+            scores.append(score)
+            trials.append(
+                {
+                    "method": method,
+                    "trial": index,
+                    "params": params,
+                    "val_acc_with_ood": score,
+                    "val_acc_without_ood": float(
+                        np.nanmean([r["validation"]["accuracy_without_ood"] for r in mine])
+                    ),
+                    "runs": len(mine),
+                }
             )
-            prediction = torch.where(exits, exit_logits.argmax(1), server_prediction)
-            per_p[f"p={p:g}"].append((prediction == dataset.labels[index]).float().mean().item())
-            fallback[f"p={p:g}"].append((~exits).float().mean().item())
-            if p > 0:
-                ood = ~np.isin(labels[index], artifact.classes)
-                ood_fallback.append((~exits)[ood].float().mean().item())
-                ood_server.append((server_prediction == dataset.labels[index])[ood].float().mean().item())
-    accuracy = {k: float(np.mean(v)) if v else float("nan") for k, v in per_p.items()}
-    with_ood = [accuracy[f"p={p:g}"] for p in ood_fractions if p > 0]
-    return {
-        "accuracy": accuracy,
-        "fallback_rate": {k: float(np.mean(v)) if v else float("nan") for k, v in fallback.items()},
-        "accuracy_without_ood": accuracy.get("p=0", float("nan")),
-        "accuracy_with_ood": float(np.mean(with_ood)) if with_ood else float("nan"),
-        "ood_fallback_rate": float(np.mean(ood_fallback)) if ood_fallback else float("nan"),
-        "server_accuracy_on_ood": float(np.mean(ood_server)) if ood_server else float("nan"),
-    }
+        best = int(np.nanargmax(scores))
+        chosen[method] = grid[best]
+        for row in trials:
+            if row["method"] == method:
+                row["chosen"] = row["trial"] == best
+    return {"chosen": chosen, "trials": trials}
+
+
+def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
+    return [
+        RunSpec(
+            "eval",
+            setting,
+            method,
+            seed,
+            profile.method_budget(method).rounds,
+            profile.method_config(method, tuned),
+        )
+        for setting in profile.settings
+        for seed in profile.seeds  # seed-major: a partial benchmark already has every method per seed
+        for method in profile.methods
+    ]
 
 
 @torch.no_grad()
-def pca_projection(run_path: Path, seed: int, max_points: int = 800) -> dict:
+def feature_projection(run_path: Path, seed: int, max_points: int = 800, tsne: bool = False) -> dict:
     """Back-end penultimate features of every client's ID test samples and of its OOD test samples
-    (p = 0.5 draw), projected to 2-D by PCA fitted on them. Returns points with class and family."""
+    (p = 0.5 draw), projected to 2-D by PCA (and t-SNE if asked) fitted on them. Returns points with
+    class and family."""
     from sklearn.decomposition import PCA
 
     run = RunDir(run_path)
@@ -243,16 +276,24 @@ def pca_projection(run_path: Path, seed: int, max_points: int = 800) -> dict:
         ood.append(is_ood)
     features = np.concatenate(features)
     classes, families, ood = np.concatenate(classes), np.array(families), np.concatenate(ood)
+    keep = np.sort(np.random.default_rng(seed).permutation(len(features))[:max_points])
+    features = features[keep]
     xy = PCA(n_components=2, random_state=0).fit_transform(features)
-    keep = np.random.default_rng(seed).permutation(len(xy))[:max_points]
-    keep.sort()
-    return {
-        "x": np.round(xy[keep, 0], 3).tolist(),
-        "y": np.round(xy[keep, 1], 3).tolist(),
+    points = {
+        "x": np.round(xy[:, 0], 3).tolist(),
+        "y": np.round(xy[:, 1], 3).tolist(),
         "class": classes[keep].astype(int).tolist(),
         "family": families[keep].tolist(),
         "ood": ood[keep].astype(bool).tolist(),
     }
+    if tsne:
+        from sklearn.manifold import TSNE
+
+        perplexity = min(30.0, (len(features) - 1) / 3)
+        embedded = TSNE(n_components=2, perplexity=perplexity, random_state=0).fit_transform(features)
+        points["tsne_x"] = np.round(embedded[:, 0], 3).tolist()
+        points["tsne_y"] = np.round(embedded[:, 1], 3).tolist()
+    return points
 
 
 def code_version() -> dict:
@@ -288,51 +329,68 @@ def machine_info() -> dict:
     }
 
 
+def measure_latency(profile: BenchProfile, work_dir: Path, log) -> dict | None:
+    """Time each tier's exported front-end and the back-end once (architectures, not weights, set
+    the time, so one run's front-ends stand for every method's)."""
+    spec = profile.latency
+    if spec is None:
+        return None
+    from harmony_mobile.bench.latency import measure_run
+
+    setting, seed = profile.settings[0], profile.seeds[0]
+    run_path = Path(work_dir) / "eval" / setting.name / spec.method / f"seed-{seed}"
+    try:
+        measured = measure_run(run_path, spec.quantization, spec.runs)
+    except Exception as error:  # noqa: BLE001 - an export failure must not lose hours of training results
+        log(f"latency not measured: {type(error).__name__}: {error}")
+        return {"error": f"{type(error).__name__}: {error}", "rtt_ms": spec.rtt_ms}
+    log(
+        "latency: "
+        + ", ".join(f"{t} {v['device_ms']:.3f} ms" for t, v in measured["tiers"].items())
+        + f"; server {measured['server_ms']:.3f} ms"
+    )
+    return {**measured, "rtt_ms": spec.rtt_ms, "run": f"{setting.name}/{spec.method}/seed-{seed}"}
+
+
+def projections(profile: BenchProfile, work_dir: Path) -> dict:
+    methods = {}
+    setting = profile.pca.setting or profile.settings[0].name
+    seed = profile.pca.seed if profile.pca.seed is not None else profile.seeds[0]
+    for method in profile.pca.methods:
+        path = Path(work_dir) / "eval" / setting / method / f"seed-{seed}"
+        if (path / RECORD).is_file():
+            methods[method] = feature_projection(path, seed, profile.pca.max_points, profile.pca.tsne)
+    return {"setting": setting, "seed": seed, "methods": methods}
+
+
 def run_benchmark(
     profile: BenchProfile,
     work_dir: Path,
     data_root: str | None = None,
     resume: bool = False,
     log: Callable[[str], None] = print,
+    jobs: int = 1,
 ) -> dict:
-    """Every (setting, method, seed) of the profile; returns the raw results the report is written from."""
+    """Tuning, every (setting, method, seed), latency and projections; returns the raw results the
+    report is written from."""
     torch.set_num_threads(1)
     started = time.perf_counter()
-    machine = machine_info()
-    runs = []
-    total = len(profile.settings) * len(profile.methods) * len(profile.seeds)
-    done = 0
-    for setting in profile.settings:
-        for seed in profile.seeds:  # seed-major: a partial benchmark already has every method per seed
-            for method in profile.methods:
-                record = run_one(profile, setting, method, seed, work_dir, data_root, resume)
-                runs.append(record)
-                done += 1
-                val = record.get("validation", {}).get("accuracy_with_ood", float("nan"))
-                log(
-                    f"[{done}/{total}] {setting.name} {method} seed={seed}: "
-                    f"acc p=0 {record['summary']['accuracy_without_ood']:.3f}, "
-                    f"with OOD {record['summary']['accuracy_with_ood']:.3f} (val {val:.3f}), "
-                    f"{record['wall_seconds']:.0f} s, total {time.perf_counter() - started:.0f} s"
-                )
-    projections = {}
-    pca_setting = profile.pca.setting or profile.settings[0].name
-    pca_seed = profile.pca.seed if profile.pca.seed is not None else profile.seeds[0]
-    for method in profile.pca.methods:
-        path = Path(work_dir) / pca_setting / method / f"seed-{pca_seed}"
-        if (path / RECORD).is_file():
-            projections[method] = pca_projection(path, pca_seed, profile.pca.max_points)
+    machine = {**machine_info(), "jobs": jobs}
+    tuning = tune(profile, work_dir, data_root, resume, jobs, log)
+    tuning_seconds = time.perf_counter() - started
+    specs = evaluation_specs(profile, tuning["chosen"])
+    runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
     return {
         "profile": profile.model_dump(),
-        "method_configs": {m: profile.method_config(m) for m in profile.methods},
+        "method_configs": {m: profile.method_config(m, tuning["chosen"]) for m in profile.methods},
+        "method_budgets": {m: profile.method_budget(m).model_dump() for m in profile.methods},
+        "tuning": {**tuning, "wall_seconds": tuning_seconds},
         "machine": machine,
-        "total_wall_seconds": time.perf_counter() - started,
         "runs": runs,
-        "projections": {"setting": pca_setting, "seed": pca_seed, "methods": projections},
+        "latency": measure_latency(profile, work_dir, log),
+        "projections": projections(profile, work_dir),
+        "total_wall_seconds": time.perf_counter() - started,
     }
-
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def bench(
@@ -345,6 +403,7 @@ def bench(
     methods: list[str] | None = None,
     log: Callable[[str], None] = print,
     report_only: bool = False,
+    jobs: int = 1,
 ) -> Path:
     """Load a profile, run it, write the report; returns the report path. `report_only` re-renders
     the report from an earlier results.json without training.
@@ -354,6 +413,8 @@ def bench(
     from harmony_mobile.bench.profile import load_profile
     from harmony_mobile.bench.report import write_report
 
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
     profile = load_profile(profile_name)
     updates = {}
     if seeds:
@@ -378,11 +439,12 @@ def bench(
     if work_dir.exists() and not resume:
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    trials = profile.tuning.trials if profile.tuning else 0
     log(
         f"benchmark {profile.name}: {len(profile.settings)} setting(s) x {len(profile.methods)} methods x "
-        f"{len(profile.seeds)} seeds; runs in {work_dir}"
+        f"{len(profile.seeds)} seeds, {trials} tuning trials per tuned method, {jobs} job(s); runs in {work_dir}"
     )
-    results = run_benchmark(profile, work_dir, data_root, resume, log)
+    results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
     report = write_report(results, out_dir)
     log(f"report: {report} ({results['total_wall_seconds'] / 60:.1f} min)")
     return report

@@ -10,11 +10,13 @@ w.r.t. logits crosses the boundary (docs/ALGORITHM.md, step 6).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
-from harmony_mobile.algorithms.losses import supcon_loss
+from harmony_mobile.algorithms.losses import cross_family_supcon, supcon_loss
 from harmony_mobile.federation.messages import ClientUpdate, FeatureUpload, InterfaceGradients
 from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, ProjectionHead
@@ -30,8 +32,20 @@ class ServerConfig(BaseModel):
     bank_size: int = Field(
         default=512,
         ge=0,
-        description="projected embeddings of earlier uploads in the same round, kept (detached, MoCo-style "
-        "memory bank) as extra contrastive candidates, so positives come from other clients and families",
+        description="projected embeddings of earlier uploads kept (detached, MoCo-style memory bank) as "
+        "extra contrastive candidates, so positives come from other clients and families; token mode: "
+        "this round's last rows; cross_family: the last rows of each family",
+    )
+    contrastive: Literal["cross_family", "token"] = Field(
+        default="cross_family",
+        description="cross_family (ALGORITHM.md step 7): an anchor's positives are the round's rows of its "
+        "slot from OTHER families, its negatives only rows of slots its own client holds; token: plain "
+        "SupCon, every same-token row a positive and every other row a negative",
+    )
+    ratio_every: int = Field(
+        default=4,
+        ge=0,
+        description="every n-th contrastive step, measure ||weight * dSupCon/dz|| / ||dCE/dz|| (0 = never)",
     )
     restrict_to_client_slots: bool = Field(
         default=True,
@@ -52,6 +66,13 @@ class SplitServer:
         self._client_slots: dict[str, set[int]] = {}  # slots each client's tokens have mapped to
         self._bank_embeddings: list[torch.Tensor] = []
         self._bank_tokens: list[bytes] = []
+        # cross_family: per family, the projected embeddings and slots of its latest uploads, kept
+        # across rounds (MoCo-style queue): clients train one after the other, so a round-only bank
+        # would give the first family of every round no other family to align with
+        self._family_bank: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._family_ids: dict[str, int] = {}
+        self._contrastive_steps = 0
+        self._grad_ratios: list[float] = []
 
     @property
     def label_epoch(self) -> str:
@@ -77,16 +98,19 @@ class SplitServer:
         logits = self.backend.classifier(penultimate) + self.softmax_mask(upload.client_id)
         loss = F.cross_entropy(logits, slots)
         embeddings = None
+        family = self._family_ids.setdefault(upload.family, len(self._family_ids))
         if self.config.contrastive_weight > 0 and update:
             embeddings = self.projection(penultimate)
-            loss = loss + self.config.contrastive_weight * self._contrastive_loss(
-                embeddings, upload.label_tokens
+            contrastive = self.config.contrastive_weight * self._contrastive_loss(
+                embeddings, upload, slots, family
             )
+            self._measure_ratio(loss, contrastive, features)
+            loss = loss + contrastive
         self.optimizer.zero_grad()
         loss.backward()
         if update:
             self.optimizer.step()
-            self._remember(embeddings, upload.label_tokens)
+            self._remember(embeddings, upload.label_tokens, slots, family)
         return InterfaceGradients(upload.client_id, upload.round_id, features.grad.detach(), loss.item())
 
     def softmax_mask(self, client_id: str) -> torch.Tensor:
@@ -98,16 +122,64 @@ class SplitServer:
             mask[: len(self.slot_table)] = 0.0
         return mask
 
-    def _contrastive_loss(self, embeddings: torch.Tensor, tokens: tuple[bytes, ...]) -> torch.Tensor:
-        tokens = list(tokens)
-        if self._bank_embeddings:
-            embeddings = torch.cat([embeddings, *self._bank_embeddings])
-            tokens += self._bank_tokens
-        groups = torch.tensor(tokens_to_groups(tokens))
-        return supcon_loss(embeddings, groups, self.config.temperature)
+    def _contrastive_loss(
+        self, embeddings: torch.Tensor, upload: FeatureUpload, slots: torch.Tensor, family: int
+    ) -> torch.Tensor:
+        if self.config.contrastive == "token":
+            tokens = list(upload.label_tokens)
+            if self._bank_embeddings:
+                embeddings = torch.cat([embeddings, *self._bank_embeddings])
+                tokens += self._bank_tokens
+            groups = torch.tensor(tokens_to_groups(tokens))
+            return supcon_loss(embeddings, groups, self.config.temperature)
+        # the upload's own rows (detached) are candidates too: same family, so only ever negatives
+        banked = [(f, e, s) for f, (e, s) in self._family_bank.items()]
+        candidates = torch.cat([*(e for _, e, _ in banked), embeddings.detach()])
+        candidate_slots = torch.cat([*(s for _, _, s in banked), slots])
+        candidate_families = torch.cat(
+            [*(torch.full_like(s, f) for f, _, s in banked), torch.full_like(slots, family)]
+        )
+        held = torch.tensor(sorted(self._client_slots[upload.client_id]), dtype=slots.dtype)
+        return cross_family_supcon(
+            embeddings,
+            slots,
+            family,
+            held,
+            candidates,
+            candidate_slots,
+            candidate_families,
+            self.config.temperature,
+        )
 
-    def _remember(self, embeddings: torch.Tensor | None, tokens: tuple[bytes, ...]) -> None:
+    def _measure_ratio(self, ce: torch.Tensor, contrastive: torch.Tensor, features: torch.Tensor) -> None:
+        """Record ||dSupCon/dz|| / ||dCE/dz|| (weighted) on every `ratio_every`-th contrastive step."""
+        every = self.config.ratio_every
+        self._contrastive_steps += 1
+        if every == 0 or self._contrastive_steps % every:
+            return
+        (ce_grad,) = torch.autograd.grad(ce, features, retain_graph=True)
+        (contrastive_grad,) = torch.autograd.grad(contrastive, features, retain_graph=True, allow_unused=True)
+        if contrastive_grad is None or float(ce_grad.norm()) == 0.0:
+            return
+        self._grad_ratios.append(float(contrastive_grad.norm() / ce_grad.norm()))
+
+    def take_diagnostics(self) -> dict[str, float]:
+        """The measurements since the last call (logged with the round's metrics), then cleared."""
+        ratios, self._grad_ratios = self._grad_ratios, []
+        return {"contrastive_grad_ratio": sum(ratios) / len(ratios)} if ratios else {}
+
+    def _remember(
+        self, embeddings: torch.Tensor | None, tokens: tuple[bytes, ...], slots: torch.Tensor, family: int
+    ) -> None:
         if self.config.bank_size == 0 or embeddings is None:
+            return
+        if self.config.contrastive == "cross_family":
+            kept_embeddings, kept_slots = self._family_bank.get(family, (embeddings.detach()[:0], slots[:0]))
+            size = self.config.bank_size
+            self._family_bank[family] = (
+                torch.cat([kept_embeddings, embeddings.detach()])[-size:],
+                torch.cat([kept_slots, slots])[-size:],
+            )
             return
         self._bank_embeddings.append(embeddings.detach())
         self._bank_tokens.extend(tokens)
@@ -128,6 +200,8 @@ class SplitServer:
             "server_optimizer": self.optimizer.state_dict(),
             "slot_table": self.slot_table.to_hex(),
             "client_slots": {name: sorted(slots) for name, slots in self._client_slots.items()},
+            "family_ids": dict(self._family_ids),
+            "family_bank": {family: list(rows) for family, rows in self._family_bank.items()},
         }
 
     def load_state(self, state: dict) -> None:
@@ -136,6 +210,8 @@ class SplitServer:
         self.optimizer.load_state_dict(state["server_optimizer"])
         self.slot_table = SlotTable.from_hex(self.label_epoch, self.backend.num_classes, state["slot_table"])
         self._client_slots = {name: set(slots) for name, slots in state["client_slots"].items()}
+        self._family_ids = dict(state.get("family_ids", {}))
+        self._family_bank = {int(f): tuple(rows) for f, rows in state.get("family_bank", {}).items()}
 
 
 def aggregate_by_parameter(

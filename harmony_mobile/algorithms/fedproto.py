@@ -1,0 +1,171 @@
+"""`fedproto` baseline (ALGORITHM.md, Baselines): prototype exchange, the classic answer to model
+heterogeneity (Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous Clients",
+AAAI 2022), in the hybrid split setting.
+
+Clients of different families share no weights, only class prototypes: the mean interface feature
+z = phi_d(B_1..d(x)) of each class, keyed by its label token, never by the class. One local step
+of client k on a batch (x, y), at its fixed split depth d:
+
+    loss = CE(e_d(B_1..d(x)), y) + lambda * MSE(z, P[token(y)])
+
+where P are the global prototypes of the previous round (rows whose token has none yet contribute
+only the exit loss). The client's own model carries over from round to round (no weight averaging),
+and at the end of a round it uploads the per-token means of the features it computed, with their
+counts; the server averages them per token over every client of every family, so the MSE term pulls
+each family's features of a class to one shared point of the interface space.
+
+Fallback: the same server back-end g as the split methods, trained on the uploaded features and
+tokens with the server CE (softmax over the uploading client's own classes, as HARMONY's); its
+dL/dz is NOT back-propagated into the front-end (that feedback is what split learning adds and
+prototype learning does not have). The phone exits by max-softmax with tau calibrated like HARMONY's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
+
+from harmony_mobile.algorithms.base import calibrate_client
+from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.messages import ClientUpdate
+from harmony_mobile.federation.server import ServerConfig, SplitServer
+
+FLOAT_BYTES = 4
+TOKEN_BYTES = 8
+COUNT_BYTES = 4
+
+
+class FedProtoConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    local_steps: int = Field(default=16, ge=1, description="SGD steps per client per round")
+    batch_size: int = Field(default=64, ge=2, description="samples per step")
+    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of the front-end")
+    proto_weight: float = Field(default=1.0, ge=0, description="lambda: weight of the prototype MSE")
+    server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of g")
+    personalize_epochs: int = Field(
+        default=0, ge=0, description="final fine-tuning epochs with the same loss (equal budgets)"
+    )
+    personalize_batch_size: int | None = Field(
+        default=None, ge=2, description="batch size of the fine-tuning; None = batch_size"
+    )
+    calibration_target: float = Field(default=0.98, gt=0, le=1, description="local-exit accuracy target")
+
+
+class PrototypeStore:
+    """The server's side of the exchange: per-token sums and counts of one round, and the global
+    prototypes (means) of the previous round. It only ever sees tokens and feature means."""
+
+    def __init__(self) -> None:
+        self.round_id: int | None = None
+        self.global_prototypes: dict[bytes, torch.Tensor] = {}
+        self._sums: dict[bytes, torch.Tensor] = {}
+        self._counts: dict[bytes, int] = {}
+
+    def start_round(self, round_id: int) -> None:
+        """A new round: last round's uploads become the global prototypes."""
+        if round_id == self.round_id:
+            return
+        if self._sums:
+            self.global_prototypes = {t: self._sums[t] / self._counts[t] for t in self._sums}
+        self._sums, self._counts, self.round_id = {}, {}, round_id
+
+    def upload(self, prototypes: dict[bytes, tuple[torch.Tensor, int]]) -> None:
+        for token, (mean, count) in prototypes.items():
+            self._sums[token] = self._sums.get(token, torch.zeros_like(mean)) + mean * count
+            self._counts[token] = self._counts.get(token, 0) + count
+
+
+class FedProto:
+    name = "fedproto"
+    uses_split = True
+    exit_rule = "max_softmax"
+    Config = FedProtoConfig
+
+    def __init__(self, config: FedProtoConfig | None = None):
+        self.config = config or FedProtoConfig()
+        self.store = PrototypeStore()
+        self._weights: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its own model
+        self._optimizer_state: dict[str, dict] = {}
+
+    def server_config(self) -> ServerConfig:
+        return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0, restrict_to_client_slots=True)
+
+    def _restore(self, client: Client) -> None:
+        if client.name in self._weights:
+            client.model.load_state_dict(self._weights[client.name])
+
+    def _step(
+        self, client: Client, server: SplitServer, optimizer, images, labels, round_id: int, update: bool
+    ) -> tuple[float, torch.Tensor, tuple[bytes, ...]]:
+        """One step of exit CE + lambda * prototype MSE; the features also train g (not the front-end)."""
+        optimizer.zero_grad()
+        exit_logits, features = client.model(images, client.split_depth)
+        # tokens of the lineage's label epoch: fixed for the whole training, so prototypes of one
+        # round match the next round's rows (ALGORITHM.md "Label tokens")
+        upload, sent = client.upload(features, labels, (client.split_depth,) * len(labels), round_id)
+        tokens = upload.label_tokens
+        loss = F.cross_entropy(exit_logits, labels)
+        known = [i for i, t in enumerate(tokens) if t in self.store.global_prototypes]
+        if known and self.config.proto_weight > 0:
+            targets = torch.stack([self.store.global_prototypes[tokens[i]] for i in known])
+            loss = loss + self.config.proto_weight * F.mse_loss(features[known], targets)
+        loss.backward()
+        optimizer.step()
+        server.step(upload, update=update)  # g learns from the upload; its dL/dz is not used
+        return loss.item(), sent.detach(), tokens
+
+    def client_round(
+        self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator
+    ) -> ClientUpdate:
+        c = self.config
+        self.store.start_round(round_id)
+        self._restore(client)
+        optimizer = torch.optim.Adam(client.held_parameters().values(), lr=c.lr)
+        if client.name in self._optimizer_state:
+            optimizer.load_state_dict(self._optimizer_state[client.name])
+        sums: dict[bytes, torch.Tensor] = {}
+        counts: dict[bytes, int] = {}
+        total = 0.0
+        for _ in range(c.local_steps):
+            images, labels = client.batch(c.batch_size, generator)
+            loss, features, tokens = self._step(client, server, optimizer, images, labels, round_id, True)
+            total += loss
+            for row, token in zip(features, tokens, strict=True):
+                sums[token] = sums.get(token, torch.zeros_like(row)) + row
+                counts[token] = counts.get(token, 0) + 1
+        prototypes = {t: (sums[t] / counts[t], counts[t]) for t in sums}
+        self.store.upload(prototypes)
+        self._weights[client.name] = {k: v.detach().clone() for k, v in client.model.state_dict().items()}
+        self._optimizer_state[client.name] = optimizer.state_dict()
+        upload_bytes = sum(
+            m.numel() * FLOAT_BYTES + TOKEN_BYTES + COUNT_BYTES for m, _ in prototypes.values()
+        )
+        return ClientUpdate(
+            client_id=client.name,
+            round_id=round_id,
+            family=client.tier.family,
+            tier=client.tier.name,
+            weights={},  # no weights leave the phone: only prototypes
+            num_samples=len(client.train_y),
+            metrics={"loss": total / c.local_steps, "prototype_upload_bytes": float(upload_bytes)},
+        )
+
+    def aggregate(
+        self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
+    ) -> dict[str, torch.Tensor]:
+        return family_weights
+
+    def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
+        c = self.config
+        self.store.start_round(-1)  # the last round's uploads become the global prototypes
+        self._restore(client)
+        if c.personalize_epochs > 0:
+            optimizer = torch.optim.Adam(client.held_parameters().values(), lr=c.lr)
+            batch = c.personalize_batch_size or c.batch_size
+            steps = c.personalize_epochs * max(1, len(client.train_y) // batch)
+            for _ in range(steps):
+                images, labels = client.batch(batch, generator)
+                self._step(client, server, optimizer, images, labels, -1, False)
+        calibrate_client(client, c.calibration_target, self.exit_rule)

@@ -1,0 +1,140 @@
+"""The benchmark driver on a tiny profile: tuning, evaluation runs, uplink accounting, the extra
+metrics, parallel jobs (same numbers as serial) and resuming an interrupted profile."""
+
+import json
+
+import pytest
+
+from harmony_mobile.bench.profile import BenchProfile
+from harmony_mobile.bench.report import write_report
+from harmony_mobile.bench.runner import RECORD, evaluation_specs, run_benchmark
+
+TINY = {
+    "name": "tiny",
+    "seeds": [0],
+    "settings": [{"name": "digits-family", "dataset": "digits", "dataset_limit": 600}],
+    "methods": ["harmony", "splitgp", "fedavg", "local"],
+    "budget": {"rounds": 1, "local_steps": 2, "samples_per_step": 16},
+    "train": {"clients_per_tier": 1},
+    "algorithm_config": {"harmony": {"personalize_epochs": 1}},
+    "tuning": {"seeds": [7], "grids": {"harmony": [{}, {"lr": 0.01}], "fedavg": [{}, {"lr": 0.01}]}},
+}
+# the metrics a run records that must not depend on how it was scheduled
+COMPARED = ("summary", "mean", "uplink", "validation", "unseen", "per_tier", "train_config")
+
+
+def comparable(record: dict) -> dict:
+    return json.loads(json.dumps({key: record[key] for key in COMPARED}))
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    """The tiny profile run once in this process; shared by the tests below (read-only)."""
+    work = tmp_path_factory.mktemp("serial")
+    lines: list[str] = []
+    results = run_benchmark(BenchProfile(**TINY), work, log=lines.append)
+    return work, results, lines
+
+
+def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
+    work, results, _ = serial
+    runs = {(r["method"], r["seed"]): r for r in results["runs"]}
+    assert len(runs) == 4
+    harmony, splitgp = runs["harmony", 0]["uplink"], runs["splitgp", 0]["uplink"]
+    # HARMONY uploads V=2 variants of each query row, SplitGP one row per sample, 64x8x8 float32 each
+    assert harmony["feature_bytes"] == harmony["uploaded_rows"] * 64 * 8 * 8 * 4
+    assert harmony["label_bytes"] == 8 * harmony["uploaded_rows"]
+    assert splitgp["uploaded_rows"] > 0 and splitgp["update_bytes"] > 0
+    assert runs["local", 0]["uplink"]["total"] == 0  # nothing leaves a local-only phone
+    assert (
+        runs["fedavg", 0]["uplink"]["feature_bytes"] == 0 and runs["fedavg", 0]["uplink"]["update_bytes"] > 0
+    )
+    for record in runs.values():  # validation and unseen-class accuracy for split and no-split methods
+        assert 0 <= record["validation"]["accuracy_with_ood"] <= 1
+        family = record["unseen"]["family"]
+        assert set(family) == {"cnn", "mobilenet", "resnet"}
+        assert all(v["classes"] for v in family.values())  # the family split leaves every family a gap
+        assert 0 <= record["unseen"]["family_mean"] <= 1
+        assert set(record["per_tier"]) == {"entry-android", "mid-android", "mid-ios", "flagship"}
+    assert runs["fedavg", 0]["per_tier"]["flagship"]["p=0.5"]["exit_rate"] == 1.0
+    # tuning: 2 trials per tuned method, scored on validation, the pick reaches the evaluation runs
+    trials = results["tuning"]["trials"]
+    assert [(t["method"], t["trial"]) for t in trials] == [
+        ("harmony", 0),
+        ("harmony", 1),
+        ("fedavg", 0),
+        ("fedavg", 1),
+    ]
+    assert sum(t["chosen"] for t in trials) == 2
+    for method in ("harmony", "fedavg"):
+        best = max((t for t in trials if t["method"] == method), key=lambda t: t["val_acc_with_ood"])
+        assert best["chosen"]
+        assert results["method_configs"][method].items() >= best["params"].items()
+        assert runs[method, 0]["train_config"]["algorithm_config"] == results["method_configs"][method]
+    assert (work / "tune" / "digits-family" / "harmony" / "seed-7" / "trial-1" / RECORD).is_file()
+    assert set(results["projections"]["methods"]) == {"splitgp", "harmony"}
+    text = write_report(results, tmp_path / "report").read_text()
+    assert "| harmony |" in text and "## Tuning (validation only)" in text
+
+
+def test_parallel_jobs_reproduce_a_serial_run_exactly(tmp_path):
+    profile = BenchProfile(**{**TINY, "methods": ["harmony", "local"], "seeds": [0], "tuning": None})
+    serial_results = run_benchmark(profile, tmp_path / "serial", log=lambda _: None)
+    lines: list[str] = []
+    parallel_results = run_benchmark(profile, tmp_path / "parallel", log=lines.append, jobs=2)
+    assert parallel_results["machine"]["jobs"] == 2
+    # records come back in spec order whatever order the workers finish in
+    assert [r["method"] for r in parallel_results["runs"]] == ["harmony", "local"]
+    assert [comparable(r) for r in parallel_results["runs"]] == [
+        comparable(r) for r in serial_results["runs"]
+    ]
+    assert len([line for line in lines if line.startswith("[")]) == 2
+
+
+def test_resume_keeps_finished_runs_and_redoes_a_killed_one(serial, tmp_path):
+    import shutil
+
+    work, results, _ = serial
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    profile = BenchProfile(**TINY)
+    specs = evaluation_specs(profile, results["tuning"]["chosen"])
+    killed = specs[1].path(copy)
+    (killed / RECORD).unlink()  # the run was killed before it wrote its record
+    (killed / "final_metrics.json").unlink(missing_ok=True)
+    untouched = specs[0].path(copy) / RECORD
+    before = untouched.read_text()
+    lines: list[str] = []
+    resumed = run_benchmark(profile, copy, resume=True, log=lines.append)
+    run_lines = [line for line in lines if line.startswith("[")]
+    trained = [line for line in run_lines if "reused" not in line]
+    assert len(trained) == 1 and specs[1].label() in trained[0]
+    assert len(run_lines) == len(specs) + 4  # + 4 tuning trials, all reused
+    assert untouched.read_text() == before
+    assert (killed / RECORD).is_file()
+    redone = next(r for r in resumed["runs"] if r["method"] == specs[1].method and r["seed"] == specs[1].seed)
+    original = next(
+        r for r in results["runs"] if r["method"] == specs[1].method and r["seed"] == specs[1].seed
+    )
+    assert comparable(redone) == comparable(original)  # recomputed from scratch: the same numbers
+
+
+def test_a_record_of_another_configuration_is_not_reused(serial, tmp_path):
+    import shutil
+
+    work, _, _ = serial
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    changed = BenchProfile(
+        **{**TINY, "budget": {**TINY["budget"], "local_steps": 1}, "tuning": None, "methods": ["local"]}
+    )
+    lines: list[str] = []
+    run_benchmark(changed, copy, resume=True, log=lines.append)
+    assert not [line for line in lines if "reused" in line]
+
+
+def test_jobs_must_be_positive():
+    from harmony_mobile.bench.runner import bench
+
+    with pytest.raises(ValueError, match="jobs"):
+        bench("quick", jobs=0)
