@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, status
 from harmony_mobile.server.auth import AdminDep
 from harmony_mobile.server.registry import NoParentVersion, UnknownVersion
 from harmony_mobile.server.schemas import (
+    INT64_MAX,
     AlignmentParams,
     ErrorBody,
     RegistryResponse,
@@ -45,7 +48,11 @@ def list_rounds(store: StoreDep, _: AdminDep) -> list[RoundResponse]:
 
 
 @router.get("/alignment/rounds/{round_id}", response_model=RoundResponse, responses=ERRORS)
-def get_round(round_id: int, store: StoreDep, _: AdminDep) -> RoundResponse:
+def get_round(
+    round_id: Annotated[int, Path(ge=1, le=INT64_MAX, description="round id (ids start at 1)")],
+    store: StoreDep,
+    _: AdminDep,
+) -> RoundResponse:
     record = store.round(round_id)
     if record is None:
         raise HTTPException(404, f"unknown alignment round {round_id}")

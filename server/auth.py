@@ -23,6 +23,7 @@ bearer_scheme = HTTPBearer(auto_error=False, description="device token from enro
 class Principal:
     role: Literal["device", "admin"]
     device_id: str | None = None
+    tier: str | None = None  # the tier the device was enrolled with
 
 
 def new_device_token() -> str:
@@ -81,7 +82,7 @@ async def authenticate(
             f"device {device.id} exceeded {state.settings.rate_limit_per_second:g} requests/s",
             headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
-    return Principal("device", device.id)
+    return Principal("device", device.id, device.tier)
 
 
 PrincipalDep = Annotated[Principal, Depends(authenticate)]

@@ -4,7 +4,7 @@ Content-Length up front and also counts the bytes actually streamed (chunked bod
 from __future__ import annotations
 
 from fastapi import HTTPException
-from starlette.responses import JSONResponse
+from harmony_mobile.server.errors import error_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -28,12 +28,12 @@ class BodySizeLimitMiddleware:
             except ValueError:
                 size = -1
             if size < 0:
-                await JSONResponse({"detail": "Content-Length is not a non-negative integer"}, 400)(
-                    scope, receive, send
-                )
+                response = error_response(scope["path"], 400, "Content-Length is not a non-negative integer")
+                await response(scope, receive, send)
                 return
             if size > self.limit:
-                await JSONResponse({"detail": too_large_message(self.limit, size)}, 413)(scope, receive, send)
+                response = error_response(scope["path"], 413, too_large_message(self.limit, size))
+                await response(scope, receive, send)
                 return
         received = 0
 

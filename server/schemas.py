@@ -9,13 +9,16 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+INT64_MAX = 2**63 - 1
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown keys refused, and no coercion ("3" is not an integer, 1.0 not a bool)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # ---------------------------------------------------------------- errors and health
@@ -23,6 +26,12 @@ class _Strict(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str = Field(description="one sentence saying exactly what was wrong")
+
+
+class V2ErrorBody(BaseModel):
+    """The Open Inference Protocol's error body, used on every /v2 route."""
+
+    error: str = Field(description="one sentence saying exactly what was wrong")
 
 
 class LiveResponse(BaseModel):
@@ -66,7 +75,11 @@ class InferInput(_Strict):
     name: str = Field(description="must be 'features'")
     shape: list[int] = Field(description="[N, 64, 8, 8]")
     datatype: str = Field(description="must be 'FP32'")
-    data: list[Any] = Field(description="prod(shape) numbers, flat row-major (nested lists accepted)")
+    data: list[Any] | None = Field(
+        default=None,
+        description="prod(shape) numbers, flat row-major (nested lists accepted); absent when"
+        " parameters.binary_data_size says the values follow the JSON (binary tensor extension)",
+    )
     parameters: dict[str, Any] | None = None
 
 
@@ -94,6 +107,43 @@ class InferResponse(BaseModel):
     model_version: str
     id: str | None = None
     outputs: list[InferOutput]
+
+
+class ModelConfig(BaseModel):
+    """Triton-style model configuration (GET /v2/models/{name}/config)."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int = Field(description="rows per request (max_request_rows)")
+    input: list[dict[str, Any]]
+    output: list[dict[str, Any]]
+    dynamic_batching: dict[str, Any]
+    parameters: dict[str, Any]
+
+
+class ModelStatistics(BaseModel):
+    name: str
+    version: str
+    last_inference: int = Field(description="ms since the epoch of the last forward pass, 0 = never")
+    inference_count: int = Field(description="rows inferred")
+    execution_count: int = Field(description="forward passes (micro-batches)")
+    inference_stats: dict[str, dict[str, int]] = Field(description="{'success': {'count', 'ns'}, ...}")
+    batch_stats: list[dict[str, Any]]
+
+
+class StatisticsResponse(BaseModel):
+    model_stats: list[ModelStatistics]
+
+
+class RepositoryIndexRequest(_Strict):
+    ready: bool | None = None
+
+
+class RepositoryModel(BaseModel):
+    name: str
+    version: str
+    state: Literal["READY", "UNAVAILABLE"]
 
 
 # ---------------------------------------------------------------- devices
@@ -137,9 +187,19 @@ class DeviceInfo(BaseModel):
 
 
 class UploadRequest(_Strict):
-    round_id: int = Field(ge=0, le=2**63 - 1, description="label-token key epoch of every token inside")
-    message_id: uuid.UUID = Field(description="fresh random UUID per upload; the idempotency key")
+    round_id: int = Field(ge=0, le=INT64_MAX, description="label-token key epoch of every token inside")
+    # strict=False: JSON carries a UUID as a string, which strict mode would refuse
+    message_id: uuid.UUID = Field(
+        strict=False, description="fresh random UUID per upload; the idempotency key"
+    )
     envelope: str = Field(min_length=1, description="base64 of the sealed envelope (docs/PROTOCOL.md 4.2)")
+
+    @field_validator("message_id")
+    @classmethod
+    def not_nil(cls, value: uuid.UUID) -> uuid.UUID:
+        if value.int == 0:
+            raise ValueError("the nil UUID is not a fresh message id; send a random (v4) UUID")
+        return value
 
 
 class UploadReceiptResponse(BaseModel):
@@ -193,7 +253,7 @@ class AlignmentParams(_Strict):
     )
     max_rows: int = Field(default=20_000, ge=8, description="newest stored rows used by the round")
     min_rows: int = Field(default=16, ge=4, description="fewer new stored rows fail the round")
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, le=INT64_MAX)
 
 
 RoundStatus = Literal["queued", "running", "published", "rejected", "failed", "interrupted"]

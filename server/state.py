@@ -36,6 +36,8 @@ class ServerState:
     manifest_text: str | None
     manifest_signature: str | None
     known_tiers: frozenset[str]
+    tier_families: dict[str, str | None]  # tier -> the front-end family it runs (None: not stated)
+    manifest_version: str | None
 
 
 async def get_state(request: Request) -> ServerState:

@@ -72,6 +72,7 @@ CREATE TABLE IF NOT EXISTS registry_state (
 );
 """
 
+INT64_MAX = 2**63 - 1
 UNFINISHED_ROUND_STATES = ("queued", "running")
 
 
@@ -331,6 +332,8 @@ class Store:
             return cursor.rowcount
 
     def round(self, round_id: int) -> RoundRecord | None:
+        if not 0 <= round_id <= INT64_MAX:  # no such row, and SQLite would raise on binding it
+            return None
         rows = self._query("SELECT * FROM alignment_rounds WHERE id = ?", (round_id,))
         return self._round(rows[0]) if rows else None
 

@@ -23,6 +23,7 @@ from tests.test_server_support import (
     bearer,
     class_features,
     enrol,
+    error_message,
     json_infer_body,
     make_model_dir,
     make_settings,
@@ -156,9 +157,7 @@ def test_round_fixes_rows_the_current_version_gets_wrong_and_keeps_the_replay_ma
     lands on the class the other phones' rows already had. Distilling on the new rows themselves
     (the earlier code) kept them wrong and the round was rejected."""
     client, device, _ = server
-    body = sealed_upload(
-        device, 3, np.full(40, DRIFTED_CLASS), features=drifted_features(40, seed=5), tier="drifted-phone"
-    )
+    body = sealed_upload(device, 3, np.full(40, DRIFTED_CLASS), features=drifted_features(40, seed=5))
     assert client.post("/v1/uploads", json=body, headers=bearer(device["token"])).status_code == 201
     unseen = drifted_features(100, seed=77)  # never uploaded
     replay = client.app.state.harmony.registry.default().replay.float().numpy()
@@ -222,7 +221,7 @@ def test_next_round_replays_the_rows_the_current_version_was_trained_on(server):
 def test_round_params_are_validated(server):
     client, _, _ = server
     response = client.post(ROUNDS, json={"steps": 0}, headers=ADMIN)
-    assert response.status_code == 422 and "body.steps" in response.json()["detail"]
+    assert response.status_code == 422 and "body.steps" in error_message(response)
     assert client.get(f"{ROUNDS}/999", headers=ADMIN).status_code == 404
 
 
@@ -382,14 +381,14 @@ def test_registry_set_default_and_rollback(server):
     assert client.post("/v1/registry/rollback", headers=ADMIN).json()["default"] == "v1"
     assert infer_version(client, device)[0] == "v1"
     conflict = client.post("/v1/registry/rollback", headers=ADMIN)
-    assert conflict.status_code == 409 and "no parent" in conflict.json()["detail"]
+    assert conflict.status_code == 409 and "no parent" in error_message(conflict)
     assert (
         client.put("/v1/registry/default", json={"version": "v1-r1"}, headers=ADMIN).json()["default"]
         == "v1-r1"
     )
     assert infer_version(client, device)[0] == "v1-r1"
     missing = client.put("/v1/registry/default", json={"version": "v404"}, headers=ADMIN)
-    assert missing.status_code == 404 and "no back-end version 'v404'" in missing.json()["detail"]
+    assert missing.status_code == 404 and "no back-end version 'v404'" in error_message(missing)
     assert client.get("/v1/registry/versions", headers=bearer(device["token"])).status_code == 403
     # the default survives a restart; re-importing the same model dir changes nothing
     with TestClient(create_app(settings)) as restarted:

@@ -107,7 +107,7 @@ def sealed_upload(
         split_depths=tuple(1 + int(c) % 3 for c in classes),
         family="mobilenet",
         tier=device.get("tier", "mid-android") or "mid-android",
-        model_version="fe-1",
+        model_version="v1",
     )
     fields.update(metadata_changes)
     plaintext = encode_upload(UploadMetadata(**fields), features)
@@ -136,3 +136,12 @@ def json_infer_body(features: np.ndarray, **extra) -> dict:
         ],
         **extra,
     }
+
+
+def error_message(response) -> str:
+    """The one sentence of an error body, checking its key: `error` on /v2 routes (Open Inference
+    Protocol), `detail` elsewhere."""
+    key = "error" if response.url.path.startswith("/v2") else "detail"
+    body = response.json()
+    assert set(body) == {key}, body
+    return body[key]

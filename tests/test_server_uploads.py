@@ -4,6 +4,7 @@ tampered, mis-bound or malformed is refused with nothing stored."""
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 
 import numpy as np
@@ -16,7 +17,15 @@ from harmony_mobile.server.uploads import stored_to_feature_upload
 
 from harmony_mobile.federation.wire import UploadMetadata, encode_upload
 from harmony_mobile.privacy.sealing import AssociatedData, seal
-from tests.test_server_support import ADMIN, bearer, enrol, make_model_dir, make_settings, sealed_upload
+from tests.test_server_support import (
+    ADMIN,
+    bearer,
+    enrol,
+    error_message,
+    make_model_dir,
+    make_settings,
+    sealed_upload,
+)
 
 torch.set_num_threads(1)
 UPLOADS = "/v1/uploads"
@@ -84,9 +93,7 @@ def test_reused_message_id_with_other_data_is_409(client, device):
     assert post(client, device, sealed_upload(device, 5, [0], message_id=message_id)).status_code == 201
     count = stored_count(client)
     conflict = post(client, device, sealed_upload(device, 5, [3], message_id=message_id))
-    assert (
-        conflict.status_code == 409 and "already used for a different envelope" in conflict.json()["detail"]
-    )
+    assert conflict.status_code == 409 and "already used for a different envelope" in error_message(conflict)
     assert stored_count(client) == count
 
 
@@ -108,7 +115,7 @@ def test_tampered_envelope_is_400_and_stores_nothing(client, device, index):
     body = sealed_upload(device, 6, [1, 2])
     count = stored_count(client)
     response = post(client, device, {**body, "envelope": flip(body["envelope"], index)})
-    assert response.status_code == 400 and "sealed envelope rejected" in response.json()["detail"]
+    assert response.status_code == 400 and "sealed envelope rejected" in error_message(response)
     assert stored_count(client) == count
     assert post(client, device, body).status_code == 201  # the untouched original still goes through
 
@@ -124,7 +131,7 @@ def test_envelope_bound_to_other_metadata_is_400(client, device, field):
     else:  # another enrolled device replays a captured envelope under its own token
         device = enrol(client, "thief")
     response = post(client, device, body)
-    assert response.status_code == 400 and "failed authentication" in response.json()["detail"]
+    assert response.status_code == 400 and "failed authentication" in error_message(response)
     assert stored_count(client) == count
 
 
@@ -181,7 +188,7 @@ def meta(rows: int) -> UploadMetadata:
 def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, status, message):
     count = stored_count(client)
     response = post(client, device, raw_envelope(device, plaintext))
-    assert response.status_code == status and message in response.json()["detail"]
+    assert response.status_code == status and message in error_message(response)
     assert stored_count(client) == count
 
 
@@ -195,6 +202,14 @@ def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, 
         ),
         ({"round_id": -1, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
         ({"round_id": 1, "message_id": "not-a-uuid", "envelope": "AAAA"}, 422, "body.message_id"),
+        ({"round_id": "3", "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
+        ({"round_id": 3.0, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
+        ({"round_id": 2**63, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
+        (
+            {"round_id": 1, "message_id": str(uuid.UUID(int=0)), "envelope": "AAAA"},
+            422,
+            "the nil UUID is not a fresh message id",
+        ),
         ({"round_id": 1, "message_id": str(uuid.uuid4())}, 422, "body.envelope: Field required"),
         (
             {"round_id": 1, "message_id": str(uuid.uuid4()), "envelope": "AAAA", "labels": [1]},
@@ -211,7 +226,7 @@ def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, 
 def test_bad_request_bodies(client, device, body, status, message):
     count = stored_count(client)
     response = post(client, device, body)
-    assert response.status_code == status and message in response.json()["detail"]
+    assert response.status_code == status and message in error_message(response)
     assert stored_count(client) == count
 
 
@@ -231,12 +246,57 @@ def test_upload_counters(client, device):
     assert client.get("/v1/devices", headers=ADMIN).status_code == 200
 
 
-def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
-    """A server without a back-end still collects uploads, held to the project's 64x8x8 interface."""
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"model_version": "v9"}, "model_version 'v9' is not a registered version (known: v1)"),
+        ({"model_version": "v9+local-1"}, "model_version 'v9+local-1' is not a registered version"),
+        ({"tier": "flagship", "family": "resnet"}, "upload tier 'flagship' is not the tier 'mid-android'"),
+        ({"family": "cnn"}, "family 'cnn' does not match tier 'mid-android' (expected mobilenet)"),
+    ],
+)
+def test_upload_metadata_must_match_the_registry_and_the_enrolled_device(client, device, changes, message):
+    count = stored_count(client)
+    response = post(client, device, sealed_upload(device, 1, [1], **changes))
+    assert response.status_code == 422 and message in error_message(response)
+    assert stored_count(client) == count
+
+
+def test_a_personalized_build_of_a_registered_version_is_accepted(client, device):
+    response = post(client, device, sealed_upload(device, 1, [1], model_version="v1+local-1"))
+    assert response.status_code == 201
+
+
+def test_a_device_enrolled_without_tier_may_upload_any_known_tier(client):
+    response = client.post("/v1/devices", json={"name": "no-tier"}, headers=ADMIN)
+    device = response.json()
+    assert (
+        post(client, device, sealed_upload(device, 1, [1], tier="flagship", family="resnet")).status_code
+        == 201
+    )
+    unknown = post(client, device, sealed_upload(device, 1, [1], tier="toaster", family="cnn"))
+    assert unknown.status_code == 422 and "unknown tier 'toaster'" in error_message(unknown)
+
+
+def test_without_any_registered_version_uploads_are_refused(tmp_path):
     with TestClient(create_app(make_settings(tmp_path, None))) as client:
+        device = enrol(client)
+        response = post(client, device, sealed_upload(device, 1, [1, 2]))
+        assert response.status_code == 422 and "(known: none)" in error_message(response)
+        assert stored_count(client) == 0
+
+
+def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
+    """A server with a manifest but no back-end still collects uploads of the manifest's version,
+    held to the project's 64x8x8 interface."""
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    manifest = {"model_version": "v1", "tiers": [{"name": "mid-android", "family": "mobilenet"}]}
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
         device = enrol(client)
         assert post(client, device, sealed_upload(device, 1, [1, 2])).status_code == 201
         wrong = raw_envelope(device, encode_upload(meta(1), np.zeros((1, 32, 8, 8), np.float32)))
         response = post(client, device, wrong)
-        assert response.status_code == 422 and "expected [N, 64, 8, 8]" in response.json()["detail"]
+        assert response.status_code == 422 and "expected [N, 64, 8, 8]" in error_message(response)
         assert stored_count(client) == 1
