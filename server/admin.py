@@ -38,6 +38,10 @@ def _registry(store: Store) -> RegistryResponse:
 )
 def start_round(state: StateDep, _: AdminDep, params: AlignmentParams | None = None) -> RoundResponse:
     """Queue an alignment round over the stored uploads; poll GET .../rounds/{id} for progress."""
+    if not state.settings.run_alignment:
+        raise HTTPException(
+            409, "this replica does not run alignment rounds; send the request to the one that does"
+        )
     round_id = state.alignment.submit(params or AlignmentParams())
     return _round(state.store.round(round_id))
 

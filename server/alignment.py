@@ -254,9 +254,11 @@ class AlignmentWorker:
         self.store, self.registry, self.server_key, self.metrics = store, registry, server_key, metrics
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harmony-alignment")
         self._stopping = threading.Event()
+        self._submitted: list[int] = []
 
     def submit(self, params: AlignmentParams) -> int:
         round_id = self.store.create_round(params.model_dump())
+        self._submitted.append(round_id)
         self._executor.submit(self._run, round_id, params)
         return round_id
 
@@ -264,7 +266,8 @@ class AlignmentWorker:
         """Cancel queued rounds and ask a running one to stop at its next step (it ends `interrupted`)."""
         self._stopping.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self.store.interrupt_unfinished_rounds()
+        # Only this process's rounds: another replica's running round is none of its business.
+        self.store.interrupt_unfinished_rounds(self._submitted)
 
     def _run(self, round_id: int, params: AlignmentParams) -> None:
         teacher = self.registry.default()

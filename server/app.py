@@ -70,8 +70,10 @@ def _manifest_fields(manifest_text: str | None) -> tuple[dict[str, str | None], 
 def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(data_dir)
-    interrupted = store.interrupt_unfinished_rounds()
+    url = settings.database_url.get_secret_value() if settings.database_url else None
+    store = Store(data_dir, url)
+    # With replicas, only the one that runs rounds may decide that an unfinished round is dead.
+    interrupted = store.interrupt_unfinished_rounds() if settings.run_alignment else 0
     if interrupted:
         log.warning(
             "marked %d alignment round(s) interrupted: the previous process stopped during them", interrupted

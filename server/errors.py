@@ -11,6 +11,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.routing import Match
@@ -62,6 +63,15 @@ def install_error_handlers(app: FastAPI) -> None:
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         # One readable sentence, like every other error (the apps show it as a string).
         return error_response(request.url.path, 422, validation_message(error.errors()))
+
+    @app.exception_handler(OperationalError)
+    async def store_unavailable(request: Request, error: OperationalError) -> JSONResponse:
+        # The database is down, unreachable or locked past its timeout: a retry can succeed.
+        log.warning("store unavailable on %s %s: %s", request.method, request.url.path, error.orig)
+        retry = str(request.app.state.harmony.settings.retry_after_seconds)
+        return error_response(
+            request.url.path, 503, "the store is unavailable; retry later", headers={"Retry-After": retry}
+        )
 
     @app.exception_handler(Exception)
     async def unexpected_error(request: Request, error: Exception) -> JSONResponse:

@@ -23,6 +23,20 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         default=None, description="admin bearer token; None = read or create <data-dir>/admin_token (0600)"
     )
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="postgresql://user:pass@host/db to share the store between replicas;"
+        " None = SQLite in <data-dir>/harmony.sqlite3",
+    )
+    run_alignment: bool = Field(
+        default=True,
+        description="this process runs alignment rounds (with replicas: exactly one of them should)",
+    )
+    auth_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="how long a device token lookup is reused; a revocation reaches other replicas within this",
+    )
     model_name: str = MODEL_NAME
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="413 above this")

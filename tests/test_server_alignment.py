@@ -17,6 +17,7 @@ from harmony_mobile.server.alignment import group_rows, token_purity
 
 from harmony_mobile.federation.messages import FeatureUpload
 from harmony_mobile.run_dir import load_backend_file
+from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (
     ADMIN,
     INTERFACE,
@@ -68,16 +69,19 @@ def fitted_model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def server(tmp_path, fitted_model_dir):
+def server(request, tmp_path, fitted_model_dir):
+    """SQLite unless a test parametrizes it (indirect) with "postgresql"."""
     model_dir = tmp_path / "model"
     shutil.copytree(fitted_model_dir, model_dir)
-    settings = make_settings(tmp_path, model_dir)
+    url = database_url_for(getattr(request, "param", "sqlite"), request)
+    settings = make_settings(tmp_path, model_dir, database_url=url)
     with TestClient(create_app(settings)) as client:
         device = enrol(client)
         store_uploads(client, device, round_ids=(3, 4))
         yield client, device, settings
 
 
+@pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
 def test_round_publishes_a_new_default_version(server):
     client, device, _ = server
     old_version, old_logits = infer_version(client, device)
@@ -279,6 +283,7 @@ def block_round_at_step(monkeypatch, step: int):
     return reached, release
 
 
+@pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
 def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(server, monkeypatch):
     client, device, settings = server
     reached, release = block_round_at_step(monkeypatch, step=3)
@@ -372,6 +377,7 @@ def test_hot_swap_inference_answers_during_the_round_and_switches_after(server, 
     assert old.json()["model_version"] == "v1"
 
 
+@pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
 def test_registry_set_default_and_rollback(server):
     client, device, settings = server
     assert (

@@ -12,7 +12,7 @@ import torch
 from harmony_mobile.server import Settings
 
 from harmony_mobile.federation.wire import UploadMetadata, encode_upload
-from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead, load_tiers
 from harmony_mobile.privacy.label_tokens import label_tokens, round_key
 from harmony_mobile.privacy.sealing import AssociatedData, seal
 from harmony_mobile.run_dir import save_backend
@@ -22,6 +22,7 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 FEDERATION_SECRET = b"federation-secret-held-by-phones"
 INTERFACE = InterfaceSpec()
 NUM_CLASSES = 10
+TIER_FAMILIES = {t.name: t.family for t in load_tiers().tiers}
 
 
 def make_model_dir(
@@ -102,11 +103,12 @@ def sealed_upload(
     classes = np.asarray(classes)
     features = class_features(classes, seed) if features is None else features
     tokens = label_tokens(round_key(FEDERATION_SECRET, round_id), classes.tolist())
+    tier = device.get("tier") or "mid-android"
     fields = dict(
         label_tokens=tuple(t.hex() for t in tokens),
         split_depths=tuple(1 + int(c) % 3 for c in classes),
-        family="mobilenet",
-        tier=device.get("tier", "mid-android") or "mid-android",
+        family=TIER_FAMILIES.get(tier, "mobilenet"),
+        tier=tier,
         model_version="v1",
     )
     fields.update(metadata_changes)

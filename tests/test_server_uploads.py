@@ -17,6 +17,7 @@ from harmony_mobile.server.uploads import stored_to_feature_upload
 
 from harmony_mobile.federation.wire import UploadMetadata, encode_upload
 from harmony_mobile.privacy.sealing import AssociatedData, seal
+from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (
     ADMIN,
     bearer,
@@ -31,10 +32,13 @@ torch.set_num_threads(1)
 UPLOADS = "/v1/uploads"
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
+@pytest.fixture(scope="module", params=STORE_BACKENDS)
+def client(request, tmp_path_factory):
+    """Every upload test runs on both store backends: SQLite and PostgreSQL."""
     root = tmp_path_factory.mktemp("uploads")
-    with TestClient(create_app(make_settings(root, make_model_dir(root), max_upload_rows=16))) as client:
+    url = database_url_for(request.param, request)
+    settings = make_settings(root, make_model_dir(root), max_upload_rows=16, database_url=url)
+    with TestClient(create_app(settings)) as client:
         yield client
 
 
@@ -63,7 +67,8 @@ def test_upload_is_stored_sealed_and_opens_to_a_feature_upload(client, device):
     assert stored_count(client) == before + 1
     # durable: a second, independent connection sees the committed row
     state = client.app.state.harmony
-    other = Store(state.settings.data_dir)
+    url = state.settings.database_url
+    other = Store(state.settings.data_dir, url.get_secret_value() if url else None)
     try:
         stored = [e for e in other.envelopes() if e.message_id == body["message_id"]]
     finally:
