@@ -20,6 +20,7 @@ from harmony_mobile.server.inference import MicroBatcher
 from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
 from harmony_mobile.server.limits import BodySizeLimitMiddleware
 from harmony_mobile.server.metrics import MetricsMiddleware, ServerMetrics
+from harmony_mobile.server.protocol import GuardedHttpToolsProtocol
 from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ModelRegistry
 from harmony_mobile.server.settings import Settings
 from harmony_mobile.server.spec import install_openapi
@@ -142,6 +143,13 @@ def create_app(settings: Settings) -> FastAPI:
     for module in (v2_infer, v2, devices, uploads, admin, status):
         app.include_router(module.router)
     # Added last = outermost: the metrics middleware also counts requests the body limit refuses.
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout=settings.body_timeout_seconds,
+    )
+    GuardedHttpToolsProtocol.configure(
+        settings.header_timeout_seconds, settings.max_connections, settings.retry_after_seconds
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

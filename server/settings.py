@@ -51,4 +51,14 @@ class Settings(BaseSettings):
     rate_limit_per_second: float = Field(default=50.0, gt=0, description="per-device token bucket refill")
     rate_limit_burst: int = Field(default=100, ge=1, description="per-device token bucket size")
 
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="a request's headers must arrive within this (408 and close)"
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request's whole body must arrive within this after its headers (408)",
+    )
+    max_connections: int = Field(default=1000, ge=1, description="open connections per process; more get 503")
+
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads on start")

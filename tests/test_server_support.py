@@ -103,7 +103,7 @@ def sealed_upload(
     classes = np.asarray(classes)
     features = class_features(classes, seed) if features is None else features
     tokens = label_tokens(round_key(FEDERATION_SECRET, round_id), classes.tolist())
-    tier = device.get("tier") or "mid-android"
+    tier = metadata_changes.get("tier") or device.get("tier") or "mid-android"
     fields = dict(
         label_tokens=tuple(t.hex() for t in tokens),
         split_depths=tuple(1 + int(c) % 3 for c in classes),
