@@ -3,6 +3,7 @@ metrics and routers into one FastAPI app whose state lives on `app.state.harmony
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -11,10 +12,11 @@ from pathlib import Path
 
 import torch
 from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from harmony_mobile.server import admin, devices, status, uploads, v2, v2_infer
 from harmony_mobile.server.alignment import AlignmentWorker
-from harmony_mobile.server.auth import RateLimiter
+from harmony_mobile.server.auth import RateLimiter, TokenCache
 from harmony_mobile.server.errors import install_error_handlers
 from harmony_mobile.server.inference import MicroBatcher
 from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
@@ -103,12 +105,29 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
         alignment=AlignmentWorker(store, registry, server_key, metrics),
         metrics=metrics,
         rate_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+        token_cache=TokenCache(settings.auth_cache_seconds),
         manifest_text=manifest_text,
         manifest_signature=manifest_signature,
         known_tiers=frozenset(tier_families),
         tier_families=tier_families,
         manifest_version=manifest_version,
     )
+
+
+async def _follow_default_version(state: ServerState) -> None:
+    """Replicas (and workers) share the store: serve the default version another process published
+    or an operator set there, within `default_refresh_seconds`."""
+    registry = state.registry
+    while True:
+        await asyncio.sleep(state.settings.default_refresh_seconds)
+        try:
+            current = registry.default()
+            stored = await run_in_threadpool(state.store.default_version)
+            if stored is not None and (current is None or current.version != stored):
+                await run_in_threadpool(registry.load_default)
+                log.info("now serving %s by default (changed in the shared store)", stored)
+        except Exception:  # a store outage must not end the loop; the next tick retries
+            log.warning("could not check the default version in the store", exc_info=True)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -120,9 +139,11 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
         state.batcher.start()
+        follower = asyncio.create_task(_follow_default_version(state))
         try:
             yield
         finally:
+            follower.cancel()
             state.batcher.stop()
             state.alignment.stop()
             state.store.close()

@@ -54,10 +54,11 @@ def list_devices(store: StoreDep, _: AdminDep) -> list[DeviceInfo]:
 
 
 @router.delete("/devices/{device_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS)
-def revoke_device(device_id: str, store: StoreDep, _: AdminDep) -> Response:
+def revoke_device(device_id: str, state: StateDep, _: AdminDep) -> Response:
     """Revoke a device token; its next request is 401. Its stored uploads stay."""
-    if not store.revoke_device(device_id):
+    if not state.store.revoke_device(device_id):
         raise HTTPException(404, f"unknown device {device_id!r}")
+    state.token_cache.forget_device(device_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

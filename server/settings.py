@@ -37,6 +37,9 @@ class Settings(BaseSettings):
         ge=0,
         description="how long a device token lookup is reused; a revocation reaches other replicas within this",
     )
+    default_refresh_seconds: float = Field(
+        default=2.0, gt=0, description="how often the default version is re-read from the (shared) store"
+    )
     model_name: str = MODEL_NAME
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="413 above this")

@@ -16,7 +16,7 @@ from harmony_mobile.server.store import Store
 
 if TYPE_CHECKING:
     from harmony_mobile.server.alignment import AlignmentWorker
-    from harmony_mobile.server.auth import RateLimiter
+    from harmony_mobile.server.auth import RateLimiter, TokenCache
     from harmony_mobile.server.inference import MicroBatcher
     from harmony_mobile.server.metrics import ServerMetrics
     from harmony_mobile.server.registry import ModelRegistry
@@ -33,6 +33,7 @@ class ServerState:
     alignment: AlignmentWorker
     metrics: ServerMetrics
     rate_limiter: RateLimiter
+    token_cache: TokenCache
     manifest_text: str | None
     manifest_signature: str | None
     known_tiers: frozenset[str]

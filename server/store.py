@@ -109,6 +109,12 @@ model_versions = Table(
     Column("created_at", Text, nullable=False),
     Column("metrics", Text, nullable=False, server_default="{}"),
 )
+model_artifacts = Table(
+    "model_artifacts",
+    metadata,
+    Column("sha256", Text, primary_key=True),
+    Column("content", LargeBinary, nullable=False),
+)
 registry_state = Table(
     "registry_state",
     metadata,
@@ -470,6 +476,20 @@ class Store:
             .limit(1)
         )
         return self._version(rows[0]) if rows else None
+
+    def add_artifact(self, sha256: str, content: bytes) -> None:
+        """A back-end file by content address, so every replica can load every version (idempotent)."""
+        dialect_insert = pg_insert if self.backend == "postgresql" else sqlite_insert
+        with self._transaction() as db:
+            db.execute(
+                dialect_insert(model_artifacts)
+                .values(sha256=sha256, content=content)
+                .on_conflict_do_nothing()
+            )
+
+    def artifact(self, sha256: str) -> bytes | None:
+        rows = self._rows(select(model_artifacts.c.content).where(model_artifacts.c.sha256 == sha256))
+        return bytes(rows[0]["content"]) if rows else None
 
     def default_version(self) -> str | None:
         rows = self._rows(select(registry_state.c.value).where(registry_state.c.key == "default_version"))
