@@ -66,6 +66,10 @@ class RoundCancelled(RuntimeError):
     pass
 
 
+class NotEnoughRows(ValueError):
+    """An expected outcome (too few stored rows), not a bug: logged without a traceback."""
+
+
 @dataclass
 class RoundResult:
     backend: torch.nn.Module | None  # None when the round was rejected before training
@@ -145,11 +149,11 @@ def run_alignment(
 ) -> RoundResult:
     """SupCon on `uploads` (the new rows), distillation to `teacher` on `replay` (module docstring)."""
     if not uploads:
-        raise ValueError(f"alignment needs at least {params.min_rows} new stored rows, found 0")
+        raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found 0")
     features, groups = group_rows(uploads)
     n = features.shape[0]
     if n < params.min_rows:
-        raise ValueError(f"alignment needs at least {params.min_rows} new stored rows, found {n}")
+        raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found {n}")
     generator = torch.Generator().manual_seed(params.seed)
     holdout, train = _split(n, params.holdout_fraction, generator)
     metrics: dict[str, float | int | str] = {
@@ -296,6 +300,10 @@ class AlignmentWorker:
                 result.metrics["trained_through_upload_id"] = max(s.upload_id for s in stored)
         except RoundCancelled:
             self._finish(round_id, "interrupted", {}, error="the server stopped during this round")
+            return
+        except NotEnoughRows as error:
+            log.warning("alignment round %d failed: %s", round_id, error)
+            self._finish(round_id, "failed", {}, error=f"{type(error).__name__}: {error}")
             return
         except Exception as error:  # the message names the step, never feature values or tokens
             log.exception("alignment round %d failed", round_id)

@@ -7,12 +7,23 @@ bytes, and the server-side metadata names label *tokens* only (tests/test_server
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 INT64_MAX = 2**63 - 1
+
+
+def _number_not_text(value: object) -> object:
+    if isinstance(value, str | bytes | bool):
+        raise ValueError("must be a JSON number, not a string or a boolean")
+    return value
+
+
+# A JSON Schema integer: 3 and 3.0 are the same number (so the OpenAPI document is exact), "3" and
+# true are not numbers. Strict mode alone would refuse 3.0; lax mode alone would take "3".
+JsonInt = Annotated[int, Field(strict=False), BeforeValidator(_number_not_text)]
 
 
 class _Strict(BaseModel):
@@ -73,7 +84,7 @@ class ModelMetadata(BaseModel):
 
 class InferInput(_Strict):
     name: str = Field(description="must be 'features'")
-    shape: list[int] = Field(description="[N, 64, 8, 8]")
+    shape: list[JsonInt] = Field(description="[N, 64, 8, 8]")
     datatype: str = Field(description="must be 'FP32'")
     data: list[Any] | None = Field(
         default=None,
@@ -90,7 +101,7 @@ class InferRequestedOutput(_Strict):
 
 class InferRequest(_Strict):
     id: str | None = Field(default=None, max_length=256)
-    inputs: list[InferInput]
+    inputs: list[InferInput] = Field(min_length=1, max_length=1, description="exactly one: 'features'")
     outputs: list[InferRequestedOutput] | None = None
     parameters: dict[str, Any] | None = Field(default=None, description="optional: {'tier': '<tier name>'}")
 
@@ -115,7 +126,7 @@ class ModelConfig(BaseModel):
     name: str
     platform: str
     backend: str
-    max_batch_size: int = Field(description="rows per request (max_request_rows)")
+    max_batch_size: JsonInt = Field(description="rows per request (max_request_rows)")
     input: list[dict[str, Any]]
     output: list[dict[str, Any]]
     dynamic_batching: dict[str, Any]
@@ -187,7 +198,7 @@ class DeviceInfo(BaseModel):
 
 
 class UploadRequest(_Strict):
-    round_id: int = Field(ge=0, le=INT64_MAX, description="label-token key epoch of every token inside")
+    round_id: JsonInt = Field(ge=0, le=INT64_MAX, description="label-token key epoch of every token inside")
     # strict=False: JSON carries a UUID as a string, which strict mode would refuse
     message_id: uuid.UUID = Field(
         strict=False, description="fresh random UUID per upload; the idempotency key"
@@ -217,8 +228,8 @@ class AlignmentParams(_Strict):
     """One alignment round (server/alignment.py): SupCon on the new stored rows, distillation to the
     current version on the replay rows (features it was trained on), and a two-part publish check."""
 
-    steps: int = Field(default=60, ge=1, le=10_000, description="optimizer steps")
-    batch_size: int = Field(default=64, ge=4, le=1024, description="new rows per step (and replay rows)")
+    steps: JsonInt = Field(default=60, ge=1, le=10_000, description="optimizer steps")
+    batch_size: JsonInt = Field(default=64, ge=4, le=1024, description="new rows per step (and replay rows)")
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
     distill_weight: float = Field(
@@ -251,9 +262,9 @@ class AlignmentParams(_Strict):
         description="with no replay rows the class mapping cannot be checked: reject the round (false:"
         " train SupCon alone and publish on token purity alone)",
     )
-    max_rows: int = Field(default=20_000, ge=8, description="newest stored rows used by the round")
-    min_rows: int = Field(default=16, ge=4, description="fewer new stored rows fail the round")
-    seed: int = Field(default=0, ge=0, le=INT64_MAX)
+    max_rows: JsonInt = Field(default=20_000, ge=8, description="newest stored rows used by the round")
+    min_rows: JsonInt = Field(default=16, ge=4, description="fewer new stored rows fail the round")
+    seed: JsonInt = Field(default=0, ge=0, le=INT64_MAX)
 
 
 RoundStatus = Literal["queued", "running", "published", "rejected", "failed", "interrupted"]

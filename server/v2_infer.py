@@ -72,6 +72,7 @@ HEADER_LENGTH_HEADER = Annotated[
     str | None,
     Header(
         alias="Inference-Header-Content-Length",
+        pattern=r"^[0-9]{1,12}$",
         description="V2 binary tensor extension: length of the JSON header at the start of the body",
     ),
 ]

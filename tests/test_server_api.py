@@ -180,8 +180,9 @@ def bad_input(**changes) -> dict:
             bad_input(shape=[9, 64, 8, 8], data=[0.0] * 9 * 4096),
             "has 9 rows; the limit is 1..8",
         ),
-        ({"inputs": []}, "expected exactly one input named 'features', got 0"),
-        ({"inputs": [bad_input()["inputs"][0]] * 2}, "got 2"),
+        ({"inputs": []}, "inputs: List should have at least 1 item"),
+        ({"inputs": [bad_input()["inputs"][0]] * 2}, "inputs: List should have at most 1 item"),
+        (bad_input(shape=["1", 64, 8, 8]), "shape.0: Value error, must be a JSON number"),
         ({"tensors": []}, "inputs: Field required"),
     ],
 )
