@@ -8,14 +8,14 @@ No exception escapes to uvicorn: an unexpected one is answered with a JSON 500 a
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
-from starlette.routing import Match
-from starlette.types import Scope
+from starlette.routing import Route, compile_path
 
 log = logging.getLogger("harmony_mobile.server")
 
@@ -35,15 +35,29 @@ def validation_message(errors: list[dict]) -> str:
     return f"invalid request: {problems}"
 
 
-def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
+def _method_table(app: FastAPI) -> list[tuple[re.Pattern, frozenset[str]]]:
+    """(path regex, methods) of every route. Built from the OpenAPI paths plus the top-level plain
+    routes (/metrics, /docs...): FastAPI nests included routers, so app.routes is not flat."""
+    table = getattr(app.state, "method_table", None)
+    if table is None:
+        methods: dict[str, set[str]] = {}
+        for path, item in app.openapi()["paths"].items():
+            methods.setdefault(path, set()).update(m.upper() for m in item)
+        for route in app.router.routes:
+            if isinstance(route, Route) and route.methods:
+                methods.setdefault(route.path, set()).update(route.methods)
+        table = [(compile_path(path)[0], frozenset(allowed)) for path, allowed in methods.items()]
+        app.state.method_table = table
+    return table
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
     """Every method some route serves at this path (Starlette's own 405 names one route's only)."""
-    methods: set[str] = set()
-    probe = {**scope, "method": "OPTIONS"}  # matches no route's method: every path match is PARTIAL
-    for route in app.router.routes:
-        match, _ = route.matches(probe)
-        if match != Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
-    return sorted(methods)
+    found: set[str] = set()
+    for pattern, methods in _method_table(app):
+        if pattern.match(path):
+            found |= methods
+    return sorted(found)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -52,7 +66,7 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = dict(error.headers or {})
         message = error.detail if isinstance(error.detail, str) else str(error.detail)
         if error.status_code == 405:
-            allow = allowed_methods(request.app, request.scope)
+            allow = allowed_methods(request.app, request.url.path)
             headers["Allow"] = ", ".join(allow)
             message = f"method {request.method} is not allowed here; allowed: {', '.join(allow)}"
         elif error.status_code == 404 and message == "Not Found":

@@ -1,7 +1,8 @@
 """The OpenAPI document, made exact: what FastAPI generates, plus what it cannot know.
 
 * Statuses every route can answer because of the middleware and dependencies in front of it:
-  400 (a Content-Length that is not a number), 405 (with `Allow`), 413 (body limit), and on
+  400 (a Content-Length that is not a number), 405 (with `Allow`), 408 (header or body timeout),
+  413 (body limit), and on
   authenticated routes 401 / 403 / 429 (token bucket) / 503 (the store is unreachable).
 * The `InferRequest` schema the infer routes reference by hand (they read their body themselves).
 * int64 bounds as integers (pydantic writes 2**63 - 1 as a float, which is 2**63).
@@ -19,6 +20,7 @@ from harmony_mobile.server.schemas import INT64_MAX, ErrorBody, InferRequest, V2
 ALWAYS = {
     400: "malformed request framing (e.g. a Content-Length that is not a number)",
     405: "method not allowed on this path; the Allow header lists the allowed ones",
+    408: "headers or body not complete within the configured time",
     413: "body larger than max_body_bytes",
 }
 AUTHENTICATED = {

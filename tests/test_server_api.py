@@ -469,6 +469,23 @@ def test_metrics_and_status_page(client, auth):
     assert "harmony fallback server" in page.text and "v1" in page.text and "inferred rows" in page.text
 
 
+@pytest.mark.parametrize(
+    "method,path,allow",
+    [
+        ("put", "/v1/devices", "GET, POST"),
+        ("put", "/v1/devices/dev_x", "DELETE"),
+        ("post", "/v2/health/live", "GET"),
+        ("get", "/v2/models/harmony-backend/infer", "POST"),
+        ("delete", "/v1/uploads", "POST"),
+        ("patch", "/metrics", "GET"),
+    ],
+)
+def test_wrong_method_is_405_with_every_allowed_method(client, method, path, allow):
+    response = client.request(method.upper(), path, headers=ADMIN)
+    assert response.status_code == 405 and response.headers["allow"] == allow
+    assert f"allowed: {allow}" in error_message(response)
+
+
 def test_unknown_route_is_404(client):
     assert client.get("/v3/nothing").status_code == 404
 
