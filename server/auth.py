@@ -101,9 +101,19 @@ async def _device(state, token: str) -> DeviceRecord | None:
 async def authenticate(
     state: StateDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 ) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+    token = credentials.credentials if credentials and credentials.scheme.lower() == "bearer" else None
+    return await principal_for(state, token)
+
+
+async def authenticate_header(state, authorization: str | None) -> Principal:
+    """The same check from the raw header, for hot endpoints that skip dependency resolution."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return await principal_for(state, token.strip() if scheme.lower() == "bearer" else None)
+
+
+async def principal_for(state, token: str | None) -> Principal:
+    if not token:
         raise _unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    token = credentials.credentials
     if hmac.compare_digest(token.encode(), state.admin_token.encode()):
         return Principal("admin")
     device = await _device(state, token)
