@@ -47,6 +47,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 # The previous report (benchmarks/results/server_load.md before this benchmark was rewritten):
 # binary single-row infer, one process, 16 httpx clients, micro-batching on.
 EARLIER_BINARY_REQUESTS_PER_SECOND = 290
+EARLIER_RAW_BATCH32_ROWS_PER_SECOND = 9684  # the raw forward measured in that same earlier run
 
 
 def free_port() -> int:
@@ -342,7 +343,13 @@ def write_report(result: dict) -> None:
         f"{half['floor']['latency_p99_ms']:.1f} ms (floor); at least 4 x the earlier "
         f"{EARLIER_BINARY_REQUESTS_PER_SECOND} requests/s: **{binary / EARLIER_BINARY_REQUESTS_PER_SECOND:.1f} x**. "
         "The earlier figure was measured with an httpx load generator, which itself costs CPU on this machine; "
-        "part of the difference is the lighter generator, not the server.",
+        "part of the difference is the lighter generator, not the server. The machine's speed also moved: "
+        f"the raw batch-32 forward ran at {raw['batch_32']:.0f} rows/s here against "
+        f"{EARLIER_RAW_BATCH32_ROWS_PER_SECOND} rows/s in the earlier run "
+        f"({raw['batch_32'] / EARLIER_RAW_BATCH32_ROWS_PER_SECOND:.2f} x), so scaled by that the ratio would be about "
+        f"{binary / EARLIER_BINARY_REQUESTS_PER_SECOND * EARLIER_RAW_BATCH32_ROWS_PER_SECOND / raw['batch_32']:.1f} x "
+        "(an estimate, not a measurement). With the CPUs this contended, the half-saturation tails measure the "
+        "machine's scheduling as much as the server.",
         "",
         f"Mean rows per forward during the run: {result['mean_batch_rows']:.1f}. Raw back-end forward in the "
         f"benchmark process (no HTTP): {raw['batch_32']:.0f} rows/s at batch 32, {raw['batch_1']:.0f} rows/s at batch 1.",
