@@ -42,6 +42,8 @@ from harmony_mobile.export.keys import (
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from harmony_mobile.privacy.label_tokens import LABEL_EPOCH_PATTERN
+
 MANIFEST_FORMAT = 1
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
@@ -164,6 +166,10 @@ class Manifest(_Strict):
     run: dict[str, str | int | float | None]
     num_classes: int
     class_names: list[str]
+    label_epoch: str = Field(pattern=LABEL_EPOCH_PATTERN, description="label epoch of the back-end's tokens")
+    slot_table: list[str] = Field(
+        description="slot i's label token (16 lowercase hex) of the shipped back-end"
+    )
     interface_shape: list[int]
     backend: BackendEntry
     tiers: list[TierEntry]
@@ -250,6 +256,8 @@ def build_manifest(
     model_version: str,
     run: dict,
     class_names: list[str] | tuple[str, ...],
+    label_epoch: str,
+    slot_table: list[str],
     interface_shape: list[int] | tuple[int, ...],
     backend: BackendEntry,
     tiers: list[TierEntry],
@@ -268,6 +276,8 @@ def build_manifest(
         run=run,
         num_classes=len(class_names),
         class_names=list(class_names),
+        label_epoch=label_epoch,
+        slot_table=list(slot_table),
         interface_shape=list(interface_shape),
         backend=backend,
         tiers=tiers,

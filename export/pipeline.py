@@ -551,6 +551,7 @@ def _sign_manifest(
 ) -> Manifest:
     """Build manifest.json over every written file, sign it, and verify the signature once."""
     interface = list(run.info.interface_spec.shape)
+    served = run.backend()
     manifest = build_manifest(
         work,
         model_version=run.info.model_version,
@@ -559,8 +560,11 @@ def _sign_manifest(
             "dataset": run.info.dataset,
             "seed": run.info.seed,
             "run_dir": run.path.name,
+            **upload_privacy_fields(run.info.privacy),
         },
         class_names=run.info.class_names,
+        label_epoch=served.label_epoch,
+        slot_table=served.slot_table.to_hex(),
         interface_shape=interface,
         backend=BackendEntry.describe(
             backend["model_version"],
@@ -576,6 +580,20 @@ def _sign_manifest(
     write_signed_manifest(work, manifest, private_key)
     verify_manifest(work, private_key.public_key())
     return manifest
+
+
+def upload_privacy_fields(privacy: dict) -> dict[str, float | None]:
+    """The upload protections the run trained with, flat for the manifest's `run` object: a phone
+    applies the same ones to its uploads (label_dp_epsilon, feature_clip, noise_multiplier), and the
+    training accountant's (epsilon, delta) for the features is reported beside them."""
+    features = privacy.get("features", {})
+    return {
+        "label_dp_epsilon": privacy.get("label_dp_epsilon"),
+        "feature_clip": features.get("feature_clip"),
+        "noise_multiplier": features.get("noise_multiplier"),
+        "feature_epsilon": features.get("epsilon"),
+        "feature_delta": features.get("delta"),
+    }
 
 
 def _remove_empty(directories: list[Path]) -> None:

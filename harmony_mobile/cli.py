@@ -63,6 +63,15 @@ def train(
     clients_per_round: Annotated[int | None, typer.Option(help="0 = all clients every round")] = None,
     algorithm: Annotated[str | None, typer.Option(help="harmony or an ablation/baseline name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
+    label_dp_epsilon: Annotated[
+        float | None, typer.Option(help="label DP: randomized response on each row's token (off by default)")
+    ] = None,
+    feature_clip: Annotated[
+        float | None, typer.Option(help="L2 clip norm of every uploaded feature row (off by default)")
+    ] = None,
+    noise_multiplier: Annotated[
+        float | None, typer.Option(help="Gaussian noise on uploaded features: std = multiplier * clip")
+    ] = None,
     config: Annotated[
         Path | None, typer.Option(help="YAML/JSON with TrainConfig fields (flags override it)")
     ] = None,
@@ -93,6 +102,9 @@ def train(
         clients_per_round=clients_per_round,
         algorithm=algorithm,
         seed=seed,
+        label_dp_epsilon=label_dp_epsilon,
+        feature_clip=feature_clip,
+        noise_multiplier=noise_multiplier,
     )
     values.update({k: v for k, v in flags.items() if v is not None})
     try:

@@ -10,12 +10,17 @@ the tests exercise the same behaviour as the apps, without importing the trainin
     max softmax(exit_logits) >= the exit threshold (the manifest's tier threshold, or the one the
     phone recalibrated after personalizing its front-end on device: `Phone.use_local_front_end`),
     else POST the features as a binary HMFT body to the server's infer endpoint (docs/PROTOCOL.md
-    6.2; inference bodies are not sealed, uploads are).
-    Any server failure (down, timeout, 4xx/5xx) answers with the local exit instead.
+    6.2; inference bodies are not sealed, uploads are). The server answers in slots; the phone
+    turns the top slot into a class with its federation secret (the token of every manifest class
+    name under the label epoch, looked up in the version's slot table; a version it has not seen
+    yet: its slot table from the V2 model metadata first). A slot no class name maps to keeps
+    the local answer and says so. Any server failure (down, timeout, 4xx/5xx) answers with the
+    local exit instead.
   * `Phone.confirm` + `Phone.flush`: features of samples whose label the user confirmed become a
-    sealed upload (label tokens under the provisioned federation secret and key epoch, envelope
-    bound to device id, round id and message id), stored in a bounded file-backed `UploadQueue` and
-    sent when the server answers. An entry is deleted only on a 2xx acknowledgement; a resend uses the
+    sealed upload (label tokens of the class names under the provisioned federation secret and
+    the manifest's label epoch; randomized response and feature clipping + noise when the manifest
+    says the lineage trained with them; envelope bound to device id, label epoch and message id),
+    stored in a bounded file-backed `UploadQueue` and sent when the server answers. An entry is deleted only on a 2xx acknowledgement; a resend uses the
     same bytes and message id, which the server stores once (PROTOCOL.md 4.6).
 
 This module imports neither `harmony_mobile.export` nor `harmony_mobile.server`.
@@ -40,8 +45,17 @@ import torch
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from harmony_mobile.federation.slots import TOKEN_HEX_PATTERN
 from harmony_mobile.federation.wire import UploadMetadata, encode_tensor, encode_upload
-from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+from harmony_mobile.privacy.feature_noise import privatize_features
+from harmony_mobile.privacy.label_dp import randomized_response
+from harmony_mobile.privacy.label_tokens import (
+    check_label_epoch,
+    class_tokens,
+    epoch_key,
+    slot_classes,
+)
+from harmony_mobile.privacy.options import UploadPrivacy
 from harmony_mobile.privacy.sealing import AssociatedData, seal
 
 MANIFEST_FILE = "manifest.json"
@@ -192,16 +206,14 @@ class DeviceCredentials:
 
 @dataclass(frozen=True)
 class FederationKey:
-    """Provisioned out of band (never sent to the server): the federation secret and the key epoch."""
+    """Provisioned out of band (never sent to the server): the federation secret. The label epoch
+    it is used under comes from the signed manifest."""
 
     secret: bytes = field(repr=False)
-    round_id: int
 
     def __post_init__(self) -> None:
         if len(self.secret) < 16:
             raise ValueError("the federation secret must be at least 16 bytes")
-        if self.round_id < 0:
-            raise ValueError("round ids are >= 0")
 
 
 def enrol(base_url: str, admin_token: str, tier: str, name: str | None = None, timeout: float = 10.0) -> dict:
@@ -319,7 +331,7 @@ class UploadQueue:
 
 @dataclass
 class Classification:
-    source: str  # "local", "server", "local_after_server_failure"
+    source: str  # "local", "server", "local_after_server_failure", "local_unnamed_slot"
     prediction: int
     confidence: float
     exit_prediction: int
@@ -337,6 +349,7 @@ class PhoneStats:
     local: int = 0
     server: int = 0
     server_failures: int = 0
+    unnamed_slots: int = 0  # the server's top slot was no class of this phone: the local answer stood
     infer_bytes: int = 0  # request bodies sent to the infer endpoint
     upload_bytes: int = 0  # acknowledged upload request bodies
     uploads_acknowledged: int = 0
@@ -383,6 +396,16 @@ class Phone:
         self.federation_key = federation_key
         self.queue = queue
         self.model_version = model_version or manifest["model_version"]
+        self.class_names = list(manifest["class_names"])
+        self.label_epoch = check_label_epoch(manifest["label_epoch"])
+        self.privacy = upload_privacy(manifest)
+        # back-end version -> class index of each slot (None: no class name of this phone maps to it)
+        self._slot_classes: dict[str, list[int | None]] = {
+            manifest["backend"]["model_version"]: self.decode_slot_table(
+                self.label_epoch, manifest["slot_table"]
+            )
+        }
+        self._noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.stats = PhoneStats()
         self.server_url = server_url
         self.timeout = httpx.Timeout(timeout, connect=connect_timeout)
@@ -447,51 +470,94 @@ class Phone:
                 raise DeviceError(f"{response.status_code}: {_detail(response)}")
             answer = response.json()
             outputs = {o["name"]: o["data"] for o in answer["outputs"]}
-            result.source = "server"
-            result.prediction = int(outputs["top_class"][0])
-            result.confidence = float(outputs["confidence"][0])
-            result.server_version = answer.get("model_version")
-            self.stats.server += 1
-        except (httpx.HTTPError, DeviceError, KeyError, ValueError) as error:
+            result.server_version = answer["model_version"]
+            decoded = self.slot_classes(result.server_version)
+            top_slot = int(outputs["top_slot"][0])
+            named = decoded[top_slot] if 0 <= top_slot < len(decoded) else None
+            if named is None:
+                result.source = "local_unnamed_slot"
+                result.error = f"the server's top slot {top_slot} maps to none of this phone's classes"
+                self.stats.unnamed_slots += 1
+            else:
+                result.source = "server"
+                result.prediction = named
+                result.confidence = float(outputs["confidence"][0])
+                self.stats.server += 1
+        except (httpx.HTTPError, DeviceError, KeyError, ValueError, IndexError, TypeError) as error:
             result.source = "local_after_server_failure"
             result.error = f"{type(error).__name__}: {error}"
             self.stats.server_failures += 1
         result.server_ms = (time.perf_counter() - started) * 1e3
         return result
 
+    def decode_slot_table(self, label_epoch: str, slot_table: list[str]) -> list[int | None]:
+        """Class index of each slot of a table: tokens of this phone's class names under the epoch."""
+        key = epoch_key(self.federation_key.secret, label_epoch)
+        names = slot_classes(key, self.class_names, parse_slot_table(slot_table))
+        return [self.class_names.index(name) if name is not None else None for name in names]
+
+    def slot_classes(self, version: str) -> list[int | None]:
+        """The decoded slot table of a back-end version; one the phone has not seen yet is read from
+        the V2 model metadata of that version first (docs/PROTOCOL.md, slot table)."""
+        if version not in self._slot_classes:
+            response = self.http.get(f"/v2/models/{MODEL_NAME}/versions/{version}")
+            if response.status_code != 200:
+                raise DeviceError(
+                    f"slot table of version {version!r}: {response.status_code}: {_detail(response)}"
+                )
+            parameters = response.json()["parameters"]
+            self._slot_classes[version] = self.decode_slot_table(
+                check_label_epoch(parameters["label_epoch"]), parameters["slot_table"]
+            )
+        return self._slot_classes[version]
+
     # ---- confirmed uploads
 
     def confirm(self, features: torch.Tensor, labels) -> list[PendingUpload]:
         """Seal and queue features (N, C, S, S) of samples whose labels the user confirmed.
 
-        Rows are split into uploads of at most the server's `max_upload_rows`. Labels become label
-        tokens under the provisioned key epoch; only sealed bytes reach the disk."""
+        Rows are split into uploads of at most the server's `max_upload_rows`. Labels become tokens
+        of their class names under the manifest's label epoch (after randomized response, when the
+        lineage uses label DP); features are clipped and noised when it uses that option. Only
+        sealed bytes reach the disk."""
         features = torch.as_tensor(features).float()
-        labels = [int(y) for y in labels]
+        labels = torch.as_tensor([int(y) for y in labels], dtype=torch.int64)
         if len(labels) != len(features):
             raise ValueError(f"{len(features)} feature rows but {len(labels)} labels")
+        if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < len(self.class_names):
+            raise ValueError(f"labels are class indices 0..{len(self.class_names) - 1}")
+        privacy = self.privacy
+        if privacy.label_dp_epsilon is not None:
+            labels = randomized_response(labels, privacy.label_dp_epsilon, len(self.class_names), self._noise)
+        features = privatize_features(features, privacy.feature_clip, privacy.noise_multiplier, self._noise)
         rows = int(self.credentials.limits.get("max_upload_rows", 256))
-        key = round_key(self.federation_key.secret, self.federation_key.round_id)
+        key, epoch = epoch_key(self.federation_key.secret, self.label_epoch), self.label_epoch
         queued = []
         for start in range(0, len(labels), rows):
-            chunk, chunk_labels = features[start : start + rows], labels[start : start + rows]
+            chunk, chunk_labels = features[start : start + rows], labels[start : start + rows].tolist()
             metadata = UploadMetadata(
-                label_tokens=tuple(t.hex() for t in label_tokens(key, chunk_labels)),
+                label_tokens=tuple(
+                    t.hex() for t in class_tokens(key, [self.class_names[y] for y in chunk_labels])
+                ),
                 split_depths=(int(self.entry["split_depth"]),) * len(chunk_labels),
                 family=self.entry["family"],
                 tier=self.tier,
                 model_version=self.model_version,
+                clip_norm=privacy.feature_clip,
+                noise_multiplier=privacy.noise_multiplier,
+                label_dp_epsilon=privacy.label_dp_epsilon,
             )
             plaintext = encode_upload(metadata, chunk.numpy())
-            queued.append(self.queue.enqueue(lambda message_id, p=plaintext: self._body(p, message_id)))
+            queued.append(
+                self.queue.enqueue(lambda message_id, p=plaintext, e=epoch: self._body(p, e, message_id))
+            )
         return queued
 
-    def _body(self, plaintext: bytes, message_id: str) -> bytes:
-        round_id = self.federation_key.round_id
-        ad = AssociatedData(self.credentials.device_id, round_id, uuid.UUID(message_id))
+    def _body(self, plaintext: bytes, label_epoch: str, message_id: str) -> bytes:
+        ad = AssociatedData(self.credentials.device_id, label_epoch, uuid.UUID(message_id))
         envelope = seal(self.credentials.server_public_key, plaintext, ad)
         body = {
-            "round_id": round_id,
+            "label_epoch": label_epoch,
             "message_id": message_id,
             "envelope": base64.b64encode(envelope).decode(),
         }
@@ -522,6 +588,26 @@ class Phone:
                 error = f"{response.status_code}: {_detail(response)}"
                 return FlushResult(delivered, rejected, len(self.queue), error)
         return FlushResult(delivered, rejected, len(self.queue))
+
+
+def parse_slot_table(slot_table: list[str]) -> list[bytes]:
+    """Slot tokens from their serialized form (16 lowercase hex characters each)."""
+    if not isinstance(slot_table, list):
+        raise DeviceError(f"a slot table is a list of hex tokens, got {type(slot_table).__name__}")
+    for index, token in enumerate(slot_table):
+        if not isinstance(token, str) or TOKEN_HEX_PATTERN.fullmatch(token) is None:
+            raise DeviceError(f"slot_table[{index}] is not 16 lowercase hex characters: {token!r}")
+    return [bytes.fromhex(token) for token in slot_table]
+
+
+def upload_privacy(manifest: dict) -> UploadPrivacy:
+    """The upload protections the lineage trained with (the manifest's `run` object says which)."""
+    run = manifest.get("run", {})
+    return UploadPrivacy(
+        label_dp_epsilon=run.get("label_dp_epsilon"),
+        feature_clip=run.get("feature_clip"),
+        noise_multiplier=run.get("noise_multiplier"),
+    )
 
 
 def exit_threshold(value: float) -> float:

@@ -2,10 +2,13 @@
 server's fallback accuracy, and how aligned the back-end's features are across families.
 
 This is the experimenter's harness: it reads true labels to score predictions. It is not server
-code and nothing here is sent anywhere.
+code and nothing here is sent anywhere. The back-end answers in slots; each phone turns a slot into
+a class with its own federation secret (`Client.slot_to_class`), as a deployed phone does.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -19,17 +22,38 @@ from harmony_mobile.models import Backend
 OOD_FRACTIONS = (0.0, 0.2, 0.5)
 
 
+@dataclass
+class ServedBackend:
+    """What the server serves: g and its slot table (the label tokens of its slots, in order)."""
+
+    backend: Backend
+    slot_tokens: list[bytes]
+
+    def slot_scores(self, features: torch.Tensor) -> torch.Tensor:
+        return self.backend(features)[:, : len(self.slot_tokens)]
+
+
 def nan_mean(values: list[float]) -> float:
     """Mean over the defined values (NaN = undefined, e.g. an OOD rate at p=0); NaN if none is defined."""
     defined = [v for v in values if not np.isnan(v)]
     return float(np.mean(defined)) if defined else float("nan")
 
 
+def decode_slots(slot_scores: torch.Tensor, slot_class: torch.Tensor, local: torch.Tensor) -> torch.Tensor:
+    """The class of each row's top slot (`slot_class`: class id per slot, -1 = none of the phone's
+    classes); where the top slot has no class, the phone keeps its local answer."""
+    if slot_scores.shape[1] == 0:
+        return local.clone()
+    decoded = slot_class[slot_scores.argmax(dim=1)]
+    return torch.where(decoded >= 0, decoded, local)
+
+
 @torch.no_grad()
 def predict(
-    client: Client, backend: Backend | None, images: torch.Tensor, exit_rule: str = "max_softmax"
+    client: Client, backend: ServedBackend | None, images: torch.Tensor, exit_rule: str = "max_softmax"
 ) -> dict[str, torch.Tensor]:
-    """What the phone answers: its exit when confident, else the server's argmax g(z).
+    """What the phone answers: its exit when confident, else the class of the server's top slot
+    (decoded with the phone's secret; a slot with no class of the phone: the exit's answer).
 
     Without a back-end (no-split baselines) the full local model answers everything."""
     if backend is None:
@@ -42,7 +66,8 @@ def predict(
     exit_logits, features = client.model(images, client.split_depth)
     exits = exit_confidence(exit_logits, exit_rule) >= client.threshold
     exit_prediction = exit_logits.argmax(dim=1)
-    server_prediction = backend(features).argmax(dim=1)
+    slot_class = client.slot_to_class(backend.slot_tokens)
+    server_prediction = decode_slots(backend.slot_scores(features), slot_class, exit_prediction)
     return {
         "prediction": torch.where(exits, exit_prediction, server_prediction),
         "exits": exits,
@@ -53,7 +78,7 @@ def predict(
 
 def evaluate_client(
     client: Client,
-    backend: Backend | None,
+    backend: ServedBackend | None,
     images: torch.Tensor,
     labels: torch.Tensor,
     partition: Partition,
@@ -113,7 +138,7 @@ def alignment_score(
 
 def evaluate(
     clients: list[Client],
-    backend: Backend | None,
+    backend: ServedBackend | None,
     images: torch.Tensor,
     labels: torch.Tensor,
     partition: Partition,
@@ -141,5 +166,5 @@ def evaluate(
         ),
     }
     if backend is not None:
-        summary["alignment_score"] = alignment_score(clients, backend, images, labels, partition)
+        summary["alignment_score"] = alignment_score(clients, backend.backend, images, labels, partition)
     return {"summary": summary, "mean": mean, "per_client": per_client}

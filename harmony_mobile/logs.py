@@ -51,6 +51,7 @@ def configure_logging(
         handler.harmony_mobile = True
         root.addHandler(handler)
     root.setLevel(logging.INFO)
+    logging.captureWarnings(False)  # re-install over whatever replaced warnings.showwarning since
     logging.captureWarnings(True)
     _adopt_self_handling_loggers()
     return path

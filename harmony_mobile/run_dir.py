@@ -6,7 +6,10 @@ RUN_DIR/
   final_metrics.json       present only once training finished
   checkpoints/             round checkpoints for resume (training's own format)
   clients/client-007.pt    one personalized front-end per client + its threshold and data indices
+  federation_secret        the clients' federation secret (0600): phones of this lineage need it to
+                           token labels and decode slots; it never goes into an export or to the server
   backend.pt               server back-end g and projection head h (state dicts) + model version
+                           + label epoch and slot table (which token each output of g stands for)
                            + the replay set: label-free interface features of the clients' training
                            images (float16), the "earlier features" of alignment rounds
 """
@@ -21,9 +24,12 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, FamilyModel, FrontEnd, InterfaceSpec, ProjectionHead, Tier, TierSet
+from harmony_mobile.privacy.label_tokens import epoch_key, slot_classes
 
-RUN_FORMAT = 1
+RUN_FORMAT = 2  # 2: slot-space back-end (label epoch, slot table, federation secret file)
+SECRET_FILE = "federation_secret"
 
 
 class RunDirError(ValueError):
@@ -47,7 +53,9 @@ class RunInfo(BaseModel):
     projection_dim: int = 128
     tiers: TierSet
     model_version: str
+    label_epoch: str  # tokens of this lineage are keyed by it (privacy/label_tokens.py)
     seed: int
+    privacy: dict[str, Any] = {}  # upload protections and their accounting (privacy/feature_noise.py)
     train_config: dict[str, Any] = {}
     partition: dict[str, Any] = {}
 
@@ -91,9 +99,13 @@ def save_backend(
     projection: ProjectionHead,
     model_version: str,
     class_names: tuple[str, ...],
+    slot_table: SlotTable,
     replay: torch.Tensor | None = None,
 ) -> None:
     """Write g and h with what a reader needs to rebuild them (the server loads this same file).
+
+    `slot_table` says which label token each output of g stands for, under its label epoch; the
+    server serves it, a phone decodes slots with it (federation/slots.py).
 
     `replay` (N, *interface) is the back-end's replay set: features without labels or tokens that
     the server's alignment rounds distill on (harmony_mobile/federation/replay.py); stored as float16."""
@@ -102,6 +114,8 @@ def save_backend(
         "interface": list(backend.interface.shape),
         "num_classes": backend.num_classes,
         "class_names": list(class_names),
+        "label_epoch": slot_table.label_epoch,
+        "slot_table": slot_table.to_hex(),
         "projection_dim": projection.mlp[-1].out_features,
         "backend": backend.state_dict(),
         "projection": projection.state_dict(),
@@ -123,6 +137,11 @@ class LoadedBackend:
     model_version: str
     class_names: tuple[str, ...]
     replay: torch.Tensor  # (N, *interface) float16; N = 0 for a file written without a replay set
+    slot_table: SlotTable
+
+    @property
+    def label_epoch(self) -> str:
+        return self.slot_table.label_epoch
 
 
 def load_backend_file(path: str | Path) -> LoadedBackend:
@@ -136,6 +155,14 @@ def load_backend_file(path: str | Path) -> LoadedBackend:
     backend.load_state_dict(state["backend"])
     projection = ProjectionHead(backend.feature_dim, state["projection_dim"])
     projection.load_state_dict(state["projection"])
+    if "label_epoch" not in state or "slot_table" not in state:
+        raise RunDirError(
+            f"{path} has no label epoch and slot table: it predates slot-space training; retrain it"
+        )
+    try:
+        slot_table = SlotTable.from_hex(state["label_epoch"], state["num_classes"], state["slot_table"])
+    except ValueError as error:
+        raise RunDirError(f"{path}: bad slot table: {error}") from None
     replay = state.get("replay", torch.zeros(0, *backend.interface.shape, dtype=torch.float16))
     if tuple(replay.shape[1:]) != tuple(backend.interface.shape):
         raise RunDirError(
@@ -147,6 +174,7 @@ def load_backend_file(path: str | Path) -> LoadedBackend:
         state["model_version"],
         tuple(state["class_names"]),
         replay.to(torch.float16),
+        slot_table,
     )
 
 
@@ -172,6 +200,22 @@ class RunDir:
             raise RunDirError(
                 f"{self.path} holds no trained model yet (training did not finish: no final_metrics.json)"
             )
+
+    def federation_secret(self) -> bytes:
+        """The clients' secret of this lineage (the demo's phones are provisioned with it)."""
+        path = self.path / SECRET_FILE
+        if not path.is_file():
+            raise RunDirError(f"{self.path} has no {SECRET_FILE}: its slots cannot be decoded")
+        return path.read_bytes()
+
+    def slot_to_class(self) -> torch.Tensor:
+        """Phone side, for experiments on a finished run: class id of each slot of the back-end
+        (-1 for a slot no class name maps to), decoded with the run's federation secret."""
+        loaded = self.backend()
+        key = epoch_key(self.federation_secret(), loaded.label_epoch)
+        names = slot_classes(key, self.info.class_names, loaded.slot_table.tokens)
+        index = {name: i for i, name in enumerate(self.info.class_names)}
+        return torch.tensor([index[n] if n is not None else -1 for n in names], dtype=torch.int64)
 
     def final_metrics(self) -> dict[str, Any]:
         return json.loads((self.path / "final_metrics.json").read_text())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -18,13 +19,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import Partition, make_partition
-from harmony_mobile.evaluation import evaluate
+from harmony_mobile.evaluation import ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
+from harmony_mobile.privacy.feature_noise import feature_privacy_report
+from harmony_mobile.privacy.label_dp import keep_probability
+from harmony_mobile.privacy.options import UploadPrivacy
 from harmony_mobile.run_dir import (
+    SECRET_FILE,
     ClientArtifact,
     RunDirError,
     RunInfo,
@@ -57,6 +63,13 @@ class TrainConfig(BaseModel):
     )
     interface_channels: int = Field(default=64, ge=1)
     interface_size: int = Field(default=8, ge=1)
+    label_dp_epsilon: float | None = Field(
+        default=None, gt=0, description="label DP: randomized response on each row's token; None = off"
+    )
+    feature_clip: float | None = Field(default=None, gt=0, description="L2 clip norm of uploaded features")
+    noise_multiplier: float | None = Field(
+        default=None, ge=0, description="Gaussian noise on uploaded features, std = multiplier * clip"
+    )
     threads: int = Field(
         default=1,
         ge=1,
@@ -64,10 +77,25 @@ class TrainConfig(BaseModel):
     )
 
 
+def upload_privacy(config: TrainConfig) -> UploadPrivacy:
+    return UploadPrivacy(
+        label_dp_epsilon=config.label_dp_epsilon,
+        feature_clip=config.feature_clip,
+        noise_multiplier=config.noise_multiplier,
+    )
+
+
 def build_clients(
-    config: TrainConfig, tiers: TierSet, dataset, partition: Partition, interface
+    config: TrainConfig,
+    tiers: TierSet,
+    dataset,
+    partition: Partition,
+    interface,
+    federation_secret: bytes,
+    label_epoch: str,
 ) -> list[Client]:
-    secret = os.urandom(32)  # the federation secret: clients only; the server never gets it
+    """`federation_secret` is the clients' only: the server never gets it."""
+    privacy = upload_privacy(config)
     channels, size, _ = dataset.input_shape
     clients = []
     tier_of_client = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
@@ -83,7 +111,10 @@ def build_clients(
                 train_y=dataset.labels[split.train],
                 val_x=dataset.images[split.val],
                 val_y=dataset.labels[split.val],
-                federation_secret=secret,
+                federation_secret=federation_secret,
+                label_epoch=label_epoch,
+                class_names=tuple(dataset.class_names),
+                privacy=privacy,
             )
         )
     return clients
@@ -139,6 +170,36 @@ def prepare_run_dir(run_path: Path, config: TrainConfig) -> None:
         raise RunDirError(f"{run_path} already holds this run, finished; nothing to do")
 
 
+def lineage_secrets(run_path: Path) -> tuple[bytes, str]:
+    """The federation secret and label epoch of the run: created with the run, reused on resume
+    (a resumed run must token labels exactly as before or its slot table would not match)."""
+    secret_file = run_path / SECRET_FILE
+    if secret_file.is_file():
+        secret = secret_file.read_bytes()
+    else:
+        secret = os.urandom(32)
+        run_path.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "wb") as out:
+            out.write(secret)
+    info_file = run_path / "run.json"
+    if info_file.is_file():
+        return secret, json.loads(info_file.read_text())["label_epoch"]
+    return secret, f"e-{secrets.token_hex(8)}"
+
+
+def privacy_report(config: TrainConfig, clients: list[Client]) -> dict:
+    """run.json's account of the upload protections of this run (None where an option is off)."""
+    releases = max((c.max_releases for c in clients), default=0)
+    return {
+        "label_dp_epsilon": config.label_dp_epsilon,
+        "label_dp_keep_probability": keep_probability(config.label_dp_epsilon, len(clients[0].class_names))
+        if config.label_dp_epsilon is not None and clients
+        else None,
+        "features": feature_privacy_report(config.feature_clip, config.noise_multiplier, releases),
+    }
+
+
 def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> dict:
     """Train, personalize, calibrate, evaluate and write the run directory; returns final metrics."""
     started = time.perf_counter()
@@ -170,7 +231,8 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
         client_families=families,
         classes_per_family=config.classes_per_family,
     )
-    clients = build_clients(config, tiers, dataset, partition, interface)
+    secret, label_epoch = lineage_secrets(run_path)
+    clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
 
     info = RunInfo(
         algorithm=config.algorithm,
@@ -185,7 +247,9 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
         interface=(interface.channels, interface.size),
         tiers=tiers,
         model_version="in-training",
+        label_epoch=label_epoch,
         seed=config.seed,
+        privacy=privacy_report(config, []),
         train_config=config.model_dump(),
         partition={
             "scheme": config.partition,
@@ -198,7 +262,9 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
     backend = Backend(interface, dataset.num_classes)
     projection = ProjectionHead(backend.feature_dim)
     server_config = algorithm.server_config()
-    server = SplitServer(backend, projection, server_config) if server_config is not None else None
+    server = (
+        SplitServer(backend, projection, server_config, label_epoch) if server_config is not None else None
+    )
     federation = Federation(
         algorithm, clients, initial_family_weights(config, tiers, dataset, interface), server
     )
@@ -214,9 +280,9 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
         federation.broadcast(client)
         algorithm.personalize(client, server, generator)
 
-    backend_for_eval = backend.eval() if algorithm.uses_split else None
+    served = ServedBackend(backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     results = evaluate(
-        clients, backend_for_eval, dataset.images, dataset.labels, partition, config.seed, algorithm.exit_rule
+        clients, served, dataset.images, dataset.labels, partition, config.seed, algorithm.exit_rule
     )
     version = model_version(backend, config.algorithm)
     for client in clients:
@@ -236,8 +302,13 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
         )
     # the replay set alignment rounds keep the back-end's predictions on (federation/replay.py)
     replay = collect_replay(clients, config.seed) if algorithm.uses_split else None
-    save_backend(run_path / "backend.pt", backend, projection, version, dataset.class_names, replay)
-    write_run_info(run_path, info.model_copy(update={"model_version": version}))
+    slot_table = server.slot_table if server is not None else SlotTable(label_epoch, dataset.num_classes)
+    save_backend(
+        run_path / "backend.pt", backend, projection, version, dataset.class_names, slot_table, replay
+    )
+    privacy = privacy_report(config, clients)
+    write_run_info(run_path, info.model_copy(update={"model_version": version, "privacy": privacy}))
+    results["privacy"] = privacy
     results["train_seconds"] = time.perf_counter() - started
     results["rounds"] = len(history)
     results["thresholds"] = {c.name: c.threshold for c in clients}
@@ -257,5 +328,16 @@ def summary_rows(results: dict) -> list[tuple[str, str]]:
             rows.append((f"{key.replace('_', ' ')} (p=0.5)", f"{mean['p=0.5'][key]:.3f}"))
     if "alignment_score" in s:
         rows.append(("alignment score (cross-family kNN)", f"{s['alignment_score']:.3f}"))
+    privacy = results.get("privacy", {})
+    if privacy.get("label_dp_epsilon") is not None:
+        rows.append(("label DP (randomized response)", f"epsilon {privacy['label_dp_epsilon']:g} per row"))
+    features = privacy.get("features", {})
+    if features.get("epsilon") is not None:
+        rows.append(
+            (
+                "feature DP (clip + Gaussian, RDP)",
+                f"epsilon {features['epsilon']:.2f} at delta {features['delta']:g}",
+            )
+        )
     rows.append(("wall time", f"{results['train_seconds']:.0f} s"))
     return rows

@@ -1,41 +1,40 @@
 """Alignment rounds: fine-tune g and h on stored uploads in a background thread, publish if safe.
 
-One round (ALGORITHM.md, "Alignment rounds after deployment"), with the current default version
-as the teacher (the server has no labels: the teacher's predictions are the only targets):
+One round (docs/ALGORITHM.md, "Alignment rounds after deployment"), with the current default
+version as the teacher. The server has no labels; it has label tokens of the lineage's label
+epoch, and the teacher's slot table says which slot each token is:
 
-  * new rows: the stored uploads the teacher has not been trained on (up to `max_rows`, newest
-    first). They feed SupCon only: normalize(h(g.features(z))) with positives = equal label tokens,
-    tokens grouped *per round_id* (tokens of different key epochs are unrelated);
+  * new rows: the stored uploads of the teacher's label epoch the teacher has not been trained on
+    (up to `max_rows`, newest first). Each row's token gives its slot (a token of the epoch the
+    table has not seen takes a free slot, if any; rows of a full table are dropped and counted).
+    They feed the slot-space CE (softmax over the slots of the uploading device's tokens, as in
+    training) and SupCon on normalize(h(g.features(z))) with positives = equal slots;
   * replay rows, the "earlier features": features the teacher was trained on, so its predictions
-    on them are the class mapping to keep. Two sources:
+    on them are the slot mapping to keep. Two sources:
       - the replay set shipped with the back-end version: label-free interface features of the
         clients' training images through their final front-ends, written by training into
         backend.pt (federation/replay.py) and inherited unchanged by every version published from
         it. The server received features of these images during training, so holding them is
-        faithful to the privacy boundary; and they are the one set on which the teacher is known
-        to be right, because it was fitted to them with the clients' losses;
+        faithful to the privacy boundary;
       - stored uploads an alignment round already trained the teacher on (upload id <= the
         `trained_through_upload_id` that round recorded); they stay sealed in the store and are
-        opened in memory like the new rows.
-    Why not "older key epochs" or "rows uploaded before the version was published" alone: after
-    a fresh export every stored row is new to the back-end, and its predictions on drifted or
-    unseen-class features are exactly what the round must change; distilling there (the previous
-    behaviour: teacher targets on the SupCon rows) cancels the round;
+        opened in memory like the new rows;
   * hold out `holdout_fraction` of the new rows and of the replay rows (seeded);
-  * train a copy of (g, h): SupCon on a batch of new rows + distill_weight * KL(teacher || student)
-    on a batch of replay rows;
-  * publish check: (a) the class mapping is kept: on held-out replay rows the new version predicts
-    the teacher's class at least `min_replay_agreement` of the time; (b) the label-free quality of
-    the new rows did not drop: held-out token purity (share of rows predicting the majority class
-    of their token group) not below the teacher's minus `purity_tolerance`. Pass -> publish
-    `<parent>-r<round>`; fail -> status `rejected` with `rejected_because`.
+  * train a copy of (g, h): ce_weight * slot CE + contrastive_weight * SupCon on a batch of new
+    rows + distill_weight * KL(teacher || student) on a batch of replay rows;
+  * publish check: (a) held-out slot accuracy of the new rows (top slot among the served slots ==
+    the row's slot) is not below the teacher's minus `accuracy_tolerance`; (b) the slot mapping is
+    kept: on held-out replay rows the new version picks the teacher's slot at least
+    `min_replay_agreement` of the time. Pass -> publish `<parent>-r<round>` with the round's slot
+    table; fail -> status `rejected` with `rejected_because`.
 
 No replay rows (a back-end file without a replay set, and no stored rows trained on before): there
-is nothing to distill on and (a) cannot be measured. With `require_replay` (the default) the round
-is rejected before training; with `require_replay=false` it trains SupCon alone and publishes on
-(b) alone. Either way the metrics say so (`replay_rows` 0, `distillation`, `replay_check`).
-A round that raises is `failed`; a round whose process died is marked `interrupted` on the next
-start. Either way the old version keeps serving and the uploads stay untouched.
+is nothing to distill on and (b) cannot be measured. With `require_replay` (the default) the round
+is rejected before training; with `require_replay=false` it trains without distillation and
+publishes on (a) alone. Either way the metrics say so (`replay_rows` 0, `distillation`,
+`replay_check`). A round that raises is `failed`; a round whose process died is marked
+`interrupted` on the next start. Either way the old version keeps serving and the uploads stay
+untouched.
 """
 
 from __future__ import annotations
@@ -48,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from harmony_mobile.server.metrics import ServerMetrics
 from harmony_mobile.server.registry import ModelRegistry, ServedModel
 from harmony_mobile.server.schemas import AlignmentParams
@@ -56,7 +56,7 @@ from harmony_mobile.server.uploads import stored_to_feature_upload
 
 from harmony_mobile.algorithms.losses import distillation_loss, supcon_loss
 from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.privacy.label_tokens import tokens_to_groups
+from harmony_mobile.federation.slots import SlotTable, SlotTableFull
 
 log = logging.getLogger("harmony_mobile.server.alignment")
 PROGRESS_UPDATES = 10
@@ -76,6 +76,7 @@ class RoundResult:
     projection: torch.nn.Module | None
     accepted: bool
     metrics: dict[str, float | int | str]
+    slot_table: SlotTable  # the teacher's, plus slots for tokens of the epoch it had not seen
 
 
 @dataclass
@@ -96,31 +97,52 @@ class ReplaySet:
         return int(self.features.shape[0])
 
 
-def group_rows(uploads: list[FeatureUpload]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pooled features and token-group ids; groups never span two round ids (key epochs)."""
-    by_round: dict[int, list[FeatureUpload]] = {}
-    for upload in uploads:
-        by_round.setdefault(upload.round_id, []).append(upload)
-    features, groups, offset = [], [], 0
-    for round_uploads in by_round.values():
-        tokens = [t for u in round_uploads for t in u.label_tokens]
-        ids = tokens_to_groups(tokens)
-        groups.extend(i + offset for i in ids)
-        offset += max(ids) + 1
-        features.extend(u.features for u in round_uploads)
-    return torch.cat(features).float(), torch.tensor(groups, dtype=torch.long)
+@dataclass
+class SlotRows:
+    """The new rows of a round in slot space: features, slot per row (from its token through the
+    round's slot table) and the 0/-inf softmax mask of each row's device (the slots its tokens map
+    to, as in training: the CE never pushes a device's features away from classes it does not hold)."""
+
+    features: torch.Tensor
+    slots: torch.Tensor
+    masks: torch.Tensor
+    dropped_rows: int  # rows whose token could get no slot (the table was full)
+
+    @classmethod
+    def build(cls, uploads: list[FeatureUpload], slot_table: SlotTable, num_outputs: int) -> SlotRows:
+        features, slots, devices, dropped = [], [], [], 0
+        for upload in uploads:
+            row_slots = []
+            for token in upload.label_tokens:
+                try:
+                    row_slots.append(slot_table.slot(token))
+                except SlotTableFull:
+                    row_slots.append(-1)
+            keep = torch.tensor(row_slots) >= 0
+            dropped += int((~keep).sum())
+            features.append(upload.features[keep].float())
+            slots.append(torch.tensor(row_slots)[keep])
+            devices += [upload.client_id] * int(keep.sum())
+        slots_t = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)
+        device_slots: dict[str, set[int]] = {}
+        for device, slot in zip(devices, slots_t.tolist(), strict=True):
+            device_slots.setdefault(device, set()).add(slot)
+        masks = torch.full((len(devices), num_outputs), float("-inf"))
+        for row, device in enumerate(devices):
+            masks[row, sorted(device_slots[device])] = 0.0
+        feature_t = torch.cat(features) if features else torch.zeros(0)
+        return cls(feature_t, slots_t, masks, dropped)
+
+    @property
+    def rows(self) -> int:
+        return int(self.slots.shape[0])
 
 
-def token_purity(predictions: torch.Tensor, groups: torch.Tensor) -> float:
-    """Share of rows predicting the majority class of their token group (groups of one row skipped)."""
-    agreeing, counted = 0, 0
-    for group in groups.unique():
-        members = predictions[groups == group]
-        if members.numel() < 2:
-            continue
-        agreeing += int(torch.bincount(members).max())
-        counted += members.numel()
-    return agreeing / counted if counted else 1.0
+def slot_accuracy(scores: torch.Tensor, slots: torch.Tensor, served_slots: int) -> float:
+    """Share of rows whose top slot among the `served_slots` slots the server answers with is their own."""
+    if len(slots) == 0:
+        return float("nan")
+    return float((scores[:, :served_slots].argmax(1) == slots).float().mean())
 
 
 def _logits(model: torch.nn.Module, features: torch.Tensor, chunk: int = 512) -> torch.Tensor:
@@ -147,11 +169,13 @@ def run_alignment(
     progress: Callable[[float, dict], None] = lambda fraction, metrics: None,
     cancelled: Callable[[], bool] = lambda: False,
 ) -> RoundResult:
-    """SupCon on `uploads` (the new rows), distillation to `teacher` on `replay` (module docstring)."""
+    """Slot CE + SupCon on `uploads` (the new rows), distillation to `teacher` on `replay`
+    (module docstring). `uploads` are of the teacher's label epoch."""
     if not uploads:
         raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found 0")
-    features, groups = group_rows(uploads)
-    n = features.shape[0]
+    slot_table = teacher.slot_table.copy()  # new tokens of the epoch may take free slots
+    data = SlotRows.build(uploads, slot_table, teacher.num_classes)
+    n = data.rows
     if n < params.min_rows:
         raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found {n}")
     generator = torch.Generator().manual_seed(params.seed)
@@ -160,22 +184,18 @@ def run_alignment(
         "rows": n,
         "train_rows": len(train),
         "holdout_rows": len(holdout),
+        "rows_without_slot": data.dropped_rows,
+        "slots_before": len(teacher.slot_table),
+        "slots_after": len(slot_table),
         "replay_rows": replay.rows,
         "replay_shipped_rows": replay.shipped_rows,
         "replay_stored_rows": replay.stored_rows,
     }
     has_replay = replay.rows >= 2  # one row cannot be split into training and a held-out check
     if not has_replay and params.require_replay:
-        metrics.update(
-            distillation="off: no replay rows",
-            replay_check="impossible: no replay rows",
-            rejected_because=(
-                f"no replay rows ({replay.rows}): the class mapping cannot be checked; the back-end file has"
-                " no replay set and no stored rows were trained on before (require_replay=false publishes"
-                " on token purity alone)"
-            ),
-        )
-        return RoundResult(None, None, False, metrics)
+        metrics.update(_no_replay_rejection(replay.rows))
+        return RoundResult(None, None, False, metrics, slot_table)
+    replay_holdout = replay_train = replay_logits = None
     if has_replay:
         replay_holdout, replay_train = _split(replay.rows, params.holdout_fraction, generator)
         replay_logits = _logits(teacher.backend, replay.features)
@@ -184,22 +204,55 @@ def run_alignment(
     metrics["distillation"] = (
         "on replay rows" if distill_on else ("off: distill_weight 0" if has_replay else "off: no replay rows")
     )
+    student, projection = _train_student(
+        data,
+        train,
+        replay,
+        replay_train,
+        replay_logits,
+        teacher,
+        params,
+        generator,
+        metrics,
+        progress,
+        cancelled,
+    )
+    reasons = _publish_check(
+        data, holdout, replay, replay_holdout, replay_logits, teacher, student, slot_table, params, metrics
+    )
+    if reasons:
+        metrics["rejected_because"] = "; ".join(reasons)
+    return RoundResult(student, projection, not reasons, metrics, slot_table)
 
+
+def _no_replay_rejection(rows: int) -> dict[str, str]:
+    return {
+        "distillation": "off: no replay rows",
+        "replay_check": "impossible: no replay rows",
+        "rejected_because": (
+            f"no replay rows ({rows}): the slot mapping cannot be checked; the back-end file has"
+            " no replay set and no stored rows were trained on before (require_replay=false publishes"
+            " on held-out slot accuracy alone)"
+        ),
+    }
+
+
+def _train_student(
+    data, train, replay, replay_train, replay_logits, teacher, params, generator, metrics, progress, cancelled
+):
     student = copy.deepcopy(teacher.backend).train()
     projection = copy.deepcopy(teacher.projection).train()
     optimizer = torch.optim.Adam([*student.parameters(), *projection.parameters()], lr=params.learning_rate)
-    with torch.no_grad():
-        teacher_embed = teacher.projection(teacher.backend.features(features[holdout]))
-        metrics["holdout_supcon_before"] = float(
-            supcon_loss(teacher_embed, groups[holdout], params.temperature)
-        )
+    distill_on = replay_train is not None and params.distill_weight > 0
     report_every = max(1, params.steps // PROGRESS_UPDATES)
     for step in range(params.steps):
         if cancelled():
             raise RoundCancelled("the server is shutting down")
         batch = _sample(train, params.batch_size, generator)
-        embeddings = projection(student.features(features[batch]))
-        loss = contrastive = supcon_loss(embeddings, groups[batch], params.temperature)
+        penultimate = student.features(data.features[batch])
+        ce = F.cross_entropy(student.classifier(penultimate) + data.masks[batch], data.slots[batch])
+        contrastive = supcon_loss(projection(penultimate), data.slots[batch], params.temperature)
+        loss = params.ce_weight * ce + params.contrastive_weight * contrastive
         if distill_on:
             replay_batch = _sample(replay_train, params.batch_size, generator)
             distill = distillation_loss(
@@ -207,48 +260,45 @@ def run_alignment(
                 replay_logits[replay_batch],
                 params.distill_temperature,
             )
-            loss = contrastive + params.distill_weight * distill
+            loss = loss + params.distill_weight * distill
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
         if (step + 1) % report_every == 0 or step + 1 == params.steps:
-            metrics.update(step=step + 1, supcon=contrastive.item())
+            metrics.update(step=step + 1, slot_ce=ce.item(), supcon=contrastive.item())
             if distill_on:
                 metrics["distill"] = distill.item()
             progress((step + 1) / params.steps, dict(metrics))
+    return student.eval(), projection.eval()
 
-    student.eval()
-    projection.eval()
-    with torch.no_grad():
-        teacher_pred = _logits(teacher.backend, features[holdout]).argmax(1)
-        student_pred = _logits(student, features[holdout]).argmax(1)
-        new_embed = projection(student.features(features[holdout]))
-    purity_before = token_purity(teacher_pred, groups[holdout])
-    purity_after = token_purity(student_pred, groups[holdout])
-    metrics.update(
-        holdout_purity_before=purity_before,
-        holdout_purity_after=purity_after,
-        holdout_changed=float((student_pred != teacher_pred).float().mean()),
-        holdout_supcon_after=float(supcon_loss(new_embed, groups[holdout], params.temperature)),
+
+def _publish_check(
+    data, holdout, replay, replay_holdout, replay_logits, teacher, student, slot_table, params, metrics
+) -> list[str]:
+    """(a) held-out slot accuracy of the new rows did not drop; (b) on held-out replay rows the new
+    version picks the teacher's slot at least `min_replay_agreement` of the time."""
+    before = slot_accuracy(
+        _logits(teacher.backend, data.features[holdout]), data.slots[holdout], len(teacher.slot_table)
     )
+    after = slot_accuracy(_logits(student, data.features[holdout]), data.slots[holdout], len(slot_table))
+    metrics.update(holdout_slot_accuracy_before=before, holdout_slot_accuracy_after=after)
     reasons = []
-    if has_replay:
-        kept = _logits(student, replay.features[replay_holdout]).argmax(1)
-        agreement = float((kept == replay_logits[replay_holdout].argmax(1)).float().mean())
-        metrics["replay_agreement"] = agreement
-        if agreement < params.min_replay_agreement:
-            reasons.append(
-                f"held-out replay agreement {agreement:.3f} < {params.min_replay_agreement}"
-                " (the class mapping was not kept)"
-            )
-        metrics["replay_check"] = "failed" if reasons else "passed"
-    else:
+    if after < before - params.accuracy_tolerance:
+        reasons.append(f"held-out slot accuracy dropped {before:.3f} -> {after:.3f}")
+    if replay_holdout is None:
         metrics["replay_check"] = "skipped: no replay rows (require_replay=false)"
-    if purity_after < purity_before - params.purity_tolerance:
-        reasons.append(f"held-out token purity dropped {purity_before:.3f} -> {purity_after:.3f}")
-    if reasons:
-        metrics["rejected_because"] = "; ".join(reasons)
-    return RoundResult(student, projection, not reasons, metrics)
+        return reasons
+    served = len(teacher.slot_table)
+    kept = _logits(student, replay.features[replay_holdout])[:, :served].argmax(1)
+    agreement = float((kept == replay_logits[replay_holdout][:, :served].argmax(1)).float().mean())
+    metrics["replay_agreement"] = agreement
+    replay_failed = agreement < params.min_replay_agreement
+    if replay_failed:
+        reasons.append(
+            f"held-out replay agreement {agreement:.3f} < {params.min_replay_agreement} (the slot mapping was not kept)"
+        )
+    metrics["replay_check"] = "failed" if replay_failed else "passed"
+    return reasons
 
 
 class AlignmentWorker:
@@ -281,7 +331,8 @@ class AlignmentWorker:
         if not self.store.start_round(round_id, teacher.version):
             return
         try:
-            stored = self.store.envelopes(limit_rows=params.max_rows)
+            # only uploads of the lineage's epoch: other epochs' tokens are unrelated to its slots
+            stored = self.store.envelopes(limit_rows=params.max_rows, label_epoch=teacher.label_epoch)
             trained_through = self._trained_through(teacher.version)
             opened = [(s.upload_id, stored_to_feature_upload(self.server_key, s)) for s in stored]
             new = [u for upload_id, u in opened if upload_id > trained_through]
@@ -324,6 +375,7 @@ class AlignmentWorker:
             teacher.version,
             result.metrics,
             teacher.replay,  # inherited unchanged: uploaded features stay in their sealed envelopes
+            result.slot_table,
         )
         self.metrics.model_swaps.inc()
         self._finish(round_id, "published", result.metrics, new_version=version)

@@ -29,8 +29,8 @@ class QueueFull(RuntimeError):
 @dataclass(frozen=True)
 class Prediction:
     model_version: str
-    logits: np.ndarray  # (N, C) float32
-    top_class: np.ndarray  # (N,) int64
+    slot_scores: np.ndarray  # (N, S) float32, S = slots of the version's slot table
+    top_slot: np.ndarray  # (N,) int64
     confidence: np.ndarray  # (N,) float32
 
 
@@ -153,7 +153,7 @@ class MicroBatcher:
         started = time.perf_counter_ns()
         try:
             features = torch.from_numpy(np.concatenate([j.features for j in jobs]))
-            logits, top_class, confidence = (t.numpy() for t in predict(model, features))
+            slot_scores, top_slot, confidence = (t.numpy() for t in predict(model, features))
         except Exception as error:  # a bug must fail these requests, not kill the worker
             self._count(model.version, jobs, started, failed=True)
             for job in jobs:
@@ -166,7 +166,9 @@ class MicroBatcher:
         start = 0
         for job in jobs:
             end = start + job.rows
-            result = Prediction(model.version, logits[start:end], top_class[start:end], confidence[start:end])
+            result = Prediction(
+                model.version, slot_scores[start:end], top_slot[start:end], confidence[start:end]
+            )
             job.loop.call_soon_threadsafe(_resolve, job.future, result, None)
             start = end
 

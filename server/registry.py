@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from harmony_mobile.server.store import Store, VersionRecord, utc_now
 
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, ProjectionHead
 from harmony_mobile.run_dir import load_backend_file, save_backend
 
@@ -54,6 +55,11 @@ class ServedModel:
     projection: ProjectionHead
     class_names: tuple[str, ...]
     replay: torch.Tensor  # (N, *interface) float16, label-free features of training images; N may be 0
+    slot_table: SlotTable  # label epoch + the token of each output of g the server serves
+
+    @property
+    def label_epoch(self) -> str:
+        return self.slot_table.label_epoch
 
     @property
     def num_classes(self) -> int:
@@ -157,7 +163,13 @@ class ModelRegistry:
             raise UnknownVersion(version, self.version_names())
         loaded = load_backend_file(self._local_artifact(record.sha256))
         model = ServedModel(
-            version, record.sha256, loaded.backend, loaded.projection, loaded.class_names, loaded.replay
+            version,
+            record.sha256,
+            loaded.backend,
+            loaded.projection,
+            loaded.class_names,
+            loaded.replay,
+            loaded.slot_table,
         )
         with self._lock:
             return self._loaded.setdefault(version, model)
@@ -176,17 +188,20 @@ class ModelRegistry:
         parent: str,
         metrics: dict,
         replay: torch.Tensor,
+        slot_table: SlotTable,
     ) -> ServedModel:
         backend, projection = backend.eval(), projection.eval()
         with tempfile.TemporaryDirectory(dir=self.artifacts) as scratch:
             scratch_file = Path(scratch) / "backend.pt"
-            save_backend(scratch_file, backend, projection, version, class_names, replay)
+            save_backend(scratch_file, backend, projection, version, class_names, slot_table, replay)
             sha = sha256_file(scratch_file)
             self._store_file(scratch_file, sha)
         self.store.add_version(
             VersionRecord(version, sha, parent, "alignment", utc_now(), metrics), make_default=True
         )
-        model = ServedModel(version, sha, backend, projection, class_names, replay.to(torch.float16))
+        model = ServedModel(
+            version, sha, backend, projection, class_names, replay.to(torch.float16), slot_table.copy()
+        )
         with self._lock:
             self._loaded[version] = model
             self._default = model
@@ -245,8 +260,12 @@ class ModelRegistry:
 
 
 def predict(model: ServedModel, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Logits, top class and confidence (max softmax) for a batch."""
+    """Slot scores (N, S) over the S slots of the version's table, top slot and confidence (max
+    softmax over those slots). The server answers in slots: only a phone knows their classes."""
     with torch.inference_mode():
-        logits = model.backend(features)
-        confidence, top_class = torch.softmax(logits, dim=1).max(dim=1)
-    return logits, top_class, confidence
+        slot_scores = model.backend(features)[:, : len(model.slot_table)]
+        if slot_scores.shape[1] == 0:  # a back-end that never saw a token has no slot to answer with
+            empty = torch.zeros(features.shape[0])
+            return slot_scores, torch.full((features.shape[0],), -1, dtype=torch.int64), empty
+        confidence, top_slot = torch.softmax(slot_scores, dim=1).max(dim=1)
+    return slot_scores, top_slot, confidence

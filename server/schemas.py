@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from harmony_mobile.privacy.label_tokens import LABEL_EPOCH_PATTERN
+
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 INT64_MAX = 2**63 - 1
 
@@ -74,12 +76,21 @@ class TensorMetadata(BaseModel):
     shape: list[int]
 
 
+class SlotParameters(BaseModel):
+    label_epoch: str = Field(description="label epoch of the version's tokens (docs/PROTOCOL.md)")
+    slot_table: list[str] = Field(
+        description="slot i's label token at index i, 16 lowercase hex characters; a phone maps a slot to "
+        "a class by computing the token of each class name under the epoch's key"
+    )
+
+
 class ModelMetadata(BaseModel):
     name: str
     versions: list[str]
     platform: str
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
+    parameters: SlotParameters
 
 
 class InferInput(_Strict):
@@ -180,6 +191,8 @@ class EnrolResponse(BaseModel):
     seal_version: int
     model_name: str
     default_version: str | None
+    label_epoch: str | None = Field(description="label epoch of the default version: uploads name it")
+    slot_table: list[str] | None = Field(description="the default version's slot table (hex tokens)")
     interface_shape: list[int] | None
     manifest: str | None = Field(description="verbatim text of manifest.json, or null")
     manifest_signature: str | None = Field(description="verbatim text of manifest.sig, or null")
@@ -198,7 +211,9 @@ class DeviceInfo(BaseModel):
 
 
 class UploadRequest(_Strict):
-    round_id: JsonInt = Field(ge=0, le=INT64_MAX, description="label-token key epoch of every token inside")
+    label_epoch: str = Field(
+        pattern=LABEL_EPOCH_PATTERN, description="label epoch whose key made every token inside"
+    )
     # strict=False: JSON carries a UUID as a string, which strict mode would refuse
     message_id: uuid.UUID = Field(
         strict=False, description="fresh random UUID per upload; the idempotency key"
@@ -225,13 +240,17 @@ class UploadReceiptResponse(BaseModel):
 
 
 class AlignmentParams(_Strict):
-    """One alignment round (server/alignment.py): SupCon on the new stored rows, distillation to the
-    current version on the replay rows (features it was trained on), and a two-part publish check."""
+    """One alignment round (server/alignment.py): slot CE + SupCon on the new stored rows, distillation
+    to the current version on the replay rows (features it was trained on), and a two-part publish check."""
 
     steps: JsonInt = Field(default=60, ge=1, le=10_000, description="optimizer steps")
     batch_size: JsonInt = Field(default=64, ge=4, le=1024, description="new rows per step (and replay rows)")
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
+    ce_weight: float = Field(
+        default=1.0, ge=0, description="weight of the slot-space CE on the new rows (their tokens' slots)"
+    )
+    contrastive_weight: float = Field(default=0.5, ge=0, description="weight of SupCon on the new rows")
     distill_weight: float = Field(
         default=1.0,
         ge=0,
@@ -248,19 +267,19 @@ class AlignmentParams(_Strict):
         default=0.9,
         ge=0,
         le=1,
-        description="publish only if, on held-out replay rows, the new version predicts the current"
-        " version's class at least this often (the class mapping is kept)",
+        description="publish only if, on held-out replay rows, the new version picks the current"
+        " version's slot at least this often (the slot mapping is kept)",
     )
-    purity_tolerance: float = Field(
+    accuracy_tolerance: float = Field(
         default=0.0,
         ge=0,
         le=1,
-        description="allowed drop of held-out token purity of the new rows (the label-free accuracy)",
+        description="allowed drop of held-out slot accuracy of the new rows (top slot == the row's token's slot)",
     )
     require_replay: bool = Field(
         default=True,
-        description="with no replay rows the class mapping cannot be checked: reject the round (false:"
-        " train SupCon alone and publish on token purity alone)",
+        description="with no replay rows the slot mapping cannot be checked: reject the round (false:"
+        " train without distillation and publish on held-out slot accuracy alone)",
     )
     max_rows: JsonInt = Field(default=20_000, ge=8, description="newest stored rows used by the round")
     min_rows: JsonInt = Field(default=16, ge=4, description="fewer new stored rows fail the round")

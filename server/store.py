@@ -70,7 +70,7 @@ uploads = Table(
     Column("id", ID, primary_key=True, autoincrement=True),
     Column("device_id", Text, ForeignKey("devices.id"), nullable=False),
     Column("message_id", Text, nullable=False),
-    Column("round_id", BigInteger, nullable=False),
+    Column("label_epoch", Text, nullable=False),
     Column("envelope", LargeBinary, nullable=False),
     Column("envelope_sha256", Text, nullable=False),
     Column("rows", Integer, nullable=False),
@@ -79,6 +79,7 @@ uploads = Table(
     Column("model_version", Text, nullable=False),
     Column("clip_norm", Float),
     Column("noise_multiplier", Float),
+    Column("label_dp_epsilon", Float),
     Column("received_at", Text, nullable=False),
     UniqueConstraint("device_id", "message_id"),
     sqlite_autoincrement=True,
@@ -149,7 +150,7 @@ class UploadReceipt:
 class NewUpload:
     device_id: str
     message_id: str
-    round_id: int
+    label_epoch: str
     envelope: bytes
     envelope_sha256: str
     rows: int
@@ -158,6 +159,7 @@ class NewUpload:
     model_version: str
     clip_norm: float | None
     noise_multiplier: float | None
+    label_dp_epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -167,7 +169,7 @@ class StoredEnvelope:
     upload_id: int
     device_id: str
     message_id: str
-    round_id: int
+    label_epoch: str
     envelope: bytes
 
 
@@ -332,23 +334,29 @@ class Store:
         values = list(row.values())
         return {"uploads": int(values[0]), "rows": int(values[1])}
 
-    def envelopes(self, limit_rows: int | None = None) -> list[StoredEnvelope]:
-        """Stored envelopes, newest first, until `limit_rows` feature rows are covered (streamed, so a
-        large store is not loaded whole)."""
+    def envelopes(
+        self, limit_rows: int | None = None, label_epoch: str | None = None
+    ) -> list[StoredEnvelope]:
+        """Stored envelopes (of one label epoch, if given), newest first, until `limit_rows` feature rows
+        are covered (streamed, so a large store is not loaded whole)."""
         result, covered = [], 0
         statement = select(
             uploads.c.id,
             uploads.c.device_id,
             uploads.c.message_id,
-            uploads.c.round_id,
+            uploads.c.label_epoch,
             uploads.c.envelope,
             uploads.c.rows,
         ).order_by(uploads.c.id.desc())
+        if label_epoch is not None:
+            statement = statement.where(uploads.c.label_epoch == label_epoch)
         with self.engine.connect() as db:
             for r in db.execution_options(stream_results=True, yield_per=256).execute(statement):
                 if limit_rows is not None and covered >= limit_rows:
                     break
-                result.append(StoredEnvelope(r.id, r.device_id, r.message_id, r.round_id, bytes(r.envelope)))
+                result.append(
+                    StoredEnvelope(r.id, r.device_id, r.message_id, r.label_epoch, bytes(r.envelope))
+                )
                 covered += r.rows
         return result
 

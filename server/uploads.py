@@ -38,10 +38,11 @@ class UploadRejected(ValueError):
 
 
 def open_upload(
-    server_key: X25519PrivateKey, device_id: str, round_id: int, message_id: str, envelope: bytes
+    server_key: X25519PrivateKey, device_id: str, label_epoch: str, message_id: str, envelope: bytes
 ) -> UploadPayload:
-    """Decrypt and decode an envelope (400 on any layout or authentication failure)."""
-    ad = AssociatedData(device_id, round_id, uuid.UUID(message_id))
+    """Decrypt and decode an envelope (400 on any layout or authentication failure). The associated
+    data binds the envelope to the device, the label epoch its tokens were made under, and the message."""
+    ad = AssociatedData(device_id, label_epoch, uuid.UUID(message_id))
     try:
         return decode_upload(open_sealed(server_key, envelope, ad))
     except SealError as error:
@@ -101,8 +102,10 @@ def _known_versions(state) -> set[str]:
 
 def stored_to_feature_upload(server_key: X25519PrivateKey, stored: StoredEnvelope) -> FeatureUpload:
     """The alignment worker's view of a stored upload: the message type the simulation also passes."""
-    payload = open_upload(server_key, stored.device_id, stored.round_id, stored.message_id, stored.envelope)
-    return payload.to_feature_upload(stored.device_id, stored.round_id)
+    payload = open_upload(
+        server_key, stored.device_id, stored.label_epoch, stored.message_id, stored.envelope
+    )
+    return payload.to_feature_upload(stored.device_id, stored.label_epoch, stored.upload_id)
 
 
 def _receipt(receipt: UploadReceipt, duplicate: bool) -> UploadReceiptResponse:
@@ -142,7 +145,7 @@ def upload(
 
     default = state.registry.default()
     try:
-        payload = open_upload(state.server_key, device_id, body.round_id, message_id, envelope)
+        payload = open_upload(state.server_key, device_id, body.label_epoch, message_id, envelope)
         # Without a loaded back-end, hold uploads to the project's interface shape (64x8x8).
         interface_shape = default.interface_shape if default else InterfaceSpec().shape
         check_payload(payload, interface_shape, state.settings.max_upload_rows)
@@ -157,7 +160,7 @@ def upload(
         NewUpload(
             device_id=device_id,
             message_id=message_id,
-            round_id=body.round_id,
+            label_epoch=body.label_epoch,
             envelope=envelope,
             envelope_sha256=digest,
             rows=payload.features.shape[0],
@@ -166,6 +169,7 @@ def upload(
             model_version=meta.model_version,
             clip_norm=meta.clip_norm,
             noise_multiplier=meta.noise_multiplier,
+            label_dp_epsilon=meta.label_dp_epsilon,
         )
     )
     if not inserted:  # a concurrent replay committed first

@@ -14,6 +14,7 @@ from harmony_mobile.server.schemas import (
     ModelReadyResponse,
     ReadyResponse,
     ServerMetadata,
+    SlotParameters,
     TensorMetadata,
     V2ErrorBody,
 )
@@ -70,18 +71,20 @@ def _tier_label(state: ServerState, tier: object) -> str:
 
 
 def prediction_outputs(prediction: Prediction) -> list[OutputTensor]:
-    """The model's outputs, in the order metadata lists them (the one place that names them)."""
+    """The model's outputs, in the order metadata lists them (the one place that names them). Scores
+    are over slots, never over named classes: a phone maps the top slot to a class with its federation
+    secret (docs/PROTOCOL.md, slot table)."""
     return [
-        OutputTensor("logits", "FP32", prediction.logits),
-        OutputTensor("top_class", "INT64", prediction.top_class),
+        OutputTensor("slot_scores", "FP32", prediction.slot_scores),
+        OutputTensor("top_slot", "INT64", prediction.top_slot),
         OutputTensor("confidence", "FP32", prediction.confidence),
     ]
 
 
 def output_metadata(model: ServedModel) -> list[TensorMetadata]:
     return [
-        TensorMetadata(name="logits", datatype="FP32", shape=[-1, model.num_classes]),
-        TensorMetadata(name="top_class", datatype="INT64", shape=[-1]),
+        TensorMetadata(name="slot_scores", datatype="FP32", shape=[-1, len(model.slot_table)]),
+        TensorMetadata(name="top_slot", datatype="INT64", shape=[-1]),
         TensorMetadata(name="confidence", datatype="FP32", shape=[-1]),
     ]
 
@@ -117,6 +120,7 @@ def _metadata(state: ServerState, model: ServedModel, name: str) -> ModelMetadat
         platform="pytorch",
         inputs=[TensorMetadata(name=INPUT_NAME, datatype="FP32", shape=[-1, *shape])],
         outputs=output_metadata(model),
+        parameters=SlotParameters(label_epoch=model.label_epoch, slot_table=model.slot_table.to_hex()),
     )
 
 

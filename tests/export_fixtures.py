@@ -23,8 +23,11 @@ from harmony_mobile.export.manifest import (
 )
 
 from harmony_mobile.data import DatasetError, ImageDataset, load_dataset
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, ProjectionHead, Tier, TierSet, load_tiers
+from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
 from harmony_mobile.run_dir import (
+    SECRET_FILE,
     ClientArtifact,
     RunInfo,
     build_front_end,
@@ -33,6 +36,8 @@ from harmony_mobile.run_dir import (
     write_run_info,
 )
 
+FIXTURE_SECRET = b"fixture-federation-secret-32byte"
+FIXTURE_EPOCH = "e-fixture"
 FAKE_FILES = {
     "entry-android/front_fp32.pte": b"PTE fp32 " * 40,
     "entry-android/front_int8.pte": b"PTE int8 " * 20,
@@ -94,6 +99,8 @@ def fake_export_dir(directory: Path, key_dir: Path) -> Path:
         model_version="test-v1",
         run={"dataset": "digits", "algorithm": "test", "seed": 0},
         class_names=[str(i) for i in range(10)],
+        label_epoch="e-test",
+        slot_table=[f"{i:016x}" for i in range(10)],
         interface_shape=[64, 8, 8],
         backend=backend,
         tiers=tiers,
@@ -160,6 +167,7 @@ def make_run_dir(
         interface=(64, 8),
         tiers=tiers.with_input_shape(data.input_shape),
         model_version="test-run-v1",
+        label_epoch=FIXTURE_EPOCH,
         seed=seed,
     )
     write_run_info(path, info)
@@ -193,7 +201,13 @@ def make_run_dir(
             ProjectionHead(backend.feature_dim, info.projection_dim),
             info.model_version,
             info.class_names,
+            SlotTable(
+                FIXTURE_EPOCH,
+                info.num_classes,
+                class_tokens(epoch_key(FIXTURE_SECRET, FIXTURE_EPOCH), info.class_names),
+            ),
         )
+        (path / SECRET_FILE).write_bytes(FIXTURE_SECRET)
     if finished:
         (path / "final_metrics.json").write_text(json.dumps({"id_accuracy": 0.0}) + "\n")
     return path

@@ -27,13 +27,13 @@ def tiny_federation(algorithm: str, overrides=None, seed=0) -> Federation:
         "family", dataset.labels.numpy(), len(families), seed, client_families=families
     )
     algo = build_algorithm(algorithm, {**TINY, **(overrides or {})})
-    clients = build_clients(config, tiers, dataset, partition, InterfaceSpec())
+    clients = build_clients(config, tiers, dataset, partition, InterfaceSpec(), b"S" * 32, "e-test")
     torch.manual_seed(seed)
     server_config = algo.server_config()
     server = None
     if server_config is not None:
         backend = Backend(InterfaceSpec(), 10)
-        server = SplitServer(backend, ProjectionHead(backend.feature_dim), server_config)
+        server = SplitServer(backend, ProjectionHead(backend.feature_dim), server_config, "e-test")
     return Federation(algo, clients, initial_family_weights(config, tiers, dataset, InterfaceSpec()), server)
 
 
@@ -161,7 +161,8 @@ def test_centralized_trains_one_model_per_family_on_the_pooled_data():
         federation.broadcast(c)
         algo.personalize(c, None, torch.Generator())
         assert torch.equal(
-            c.model.state_dict()["exits.4.mlp.2.weight"], algo._models[c.tier.family]["exits.4.mlp.2.weight"]
+            c.model.state_dict()["exits.4.mlp.2.weight"],
+            c.from_wire(algo._models[c.tier.family])["exits.4.mlp.2.weight"],
         )
 
 

@@ -167,8 +167,9 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
 
     from harmony_mobile.data import load_dataset
     from harmony_mobile.data.partition import make_partition
-    from harmony_mobile.evaluation import evaluate
+    from harmony_mobile.evaluation import ServedBackend, evaluate
     from harmony_mobile.models import Backend, InterfaceSpec, load_tiers
+    from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
     from harmony_mobile.training import TrainConfig, build_clients
 
     dataset = load_dataset("digits")
@@ -176,10 +177,14 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
     partition = make_partition("dirichlet", dataset.labels.numpy(), 12, 0, alpha=0.5)
     everything = [c.client_id for c in partition.clients if len(c.classes) == 10]
     assert everything  # seed 0 has such a client
-    clients = build_clients(TrainConfig(clients_per_tier=3), tiers, dataset, partition, InterfaceSpec())
-    results = evaluate(
-        clients, Backend(InterfaceSpec(), 10).eval(), dataset.images, dataset.labels, partition, 0
+    clients = build_clients(
+        TrainConfig(clients_per_tier=3), tiers, dataset, partition, InterfaceSpec(), b"S" * 32, "e-test"
     )
+    served = ServedBackend(
+        Backend(InterfaceSpec(), 10).eval(),
+        list(class_tokens(epoch_key(b"S" * 32, "e-test"), dataset.class_names)),
+    )
+    results = evaluate(clients, served, dataset.images, dataset.labels, partition, 0)
     name = clients[everything[0]].name
     assert results["per_client"][name]["p=0.5"]["accuracy"] == results["per_client"][name]["p=0"]["accuracy"]
     assert torch.isfinite(torch.tensor(results["summary"]["accuracy_with_ood"]))

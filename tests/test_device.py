@@ -32,9 +32,9 @@ from harmony_mobile.device import (
     load_manifest,
     normalize,
 )
-from harmony_mobile.privacy.label_tokens import label_tokens, round_key
-from tests.export_fixtures import make_run_dir
-from tests.test_server_support import ADMIN, FEDERATION_SECRET, enrol, make_settings
+from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
+from tests.export_fixtures import FIXTURE_EPOCH, FIXTURE_SECRET, make_run_dir
+from tests.test_server_support import ADMIN, enrol, make_settings
 
 TIER = "tiny"
 
@@ -61,9 +61,9 @@ def refused(request: httpx.Request) -> httpx.Response:
     raise httpx.ConnectError("connection refused", request=request)
 
 
-def make_phone(tmp_path, export, http, *, threshold: float | None = None, round_id: int = 3) -> Phone:
+def make_phone(tmp_path, export, http, *, threshold: float | None = None, manifest_changes=None) -> Phone:
     export_dir, pinned = export
-    manifest = load_manifest(export_dir, pinned)
+    manifest = {**load_manifest(export_dir, pinned), **(manifest_changes or {})}
     program = load_front_end(export_dir, manifest, TIER, "fp32")
     credentials = DeviceCredentials.from_enrolment(enrol(http, tier=TIER))
     return Phone(
@@ -72,7 +72,7 @@ def make_phone(tmp_path, export, http, *, threshold: float | None = None, round_
         program=program,
         server_url="http://testserver",
         credentials=credentials,
-        federation_key=FederationKey(FEDERATION_SECRET, round_id),
+        federation_key=FederationKey(FIXTURE_SECRET),
         queue=UploadQueue(tmp_path / "queue"),
         threshold=threshold,  # None: the tier's calibrated threshold; else overridden to force one path
         http=http,
@@ -145,10 +145,30 @@ def test_unconfident_front_end_asks_the_server(tmp_path, export, server):
     result = phone.classify(pixels(1)[0])
     assert result.source == "server", result.error
     assert result.server_version == server.app.state.harmony.registry.default().version
-    # the server's answer is g(features) of exactly what the .pte produced
-    expected = server.app.state.harmony.registry.default().backend(result.features).argmax(1).item()
-    assert result.prediction == expected
+    # the server answered with the top slot of g(features) of exactly what the .pte produced; the
+    # phone named its class with its secret (the fixture's slot table: slot c = token of class c)
+    served = server.app.state.harmony.registry.default()
+    top_slot = served.backend(result.features)[:, : len(served.slot_table)].argmax(1).item()
+    key = epoch_key(FIXTURE_SECRET, FIXTURE_EPOCH)
+    assert served.slot_table.tokens[top_slot] == class_tokens(key, [phone.class_names[result.prediction]])[0]
     assert phone.stats.infer_bytes == 8 + 4 * 4 + 4 * 64 * 8 * 8
+
+
+def test_a_slot_no_class_maps_to_keeps_the_local_answer_and_says_so(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server, threshold=1.01)
+    version = server.app.state.harmony.registry.default().version
+    phone._slot_classes[version] = [None] * 10  # as if every slot were another federation's token
+    result = phone.classify(pixels(1)[0])
+    assert result.source == "local_unnamed_slot" and result.prediction == result.exit_prediction
+    assert "maps to none of this phone's classes" in result.error and phone.stats.unnamed_slots == 1
+
+
+def test_a_version_the_phone_has_not_seen_is_decoded_from_its_metadata(tmp_path, export, server):
+    phone = make_phone(tmp_path, export, server, threshold=1.01)
+    known = dict(phone._slot_classes)
+    phone._slot_classes.clear()  # the manifest named another version than the one serving
+    result = phone.classify(pixels(1)[0])
+    assert result.source == "server" and phone._slot_classes == known  # same table, read from metadata
 
 
 def test_server_down_answers_with_the_local_exit(tmp_path, export, server):
@@ -181,11 +201,11 @@ def test_a_recalibrated_threshold_replaces_the_manifest_one(tmp_path, export, se
 
 
 def test_upload_is_sealed_and_carries_tokens_not_labels(tmp_path, export, server):
-    phone = make_phone(tmp_path, export, server, round_id=5)
+    phone = make_phone(tmp_path, export, server)
     _, features, _ = phone.run_front_end(pixels(3))
     (queued,) = phone.confirm(features, [1, 7, 1])
     body = json.loads(queued.body)
-    assert set(body) == {"round_id", "message_id", "envelope"} and body["round_id"] == 5
+    assert set(body) == {"label_epoch", "message_id", "envelope"} and body["label_epoch"] == FIXTURE_EPOCH
     assert body["message_id"] == queued.message_id
     assert base64.b64decode(body["envelope"])[:4] == b"HMSE"
     assert b"label" not in base64.b64decode(body["envelope"])  # the metadata JSON is inside the ciphertext
@@ -193,10 +213,31 @@ def test_upload_is_sealed_and_carries_tokens_not_labels(tmp_path, export, server
     assert phone.flush().delivered == 1
     (upload,) = server.app.state.harmony.store.envelopes(limit_rows=100)
     opened = stored_to_feature_upload(server.app.state.harmony.server_key, upload)
-    key = round_key(FEDERATION_SECRET, 5)
-    assert opened.label_tokens == label_tokens(key, [1, 7, 1])
-    assert opened.tier == TIER and opened.round_id == 5
+    key = epoch_key(FIXTURE_SECRET, FIXTURE_EPOCH)
+    assert opened.label_tokens == class_tokens(key, [phone.class_names[c] for c in (1, 7, 1)])
+    assert opened.tier == TIER and opened.label_epoch == FIXTURE_EPOCH
     assert torch.equal(opened.features, features)
+
+
+def test_the_lineage_upload_protections_apply_on_the_phone(tmp_path, export, server):
+    manifest = load_manifest(*export)
+    run = {**manifest["run"], "label_dp_epsilon": 0.5, "feature_clip": 1.0, "noise_multiplier": 2.0}
+    phone = make_phone(tmp_path, export, server, manifest_changes={"run": run})
+    _, features, _ = phone.run_front_end(pixels(8))
+    labels = [3] * 200
+    rows = torch.cat([features] * 25)
+    phone.credentials.limits["max_upload_rows"] = 256
+    (queued,) = phone.confirm(rows, labels)
+    assert phone.flush().delivered == 1
+    (upload,) = server.app.state.harmony.store.envelopes(limit_rows=1000)
+    opened = stored_to_feature_upload(server.app.state.harmony.server_key, upload)
+    key = epoch_key(FIXTURE_SECRET, FIXTURE_EPOCH)
+    kept = sum(t == class_tokens(key, [phone.class_names[3]])[0] for t in opened.label_tokens) / 200
+    # randomized response at eps 0.5 over 10 classes keeps the true token with p = 0.155
+    assert 0.155 - 0.1 < kept < 0.155 + 0.1
+    clipped_norms = (opened.features - 0).flatten(1).norm(dim=1)
+    assert not torch.allclose(opened.features, rows)  # noised
+    assert clipped_norms.mean() > 10  # sigma * C * sqrt(4096) = 128 of noise on a clipped (<= 1) row
 
 
 def test_server_down_then_up_flushes_each_upload_exactly_once(tmp_path, export, server):

@@ -18,10 +18,13 @@ from tests.test_training import tiny_federation
 
 LABEL_WORDS = ("label", "target", "class_id", "y_true", "ground_truth")
 TOKEN_FIELD = "label_tokens"  # the one allowed name: keyed HMACs, see privacy/label_tokens.py
+EPOCH_FIELD = "label_epoch"  # the name of the key epoch, the same string for every row of a lineage
 
 
 def looks_like_label(name: str) -> bool:
-    return name != TOKEN_FIELD and (name in ("y", "labels") or any(word in name for word in LABEL_WORDS))
+    return name not in (TOKEN_FIELD, EPOCH_FIELD) and (
+        name in ("y", "labels") or any(word in name for word in LABEL_WORDS)
+    )
 
 
 def test_no_message_has_a_field_that_can_carry_labels():
@@ -29,16 +32,24 @@ def test_no_message_has_a_field_that_can_carry_labels():
         hints = typing.get_type_hints(message_type)
         for field in dataclasses.fields(message_type):
             assert not looks_like_label(field.name), f"{message_type.__name__}.{field.name}"
+        if EPOCH_FIELD in hints:
+            assert hints[EPOCH_FIELD] is str
         if "label_tokens" in hints:
             assert hints["label_tokens"] == tuple[bytes, ...], (
                 "tokens must stay opaque bytes, never class ids"
             )
 
 
+def test_nothing_crosses_the_boundary_as_logits_or_a_gradient_wrt_logits():
+    names = {f.name for t in (*messages.SERVER_BOUND, *messages.CLIENT_BOUND) for f in dataclasses.fields(t)}
+    assert not any("logit" in name for name in names), names
+    assert {t.__name__ for t in messages.SERVER_BOUND} == {"FeatureUpload", "ClientUpdate", "ReplayFeatures"}
+
+
 def test_every_server_entry_point_takes_only_messages():
-    allowed = (*messages.SERVER_BOUND, bool, int, torch.Tensor)
+    allowed = (*messages.SERVER_BOUND, bool, int, str, torch.Tensor)
     for name, method in inspect.getmembers(SplitServer, inspect.isfunction):
-        if name.startswith("_"):
+        if name.startswith("_") or name == "load_state":  # load_state: the server's own checkpoint
             continue
         hints = typing.get_type_hints(method)
         for parameter in inspect.signature(method).parameters:
@@ -71,25 +82,32 @@ class RecordingServer:
                 object.__setattr__(message, field.name, tuple(1 + (v * 7) % 3 for v in value))
         return message
 
-    def forward(self, upload):
-        return self.server.forward(self._poisoned(upload))
+    def step(self, upload, update=True):
+        reply = self.server.step(self._poisoned(upload), update=update)
+        assert isinstance(reply, messages.CLIENT_BOUND), type(reply)
+        return reply
 
-    def backward(self, gradients, update=True):
-        return self.server.backward(self._poisoned(gradients), update=update)
 
-
-def one_round(secret: bytes):
+def one_round(secret: bytes, canonical_init: dict | None = None):
+    """One round under `secret`; `canonical_init` (class-ordered meta-weights per family) makes the
+    clients start from the same models whatever the secret (the wire order is the secret's)."""
     federation = tiny_federation(seed=3)
     federation.server = RecordingServer(federation.server)
     for client in federation.clients:
         client.federation_secret = secret
+        client.__post_init__()  # the phone's local randomness follows its secret too
+    member = federation.clients[0]
+    initial = {family: member.from_wire(weights) for family, weights in federation.family_weights.items()}
+    if canonical_init is not None:
+        federation.family_weights = {f: member.to_wire(w) for f, w in canonical_init.items()}
+        initial = canonical_init
     run_rounds(federation, rounds=1, clients_per_round=len(federation.clients), seed=3, show_progress=False)
-    return federation
+    return federation, initial
 
 
 def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fields():
-    reference = one_round(b"A" * 32)
-    other_secret = one_round(b"B" * 32)
+    reference, initial = one_round(b"A" * 32)
+    other_secret, _ = one_round(b"B" * 32, canonical_init=initial)
     # every token changed (other secret) and every integer field on the wire was poisoned...
     first = reference.server.seen[0]
     assert isinstance(first, messages.FeatureUpload)
@@ -97,7 +115,22 @@ def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fiel
     # ...yet the server learned exactly the same thing: it uses tokens only as equivalence classes
     for name, value in reference.server.server.backend.state_dict().items():
         assert torch.equal(value, other_secret.server.server.backend.state_dict()[name]), name
+    # and the clients' models are the same up to the secret order of class-indexed rows on the wire
     for family in reference.family_weights:
-        for name, value in reference.family_weights[family].items():
-            assert torch.equal(value, other_secret.family_weights[family][name]), name
+        ours = reference.clients[0].from_wire(reference.family_weights[family])
+        theirs = other_secret.clients[0].from_wire(other_secret.family_weights[family])
+        for name, value in ours.items():
+            assert torch.equal(value, theirs[name]), name
     assert all(isinstance(m, messages.SERVER_BOUND) for m in reference.server.seen)
+
+
+def test_class_indexed_rows_travel_in_secret_token_order():
+    federation = tiny_federation()
+    client = federation.clients[0]
+    weights = {name: p.detach().clone() for name, p in client.model.named_parameters()}
+    wire = client.to_wire(weights)
+    moved = {name for name in weights if not torch.equal(weights[name], wire[name])}
+    assert moved and all(name.startswith("exits.") and ".mlp.2." in name for name in moved)
+    assert all(torch.equal(client.from_wire(wire)[name], weights[name]) for name in weights)
+    client.federation_secret = b"another-federation-secret-32byte"
+    assert any(not torch.equal(client.to_wire(weights)[name], wire[name]) for name in moved)

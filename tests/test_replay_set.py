@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from harmony_mobile.federation.replay import MIN_ROWS_PER_CLIENT, collect_replay, replay_features
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
 from harmony_mobile.run_dir import load_backend_file, save_backend
 from tests.test_training import tiny_federation
 
 torch.set_num_threads(1)
+TABLE = SlotTable("e-test", 10, [bytes([i]) * 8 for i in range(10)])
 
 
 def test_replay_is_each_clients_front_end_on_its_own_training_images():
@@ -35,10 +37,12 @@ def test_replay_is_each_clients_front_end_on_its_own_training_images():
 def test_backend_file_carries_the_replay_set(tmp_path):
     backend, projection = Backend(InterfaceSpec(), 10), ProjectionHead(128)
     replay = torch.rand(5, 64, 8, 8)
-    save_backend(tmp_path / "with.pt", backend, projection, "v", tuple("0123456789"), replay)
+    save_backend(tmp_path / "with.pt", backend, projection, "v", tuple("0123456789"), TABLE, replay)
     loaded = load_backend_file(tmp_path / "with.pt")
     assert loaded.replay.dtype == torch.float16 and torch.equal(loaded.replay, replay.to(torch.float16))
-    save_backend(tmp_path / "without.pt", backend, projection, "v", tuple("0123456789"))
+    save_backend(tmp_path / "without.pt", backend, projection, "v", tuple("0123456789"), TABLE)
     assert load_backend_file(tmp_path / "without.pt").replay.shape == (0, 64, 8, 8)
     with pytest.raises(ValueError, match="replay features have shape"):
-        save_backend(tmp_path / "bad.pt", backend, projection, "v", tuple("0123456789"), torch.rand(2, 3))
+        save_backend(
+            tmp_path / "bad.pt", backend, projection, "v", tuple("0123456789"), TABLE, torch.rand(2, 3)
+        )

@@ -13,14 +13,16 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
-from harmony_mobile.server.alignment import group_rows, token_purity
+from harmony_mobile.server.alignment import SlotRows, slot_accuracy
 
 from harmony_mobile.federation.messages import FeatureUpload
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.run_dir import load_backend_file
 from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (
     ADMIN,
     INTERFACE,
+    LABEL_EPOCH,
     bearer,
     class_features,
     enrol,
@@ -37,10 +39,10 @@ INFER = "/v2/models/harmony-backend/infer"
 FAST = {"steps": 12, "batch_size": 32}
 
 
-def store_uploads(client, device, uploads: int = 4, rows: int = 30, round_ids=(3,)) -> None:
+def store_uploads(client, device, uploads: int = 4, rows: int = 30, label_epoch: str = LABEL_EPOCH) -> None:
     for i in range(uploads):
         classes = (np.arange(rows) + i) % 10
-        body = sealed_upload(device, round_ids[i % len(round_ids)], classes, seed=i)
+        body = sealed_upload(device, label_epoch, classes, seed=i)
         assert client.post("/v1/uploads", json=body, headers=bearer(device["token"])).status_code == 201
 
 
@@ -77,7 +79,8 @@ def server(request, tmp_path, fitted_model_dir):
     settings = make_settings(tmp_path, model_dir, database_url=url)
     with TestClient(create_app(settings)) as client:
         device = enrol(client)
-        store_uploads(client, device, round_ids=(3, 4))
+        store_uploads(client, device)
+        store_uploads(client, device, uploads=2, label_epoch="e-another-lineage")  # never used: other epoch
         yield client, device, settings
 
 
@@ -99,10 +102,8 @@ def test_round_publishes_a_new_default_version(server):
     )
     assert metrics["replay_holdout_rows"] == 40 and metrics["distillation"] == "on replay rows"
     assert metrics["replay_check"] == "passed" and metrics["replay_agreement"] >= 0.9
-    assert metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]
-    assert (
-        metrics["holdout_supcon_after"] < metrics["holdout_supcon_before"]
-    )  # the space moved toward token positives
+    assert metrics["holdout_slot_accuracy_after"] >= metrics["holdout_slot_accuracy_before"]
+    assert metrics["slots_before"] == metrics["slots_after"] == 10 and metrics["rows_without_slot"] == 0
     registry = client.get("/v1/registry/versions", headers=ADMIN).json()
     assert registry["default"] == "v1-r1"
     assert [(v["version"], v["parent"], v["source"]) for v in registry["versions"]] == [
@@ -121,18 +122,15 @@ def test_round_publishes_a_new_default_version(server):
 
 
 def test_round_that_would_change_the_class_mapping_is_rejected(server):
-    """A large step without distillation collapses the back-end onto one class: token purity is then
-    perfect (every group agrees with itself), so only the replay check can stop it."""
+    """A large step without distillation moves the back-end far from its slot mapping on the replay
+    rows: the replay check stops it."""
     client, device, _ = server
     params = {**FAST, "steps": 30, "learning_rate": 0.3, "distill_weight": 0.0}
     record = wait_for_round(client, client.post(ROUNDS, json=params, headers=ADMIN).json()["id"])
     assert record["status"] == "rejected", record
     metrics = record["metrics"]
     assert metrics["replay_check"] == "failed" and metrics["replay_agreement"] < 0.5
-    assert metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]  # purity alone would publish
-    assert (
-        metrics["rejected_because"].startswith("held-out replay agreement") and record["new_version"] is None
-    )
+    assert "held-out replay agreement" in metrics["rejected_because"] and record["new_version"] is None
     assert metrics["distillation"] == "off: distill_weight 0"
     assert client.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
     assert infer_version(client, device)[0] == "v1"
@@ -161,7 +159,9 @@ def test_round_fixes_rows_the_current_version_gets_wrong_and_keeps_the_replay_ma
     lands on the class the other phones' rows already had. Distilling on the new rows themselves
     (the earlier code) kept them wrong and the round was rejected."""
     client, device, _ = server
-    body = sealed_upload(device, 3, np.full(40, DRIFTED_CLASS), features=drifted_features(40, seed=5))
+    body = sealed_upload(
+        device, LABEL_EPOCH, np.full(40, DRIFTED_CLASS), features=drifted_features(40, seed=5)
+    )
     assert client.post("/v1/uploads", json=body, headers=bearer(device["token"])).status_code == 201
     unseen = drifted_features(100, seed=77)  # never uploaded
     replay = client.app.state.harmony.registry.default().replay.float().numpy()
@@ -172,7 +172,7 @@ def test_round_fixes_rows_the_current_version_gets_wrong_and_keeps_the_replay_ma
     assert record["status"] == "published", record
     metrics = record["metrics"]
     assert metrics["rows"] == 160 and metrics["replay_check"] == "passed"
-    assert metrics["holdout_purity_after"] > metrics["holdout_purity_before"] + 0.1
+    assert metrics["holdout_slot_accuracy_after"] > metrics["holdout_slot_accuracy_before"] + 0.1
     after_unseen = served_predictions(client, record["new_version"], unseen)
     assert (after_unseen == DRIFTED_CLASS).mean() > 0.8, np.bincount(after_unseen, minlength=10)
     kept = served_predictions(client, record["new_version"], replay) == served_predictions(
@@ -197,8 +197,8 @@ def test_round_with_no_replay_rows_says_so(tmp_path):
         allowed = {**FAST, "require_replay": False}
         record = wait_for_round(client, client.post(ROUNDS, json=allowed, headers=ADMIN).json()["id"])
         metrics = record["metrics"]
-        purity_kept = metrics["holdout_purity_after"] >= metrics["holdout_purity_before"]
-        assert record["status"] == ("published" if purity_kept else "rejected"), metrics  # purity alone
+        kept = metrics["holdout_slot_accuracy_after"] >= metrics["holdout_slot_accuracy_before"]
+        assert record["status"] == ("published" if kept else "rejected"), metrics  # slot accuracy alone
         assert metrics["replay_rows"] == 0 and metrics["distillation"] == "off: no replay rows"
         assert metrics["replay_check"] == "skipped: no replay rows (require_replay=false)"
         assert "replay_agreement" not in metrics and metrics["step"] == FAST["steps"]
@@ -210,11 +210,11 @@ def test_next_round_replays_the_rows_the_current_version_was_trained_on(server):
     assert first["status"] == "published" and first["metrics"]["trained_through_upload_id"] == 4
     second = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
     assert second["status"] == "failed" and "at least 16 new stored rows, found 0" in second["error"]
-    store_uploads(client, device, uploads=2, round_ids=(5,))
+    store_uploads(client, device, uploads=2)
     third = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
     assert third["status"] == "published" and third["parent_version"] == "v1-r1", third
     metrics = third["metrics"]
-    assert metrics["rows"] == 60 and metrics["trained_through_upload_id"] == 6
+    assert metrics["rows"] == 60 and metrics["trained_through_upload_id"] == 8  # 5, 6: the other epoch's
     assert (metrics["replay_rows"], metrics["replay_shipped_rows"], metrics["replay_stored_rows"]) == (
         320,
         200,
@@ -423,21 +423,25 @@ def test_a_new_export_becomes_the_default(tmp_path):
         assert default.startswith("v2-") and len(default) == len("v2-") + 8
 
 
-def upload(round_id: int, tokens: list[bytes]) -> FeatureUpload:
+def upload(device: str, tokens: list[bytes]) -> FeatureUpload:
     n = len(tokens)
-    return FeatureUpload("dev", round_id, torch.zeros(n, 64, 8, 8), tuple(tokens), (1,) * n, "cnn", "t", "v")
+    return FeatureUpload(
+        device, -1, LABEL_EPOCH, torch.zeros(n, 64, 8, 8), tuple(tokens), (1,) * n, "cnn", "t", "v"
+    )
 
 
-def test_token_groups_never_span_key_epochs():
-    a, b = b"A" * 8, b"B" * 8
-    features, groups = group_rows([upload(1, [a, b, a]), upload(2, [a, a]), upload(1, [b])])
-    assert features.shape[0] == 6
-    by_row = groups.tolist()  # rows: round 1 (a, b, a, b), then round 2 (a, a)
-    assert by_row[0] == by_row[2] and by_row[1] == by_row[3] and by_row[0] != by_row[1]
-    assert by_row[4] == by_row[5] and by_row[4] not in (by_row[0], by_row[1])
+def test_rows_get_their_tokens_slots_and_their_devices_softmax_mask():
+    a, b, c = b"A" * 8, b"B" * 8, b"C" * 8
+    table = SlotTable(LABEL_EPOCH, 3, [b])  # b had slot 0 before the round
+    rows = SlotRows.build([upload("d1", [a, b, a]), upload("d2", [c, c]), upload("d1", [b])], table, 3)
+    assert rows.slots.tolist() == [1, 0, 1, 2, 2, 0] and table.tokens == [b, a, c]
+    open_slots = [set(torch.nonzero(m == 0).flatten().tolist()) for m in rows.masks]
+    assert open_slots == [{0, 1}] * 3 + [{2}] * 2 + [{0, 1}]
+    full = SlotRows.build([upload("d3", [b"D" * 8, b])], table, 3)  # no free slot for D: dropped, counted
+    assert full.rows == 1 and full.dropped_rows == 1
 
 
-def test_token_purity():
-    groups = torch.tensor([0, 0, 0, 1, 1, 2])
-    assert token_purity(torch.tensor([5, 5, 5, 1, 1, 9]), groups) == 1.0
-    assert token_purity(torch.tensor([5, 5, 4, 1, 2, 9]), groups) == pytest.approx(3 / 5)
+def test_slot_accuracy_counts_only_the_served_slots():
+    scores = torch.tensor([[0.0, 5.0, 9.0], [3.0, 1.0, 0.0]])
+    assert slot_accuracy(scores, torch.tensor([1, 0]), served_slots=2) == 1.0
+    assert slot_accuracy(scores, torch.tensor([1, 0]), served_slots=3) == 0.5

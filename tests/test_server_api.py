@@ -19,8 +19,10 @@ from harmony_mobile.run_dir import load_backend_file
 from tests.test_server_support import (
     ADMIN,
     ADMIN_TOKEN,
+    LABEL_EPOCH,
     bearer,
     class_features,
+    class_slot_table,
     enrol,
     error_message,
     json_infer_body,
@@ -77,6 +79,7 @@ def test_not_ready_without_a_backend(tmp_path):
         assert client.get("/v2/health/live").status_code == 200
         device = enrol(client)
         assert device["default_version"] is None and device["manifest"] is None
+        assert device["label_epoch"] is None and device["slot_table"] is None
         no_model = client.post(INFER, json=json_infer_body(features()), headers=bearer(device["token"]))
         assert no_model.status_code == 503 and "no back-end" in error_message(no_model)
 
@@ -86,8 +89,12 @@ def test_model_metadata_in_kserve_shape(client, auth):
         metadata = client.get(path, headers=auth).json()
         assert metadata["versions"] == ["v1"]
         assert metadata["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 64, 8, 8]}]
-        assert [o["name"] for o in metadata["outputs"]] == ["logits", "top_class", "confidence"]
+        assert [o["name"] for o in metadata["outputs"]] == ["slot_scores", "top_slot", "confidence"]
         assert metadata["outputs"][0]["shape"] == [-1, 10]
+        assert metadata["parameters"] == {
+            "label_epoch": LABEL_EPOCH,
+            "slot_table": class_slot_table().to_hex(),
+        }
     ready = client.get("/v2/models/harmony-backend/versions/v1/ready", headers=auth).json()
     assert ready == {"name": "harmony-backend", "version": "v1", "ready": True}
     assert client.get("/v2/models/harmony-backend/ready", headers=auth).json()["ready"] is True
@@ -126,11 +133,12 @@ def test_json_infer_matches_the_backend(client, auth, model_dir):
     assert body["model_name"] == "harmony-backend" and body["model_version"] == "v1" and body["id"] == "req-1"
     logits, (confidence, top) = expected_outputs(model_dir, x)
     outputs = {o["name"]: o for o in body["outputs"]}
-    assert outputs["logits"]["shape"] == [3, 10]
+    assert set(outputs) == {"slot_scores", "top_slot", "confidence"}  # slots only, never named classes
+    assert outputs["slot_scores"]["shape"] == [3, 10]
     np.testing.assert_allclose(
-        np.array(outputs["logits"]["data"]).reshape(3, 10), logits, rtol=1e-5, atol=1e-5
+        np.array(outputs["slot_scores"]["data"]).reshape(3, 10), logits, rtol=1e-5, atol=1e-5
     )
-    assert outputs["top_class"]["data"] == top.tolist() and outputs["top_class"]["datatype"] == "INT64"
+    assert outputs["top_slot"]["data"] == top.tolist() and outputs["top_slot"]["datatype"] == "INT64"
     np.testing.assert_allclose(outputs["confidence"]["data"], confidence.numpy(), rtol=1e-5)
 
 
@@ -262,7 +270,7 @@ def test_auth_failures(client, device):
         assert response.status_code == 403 and "admin token" in error_message(response)
     upload = client.post(
         "/v1/uploads",
-        json={"round_id": 1, "message_id": "00000000-0000-0000-0000-000000000001", "envelope": "AA=="},
+        json={"label_epoch": "e-1", "message_id": "00000000-0000-0000-0000-000000000001", "envelope": "AA=="},
         headers=ADMIN,
     )
     assert upload.status_code == 403 and "device token" in error_message(upload)
@@ -274,6 +282,7 @@ def test_enrolment_list_and_revocation(client):
     device = enrol(client, name="revoke-me", tier="flagship")
     assert device["server_public_key"] and len(device["token"]) >= 40
     assert device["interface_shape"] == [64, 8, 8] and device["default_version"] == "v1"
+    assert device["label_epoch"] == LABEL_EPOCH and device["slot_table"] == class_slot_table().to_hex()
     assert device["limits"]["max_request_rows"] == 8
     listed = {d["device_id"]: d for d in client.get("/v1/devices", headers=ADMIN).json()}
     assert listed[device["device_id"]]["name"] == "revoke-me"
@@ -444,8 +453,8 @@ def test_micro_batching_merges_concurrent_requests(tmp_path, model_dir):
     # each response holds its own rows, in order, despite sharing a batch
     for i, response in enumerate(responses):
         single = state.registry.default().backend(torch.from_numpy(features(2, seed=i))).detach().numpy()
-        logits = np.array(response.json()["outputs"][0]["data"]).reshape(2, 10)
-        np.testing.assert_allclose(logits, single, rtol=1e-4, atol=1e-5)
+        slot_scores = np.array(response.json()["outputs"][0]["data"]).reshape(2, 10)
+        np.testing.assert_allclose(slot_scores, single, rtol=1e-4, atol=1e-5)
 
 
 # ---------------------------------------------------------------- metrics and status page

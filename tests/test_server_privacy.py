@@ -23,10 +23,12 @@ from pydantic import BaseModel
 
 from harmony_mobile.federation.messages import SERVER_BOUND
 from harmony_mobile.federation.wire import UploadMetadata
-from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
 from tests.test_server_support import (
     ADMIN,
+    CLASS_NAMES,
     FEDERATION_SECRET,
+    LABEL_EPOCH,
     bearer,
     class_features,
     enrol,
@@ -116,16 +118,16 @@ def test_logs_and_store_hold_no_features_or_tokens(tmp_path, caplog):
     caplog.set_level(logging.DEBUG)
     classes = np.arange(40) % 10
     features = class_features(classes, seed=7)
-    tokens = label_tokens(round_key(FEDERATION_SECRET, 11), classes.tolist())
+    tokens = class_tokens(epoch_key(FEDERATION_SECRET, LABEL_EPOCH), [CLASS_NAMES[c] for c in classes])
     settings = make_settings(tmp_path, make_model_dir(tmp_path))
     with TestClient(create_app(settings)) as client:
         device = enrol(client)
         auth = bearer(device["token"])
         for i in range(3):
-            body = sealed_upload(device, 11, classes, features=features + i)
+            body = sealed_upload(device, LABEL_EPOCH, classes, features=features + i)
             assert client.post("/v1/uploads", json=body, headers=auth).status_code == 201
-        tampered = sealed_upload(device, 11, classes, features=features)
-        tampered["round_id"] = 12
+        tampered = sealed_upload(device, LABEL_EPOCH, classes, features=features)
+        tampered["label_epoch"] = "e-another-epoch"
         assert client.post("/v1/uploads", json=tampered, headers=auth).status_code == 400
         assert (
             client.post(

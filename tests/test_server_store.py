@@ -17,11 +17,13 @@ import pytest
 from harmony_mobile.server.store import INT64_MAX, NewUpload, Store, VersionRecord, database_url, utc_now
 
 
-def new_upload(device_id: str, message_id: str, envelope: bytes = b"sealed") -> NewUpload:
+def new_upload(
+    device_id: str, message_id: str, envelope: bytes = b"sealed", label_epoch: str = "e-store-tests"
+) -> NewUpload:
     return NewUpload(
         device_id=device_id,
         message_id=message_id,
-        round_id=INT64_MAX,  # the full int64 range must round-trip on both backends
+        label_epoch=label_epoch,
         envelope=envelope,
         envelope_sha256=hashlib.sha256(envelope).hexdigest(),
         rows=3,
@@ -30,6 +32,7 @@ def new_upload(device_id: str, message_id: str, envelope: bytes = b"sealed") -> 
         model_version="v1",
         clip_norm=None,
         noise_multiplier=0.5,
+        label_dp_epsilon=2.0,
     )
 
 
@@ -47,10 +50,19 @@ def test_upload_round_trips_and_a_second_connection_sees_the_commit(store, tmp_p
     other = Store(tmp_path, database_url)
     try:
         [stored] = other.envelopes()
-        assert stored.envelope == b"\x00\xffenvelope" and stored.round_id == INT64_MAX
+        assert stored.envelope == b"\x00\xffenvelope" and stored.label_epoch == "e-store-tests"
         assert other.upload_stats() == {"uploads": 1, "rows": 3}
     finally:
         other.close()
+
+
+def test_envelopes_of_one_label_epoch(store):
+    store.add_upload(new_upload("dev_a", str(uuid.uuid4()), b"first", label_epoch="e-1"))
+    store.add_upload(new_upload("dev_a", str(uuid.uuid4()), b"second", label_epoch="e-2"))
+    store.add_upload(new_upload("dev_a", str(uuid.uuid4()), b"third", label_epoch="e-1"))
+    assert [s.envelope for s in store.envelopes(label_epoch="e-1")] == [b"third", b"first"]
+    assert [s.envelope for s in store.envelopes(label_epoch="e-2")] == [b"second"]
+    assert store.envelopes(label_epoch="e-3") == [] and len(store.envelopes()) == 3
 
 
 def test_concurrent_replays_store_one_upload(store):

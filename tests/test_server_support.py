@@ -11,18 +11,27 @@ import numpy as np
 import torch
 from harmony_mobile.server import Settings
 
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.federation.wire import UploadMetadata, encode_upload
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead, load_tiers
-from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
 from harmony_mobile.privacy.sealing import AssociatedData, seal
 from harmony_mobile.run_dir import save_backend
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 FEDERATION_SECRET = b"federation-secret-held-by-phones"
+LABEL_EPOCH = "e-server-tests"
 INTERFACE = InterfaceSpec()
 NUM_CLASSES = 10
 TIER_FAMILIES = {t.name: t.family for t in load_tiers().tiers}
+CLASS_NAMES = tuple(f"class-{c}" for c in range(NUM_CLASSES))
+
+
+def class_slot_table(label_epoch: str = LABEL_EPOCH) -> SlotTable:
+    """Slot c = the token of class c: the table a training run leaves when classes appear in order."""
+    tokens = class_tokens(epoch_key(FEDERATION_SECRET, label_epoch), CLASS_NAMES)
+    return SlotTable(label_epoch, NUM_CLASSES, tokens)
 
 
 def make_model_dir(
@@ -52,7 +61,8 @@ def make_model_dir(
         backend,
         projection,
         model_version,
-        tuple(map(str, range(10))),
+        CLASS_NAMES,
+        class_slot_table(),
         replay,
     )
     return model_dir
@@ -91,7 +101,7 @@ def class_features(classes: np.ndarray, seed: int) -> np.ndarray:
 
 def sealed_upload(
     device: dict,
-    round_id: int,
+    label_epoch: str,
     classes,
     *,
     seed: int = 0,
@@ -102,7 +112,8 @@ def sealed_upload(
     """The JSON body of POST /v1/uploads, built as docs/PROTOCOL.md section 4 says."""
     classes = np.asarray(classes)
     features = class_features(classes, seed) if features is None else features
-    tokens = label_tokens(round_key(FEDERATION_SECRET, round_id), classes.tolist())
+    key = epoch_key(FEDERATION_SECRET, label_epoch)
+    tokens = class_tokens(key, [CLASS_NAMES[int(c)] for c in classes])
     tier = metadata_changes.get("tier") or device.get("tier") or "mid-android"
     fields = dict(
         label_tokens=tuple(t.hex() for t in tokens),
@@ -117,10 +128,10 @@ def sealed_upload(
     envelope = seal(
         base64.b64decode(device["server_public_key"]),
         plaintext,
-        AssociatedData(device["device_id"], round_id, message_id),
+        AssociatedData(device["device_id"], label_epoch, message_id),
     )
     return {
-        "round_id": round_id,
+        "label_epoch": label_epoch,
         "message_id": str(message_id),
         "envelope": base64.b64encode(envelope).decode(),
     }

@@ -20,6 +20,7 @@ from harmony_mobile.privacy.sealing import AssociatedData, seal
 from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (
     ADMIN,
+    LABEL_EPOCH,
     bearer,
     enrol,
     error_message,
@@ -57,7 +58,7 @@ def post(client, device, body):
 
 def test_upload_is_stored_sealed_and_opens_to_a_feature_upload(client, device):
     before = stored_count(client)
-    body = sealed_upload(device, 4, [1, 2, 1], clip_norm=3.0, noise_multiplier=0.5)
+    body = sealed_upload(device, LABEL_EPOCH, [1, 2, 1], clip_norm=3.0, noise_multiplier=0.5)
     response = post(client, device, body)
     assert response.status_code == 201, response.text
     receipt = response.json()
@@ -77,14 +78,14 @@ def test_upload_is_stored_sealed_and_opens_to_a_feature_upload(client, device):
     upload = stored_to_feature_upload(state.server_key, stored[0])
     assert (
         upload.client_id == device["device_id"]
-        and upload.round_id == 4
+        and upload.label_epoch == LABEL_EPOCH
         and upload.features.shape == (3, 64, 8, 8)
     )
     assert upload.label_tokens[0] == upload.label_tokens[2] != upload.label_tokens[1]
 
 
 def test_replay_is_idempotent(client, device):
-    body = sealed_upload(device, 5, [0, 1])
+    body = sealed_upload(device, LABEL_EPOCH, [0, 1])
     first = post(client, device, body)
     count = stored_count(client)
     again = post(client, device, body)
@@ -95,9 +96,12 @@ def test_replay_is_idempotent(client, device):
 
 def test_reused_message_id_with_other_data_is_409(client, device):
     message_id = uuid.uuid4()
-    assert post(client, device, sealed_upload(device, 5, [0], message_id=message_id)).status_code == 201
+    assert (
+        post(client, device, sealed_upload(device, LABEL_EPOCH, [0], message_id=message_id)).status_code
+        == 201
+    )
     count = stored_count(client)
-    conflict = post(client, device, sealed_upload(device, 5, [3], message_id=message_id))
+    conflict = post(client, device, sealed_upload(device, LABEL_EPOCH, [3], message_id=message_id))
     assert conflict.status_code == 409 and "already used for a different envelope" in error_message(conflict)
     assert stored_count(client) == count
 
@@ -105,8 +109,13 @@ def test_reused_message_id_with_other_data_is_409(client, device):
 def test_same_message_id_on_two_devices_is_two_uploads(client, device):
     other = enrol(client, "second")
     message_id = uuid.uuid4()
-    assert post(client, device, sealed_upload(device, 5, [0], message_id=message_id)).status_code == 201
-    assert post(client, other, sealed_upload(other, 5, [0], message_id=message_id)).status_code == 201
+    assert (
+        post(client, device, sealed_upload(device, LABEL_EPOCH, [0], message_id=message_id)).status_code
+        == 201
+    )
+    assert (
+        post(client, other, sealed_upload(other, LABEL_EPOCH, [0], message_id=message_id)).status_code == 201
+    )
 
 
 def flip(envelope_b64: str, index: int) -> str:
@@ -117,7 +126,7 @@ def flip(envelope_b64: str, index: int) -> str:
 
 @pytest.mark.parametrize("index", [0, 4, 5, 36, 37, 48, 49, 200, -17, -1], ids=lambda i: f"byte{i}")
 def test_tampered_envelope_is_400_and_stores_nothing(client, device, index):
-    body = sealed_upload(device, 6, [1, 2])
+    body = sealed_upload(device, LABEL_EPOCH, [1, 2])
     count = stored_count(client)
     response = post(client, device, {**body, "envelope": flip(body["envelope"], index)})
     assert response.status_code == 400 and "sealed envelope rejected" in error_message(response)
@@ -125,12 +134,12 @@ def test_tampered_envelope_is_400_and_stores_nothing(client, device, index):
     assert post(client, device, body).status_code == 201  # the untouched original still goes through
 
 
-@pytest.mark.parametrize("field", ["round_id", "message_id", "device"])
+@pytest.mark.parametrize("field", ["label_epoch", "message_id", "device"])
 def test_envelope_bound_to_other_metadata_is_400(client, device, field):
-    body = sealed_upload(device, 7, [1])
+    body = sealed_upload(device, LABEL_EPOCH, [1])
     count = stored_count(client)
-    if field == "round_id":
-        body = {**body, "round_id": 8}
+    if field == "label_epoch":
+        body = {**body, "label_epoch": "e-another-epoch"}
     elif field == "message_id":
         body = {**body, "message_id": str(uuid.uuid4())}
     else:  # another enrolled device replays a captured envelope under its own token
@@ -144,19 +153,21 @@ def test_envelope_sealed_to_another_key_is_400(client, device):
     from harmony_mobile.privacy.sealing import generate_private_key, public_key_bytes
 
     other_key = public_key_bytes(generate_private_key())
-    body = sealed_upload({**device, "server_public_key": base64.b64encode(other_key).decode()}, 1, [1])
+    body = sealed_upload(
+        {**device, "server_public_key": base64.b64encode(other_key).decode()}, LABEL_EPOCH, [1]
+    )
     assert post(client, device, body).status_code == 400
 
 
-def raw_envelope(device, plaintext: bytes, round_id: int = 1) -> dict:
+def raw_envelope(device, plaintext: bytes, label_epoch: str = LABEL_EPOCH) -> dict:
     message_id = uuid.uuid4()
     envelope = seal(
         base64.b64decode(device["server_public_key"]),
         plaintext,
-        AssociatedData(device["device_id"], round_id, message_id),
+        AssociatedData(device["device_id"], label_epoch, message_id),
     )
     return {
-        "round_id": round_id,
+        "label_epoch": label_epoch,
         "message_id": str(message_id),
         "envelope": base64.b64encode(envelope).decode(),
     }
@@ -201,28 +212,42 @@ def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, 
     "body,status,message",
     [
         (
-            {"round_id": 1, "message_id": str(uuid.uuid4()), "envelope": "%%%not base64"},
+            {"label_epoch": "e-1", "message_id": str(uuid.uuid4()), "envelope": "%%%not base64"},
             400,
             "not valid base64",
         ),
-        ({"round_id": -1, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
-        ({"round_id": 1, "message_id": "not-a-uuid", "envelope": "AAAA"}, 422, "body.message_id"),
-        ({"round_id": "3", "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
-        ({"round_id": True, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
-        ({"round_id": 2**63, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.round_id"),
         (
-            {"round_id": 1, "message_id": str(uuid.UUID(int=0)), "envelope": "AAAA"},
+            {"label_epoch": "bad epoch!", "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
+            422,
+            "body.label_epoch",
+        ),
+        ({"label_epoch": 3, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.label_epoch"),
+        (
+            {"label_epoch": "e" * 65, "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
+            422,
+            "body.label_epoch",
+        ),
+        ({"label_epoch": "e-1", "message_id": "not-a-uuid", "envelope": "AAAA"}, 422, "body.message_id"),
+        (
+            {"label_epoch": "e-1", "message_id": str(uuid.UUID(int=0)), "envelope": "AAAA"},
             422,
             "the nil UUID is not a fresh message id",
         ),
-        ({"round_id": 1, "message_id": str(uuid.uuid4())}, 422, "body.envelope: Field required"),
+        ({"label_epoch": "e-1", "message_id": str(uuid.uuid4())}, 422, "body.envelope: Field required"),
         (
-            {"round_id": 1, "message_id": str(uuid.uuid4()), "envelope": "AAAA", "labels": [1]},
+            {"label_epoch": "bad epoch!", "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
+            422,
+            "body.label_epoch",
+        ),
+        ({"label_epoch": "e-1", "message_id": "not-a-uuid", "envelope": "AAAA"}, 422, "body.message_id"),
+        ({"label_epoch": "e-1", "message_id": str(uuid.uuid4())}, 422, "body.envelope: Field required"),
+        (
+            {"label_epoch": "e-1", "message_id": str(uuid.uuid4()), "envelope": "AAAA", "labels": [1]},
             422,
             "body.labels",
         ),
         (
-            {"round_id": 1, "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
+            {"label_epoch": "e-1", "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
             400,
             "shorter than the minimum",
         ),
@@ -237,13 +262,13 @@ def test_bad_request_bodies(client, device, body, status, message):
 
 def test_uppercase_message_id_is_the_same_message(client, device):
     message_id = uuid.uuid4()
-    body = sealed_upload(device, 9, [2], message_id=message_id)
+    body = sealed_upload(device, LABEL_EPOCH, [2], message_id=message_id)
     assert post(client, device, body).status_code == 201
     assert post(client, device, {**body, "message_id": str(message_id).upper()}).status_code == 200
 
 
 def test_upload_counters(client, device):
-    post(client, device, sealed_upload(device, 10, [1]))
+    post(client, device, sealed_upload(device, LABEL_EPOCH, [1]))
     text = client.get("/metrics").text
     assert 'harmony_uploads_total{outcome="accepted"}' in text
     assert 'harmony_uploads_total{outcome="rejected"}' in text
@@ -262,13 +287,13 @@ def test_upload_counters(client, device):
 )
 def test_upload_metadata_must_match_the_registry_and_the_enrolled_device(client, device, changes, message):
     count = stored_count(client)
-    response = post(client, device, sealed_upload(device, 1, [1], **changes))
+    response = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], **changes))
     assert response.status_code == 422 and message in error_message(response)
     assert stored_count(client) == count
 
 
 def test_a_personalized_build_of_a_registered_version_is_accepted(client, device):
-    response = post(client, device, sealed_upload(device, 1, [1], model_version="v1+local-1"))
+    response = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], model_version="v1+local-1"))
     assert response.status_code == 201
 
 
@@ -276,17 +301,19 @@ def test_a_device_enrolled_without_tier_may_upload_any_known_tier(client):
     response = client.post("/v1/devices", json={"name": "no-tier"}, headers=ADMIN)
     device = response.json()
     assert (
-        post(client, device, sealed_upload(device, 1, [1], tier="flagship", family="resnet")).status_code
+        post(
+            client, device, sealed_upload(device, LABEL_EPOCH, [1], tier="flagship", family="resnet")
+        ).status_code
         == 201
     )
-    unknown = post(client, device, sealed_upload(device, 1, [1], tier="toaster", family="cnn"))
+    unknown = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], tier="toaster", family="cnn"))
     assert unknown.status_code == 422 and "unknown tier 'toaster'" in error_message(unknown)
 
 
 def test_without_any_registered_version_uploads_are_refused(tmp_path):
     with TestClient(create_app(make_settings(tmp_path, None))) as client:
         device = enrol(client)
-        response = post(client, device, sealed_upload(device, 1, [1, 2]))
+        response = post(client, device, sealed_upload(device, LABEL_EPOCH, [1, 2]))
         assert response.status_code == 422 and "(known: none)" in error_message(response)
         assert stored_count(client) == 0
 
@@ -300,7 +327,7 @@ def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
     (export_dir / "manifest.json").write_text(json.dumps(manifest))
     with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
         device = enrol(client)
-        assert post(client, device, sealed_upload(device, 1, [1, 2])).status_code == 201
+        assert post(client, device, sealed_upload(device, LABEL_EPOCH, [1, 2])).status_code == 201
         wrong = raw_envelope(device, encode_upload(meta(1), np.zeros((1, 32, 8, 8), np.float32)))
         response = post(client, device, wrong)
         assert response.status_code == 422 and "expected [N, 64, 8, 8]" in error_message(response)

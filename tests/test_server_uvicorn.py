@@ -16,6 +16,7 @@ from harmony_mobile.federation.wire import encode_tensor
 from tests.test_server_support import (
     ADMIN,
     ADMIN_TOKEN,
+    LABEL_EPOCH,
     bearer,
     class_features,
     make_model_dir,
@@ -67,9 +68,9 @@ def test_real_uvicorn_process(tmp_path):
             )
             assert binary.status_code == 200, binary.text
             outputs = {o["name"]: o for o in binary.json()["outputs"]}
-            assert outputs["logits"]["shape"] == [3, 10] and len(outputs["top_class"]["data"]) == 3
+            assert outputs["slot_scores"]["shape"] == [3, 10] and len(outputs["top_slot"]["data"]) == 3
 
-            body = sealed_upload(device, 1, [1, 5, 9], tier="entry-android")
+            body = sealed_upload(device, LABEL_EPOCH, [1, 5, 9], tier="entry-android")
             stored = client.post("/v1/uploads", json=body, headers=auth)
             assert stored.status_code == 201, stored.text
             assert client.post("/v1/uploads", json=body, headers=auth).json()["duplicate"] is True

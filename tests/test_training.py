@@ -28,8 +28,14 @@ torch.set_num_threads(1)
 FAST = {"local_steps": 2, "batch_size": 16, "personalize_epochs": 1}
 
 
-def tiny_federation(algorithm="harmony", seed=0, overrides=None):
-    config = TrainConfig(dataset="digits", clients_per_tier=1, seed=seed, algorithm=algorithm)
+FEDERATION_SECRET = b"S" * 32
+LABEL_EPOCH = "e-test"
+
+
+def tiny_federation(algorithm="harmony", seed=0, overrides=None, **train_options):
+    config = TrainConfig(
+        dataset="digits", clients_per_tier=1, seed=seed, algorithm=algorithm, **train_options
+    )
     dataset = load_dataset("digits", limit=800)
     tiers = load_tiers().with_input_shape(dataset.input_shape)
     families = [t.family for t in tiers.tiers]
@@ -37,10 +43,12 @@ def tiny_federation(algorithm="harmony", seed=0, overrides=None):
         "family", dataset.labels.numpy(), len(families), seed, client_families=families
     )
     algo = build_algorithm(algorithm, {**FAST, **(overrides or {})})
-    clients = build_clients(config, tiers, dataset, partition, InterfaceSpec())
+    clients = build_clients(
+        config, tiers, dataset, partition, InterfaceSpec(), FEDERATION_SECRET, LABEL_EPOCH
+    )
     torch.manual_seed(seed)
     backend = Backend(InterfaceSpec(), 10)
-    server = SplitServer(backend, ProjectionHead(backend.feature_dim), algo.server_config())
+    server = SplitServer(backend, ProjectionHead(backend.feature_dim), algo.server_config(), LABEL_EPOCH)
     weights = initial_family_weights(config, tiers, dataset, InterfaceSpec())
     return Federation(algo, clients, weights, server)
 
@@ -91,28 +99,24 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
     assert {fixed._sample_variant(client, adapted, variant, generator) for _ in range(20)} == {3}
 
 
-def test_contrastive_gradient_reaches_the_connector():
-    federation = tiny_federation()
+def connector_gradient_of_one_split_step(algorithm: str) -> torch.Tensor:
+    federation = tiny_federation(algorithm=algorithm)
     client, server = federation.clients[0], federation.server
     federation.broadcast(client)
     server.start_round(0)
-    images, labels = client.train_x[:16], client.train_y[:16]
+    images, labels = client.batch(16, torch.Generator().manual_seed(0))
     client.model.zero_grad()
     _, features = client.model(images, client.split_depth)
-    # weight 0: the client's CE contributes no gradient, so whatever reaches the connector is SupCon's
-    split_step(client, server, features, labels, (client.split_depth,) * 16, 0, weight=0.0)
-    grad = client.model.connectors[str(client.split_depth)].conv.weight.grad
-    assert grad is not None and grad.abs().sum() > 0
+    split_step(client, server, features, labels, (client.split_depth,) * 16, 0, weight=1.0)
+    return client.model.connectors[str(client.split_depth)].conv.weight.grad.clone()
 
-    no_contrast = tiny_federation(algorithm="harmony-contrastive")
-    client, server = no_contrast.clients[0], no_contrast.server
-    no_contrast.broadcast(client)
-    server.start_round(0)
-    client.model.zero_grad()
-    _, features = client.model(images, client.split_depth)
-    split_step(client, server, features, labels, (client.split_depth,) * 16, 0, weight=0.0)
-    grad = client.model.connectors[str(client.split_depth)].conv.weight.grad
-    assert grad is None or grad.abs().sum() == 0
+
+def test_contrastive_gradient_reaches_the_connector():
+    with_supcon = connector_gradient_of_one_split_step("harmony")
+    without = connector_gradient_of_one_split_step("harmony-contrastive")
+    assert with_supcon.abs().sum() > 0 and without.abs().sum() > 0
+    # same seed, same batch, same initial weights: the only difference is the SupCon term
+    assert not torch.allclose(with_supcon, without)
 
 
 def test_threshold_calibration_picks_the_most_permissive_threshold_reaching_the_target():
@@ -164,6 +168,9 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
     loaded = run.backend()
     assert loaded.model_version == run.info.model_version != "in-training"
     assert loaded.backend(features).shape == (2, 10)
+    assert loaded.label_epoch == run.info.label_epoch and len(loaded.slot_table) == 10
+    assert sorted(run.slot_to_class().tolist()) == list(range(10))  # every class got a slot, decodable
+    assert (tmp_path / "run" / "federation_secret").stat().st_mode & 0o077 == 0
     assert 0 < client.threshold <= 1.0 + 1e-6
 
     with pytest.raises(RunDirError, match="finished"):
@@ -176,29 +183,43 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
         train(config, tmp_path / "other", show_progress=False)
 
 
-@pytest.mark.parametrize("own_classes_only", [True, False])
-def test_restricted_softmax_sends_no_gradient_to_classes_the_client_does_not_hold(own_classes_only):
-    federation = tiny_federation()
+@pytest.mark.parametrize("restricted", [True, False])
+def test_the_server_ce_runs_over_the_slots_of_the_uploading_client(restricted):
+    algorithm = "harmony-contrastive" if restricted else "harmony-full-softmax"
+    federation = tiny_federation(algorithm=algorithm, overrides={"contrastive_weight": 0.0})
+    first, second = federation.clients[0], federation.clients[-1]
+    server = federation.server
+    server.start_round(0)
+    generator = torch.Generator().manual_seed(0)
+    for client in (first, second):  # both clients' tokens get slots
+        federation.broadcast(client)
+        images, labels = client.batch(64, generator)
+        _, features = client.model(images, client.split_depth)
+        split_step(client, server, features, labels, (client.split_depth,) * 64, 0, 1.0, update_server=False)
+    mask = server.softmax_mask(first.name)
+    slot_class = first.slot_to_class(server.slot_table.tokens).tolist()  # decoded with the client's secret
+    own = {slot for slot, c in enumerate(slot_class) if c in first.classes}
+    assert own and len(server.slot_table) > len(own)  # the second client brought slots the first lacks
+    open_slots = {i for i in range(10) if mask[i] == 0}
+    assert open_slots == (own if restricted else set(range(len(server.slot_table))))
+
+
+def test_the_reply_is_the_gradient_of_the_slot_ce_at_the_features_and_nothing_else():
+    federation = tiny_federation(algorithm="harmony-contrastive")
     client, server = federation.clients[0], federation.server
     federation.broadcast(client)
     server.start_round(0)
-    sent = []
-    backward = server.backward
-    server.backward = lambda message, update=True: sent.append(message) or backward(message, update)
-    images, labels = client.train_x[:16], client.train_y[:16]
+    images, labels = client.batch(16, torch.Generator().manual_seed(1))
     _, features = client.model(images, client.split_depth)
-    logits = server.backend(features.detach()).detach()
-    split_step(client, server, features, labels, (client.split_depth,) * 16, 0, 1.0, True, own_classes_only)
-
-    absent = [c for c in range(10) if c not in client.classes]
-    assert absent, "the family partition must leave this client some OOD classes"
-    grad = sent[0].grad_logits
-    if own_classes_only:
-        assert torch.all(grad[:, absent] == 0)
-        expected = (logits + client.absent_class_mask()).softmax(1) - torch.eye(10)[labels]
-        assert torch.allclose(grad, expected / 16, atol=1e-6)
-    else:
-        assert torch.all(grad[:, absent] > 0)  # the full softmax pushes every absent class down
+    upload, _ = client.upload(features, labels, (client.split_depth,) * 16, 0)
+    reply = server.step(upload, update=False)
+    assert set(vars(reply)) == {"client_id", "round_id", "grad_features", "server_loss"}
+    z = upload.features.clone().requires_grad_(True)
+    slots = server.slot_table.known_slots(upload.label_tokens)
+    ce = torch.nn.functional.cross_entropy(server.backend(z) + server.softmax_mask(client.name), slots)
+    (expected,) = torch.autograd.grad(ce, z)
+    assert torch.allclose(reply.grad_features, expected, atol=1e-6)
+    assert reply.server_loss == pytest.approx(ce.item(), rel=1e-5)
 
 
 def test_a_tier_threshold_replaces_calibration_and_is_refused_for_an_entropy_exit():

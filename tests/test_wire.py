@@ -79,10 +79,10 @@ def test_upload_round_trip_gives_a_feature_upload():
     payload = decode_upload(encode_upload(meta, features))
     assert payload.metadata == meta
     np.testing.assert_array_equal(payload.features, features)
-    upload = payload.to_feature_upload("dev_1", 5)
+    upload = payload.to_feature_upload("dev_1", "e-5")
     assert isinstance(upload, FeatureUpload)
     assert upload.label_tokens[1] == bytes.fromhex("0000000000000001")
-    assert upload.split_depths == (1, 2, 3) and upload.round_id == 5 and upload.tier == "entry-android"
+    assert upload.split_depths == (1, 2, 3) and upload.label_epoch == "e-5" and upload.tier == "entry-android"
 
 
 def raw_upload(meta_json: bytes, tensor: bytes, magic=b"HMUP", version=1) -> bytes:

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ClientUpdate, FeatureUpload, LogitGradients
+from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer
 from harmony_mobile.models import FamilyModel
 
@@ -60,38 +60,23 @@ def split_step(
     round_id: int,
     weight: float,
     update_server: bool = True,
-    own_classes_only: bool = False,
 ) -> float:
-    """One U-shaped exchange. The client uploads features with label tokens, receives logits,
-    computes its own cross-entropy and sends back only dL/dlogits; the server returns dL/dz,
-    which is back-propagated into the client's front-end. Returns the server-side CE.
-
-    `own_classes_only`: the CE's softmax runs over the client's own classes (restricted softmax,
-    as in FedRS). With the full softmax every client teaches g that its family's features are
-    never the classes it does not hold, which is exactly what g must answer for that family's
-    OOD fallbacks."""
-    upload = FeatureUpload(
-        client_id=client.name,
-        round_id=round_id,
-        features=features.detach(),
-        label_tokens=client.tokens(round_id, labels),
-        split_depths=depths,
-        family=client.tier.family,
-        tier=client.tier.name,
-        model_version=f"round-{round_id}",
-    )
-    logits = server.forward(upload).logits.requires_grad_(True)
-    server_ce = F.cross_entropy(logits + client.absent_class_mask() if own_classes_only else logits, labels)
-    (grad_logits,) = torch.autograd.grad(weight * server_ce, logits)
-    reply = server.backward(LogitGradients(client.name, round_id, grad_logits), update=update_server)
-    features.backward(reply.grad_features)
-    return server_ce.item()
+    """One split exchange in slot space. The client uploads its features (clipped and noised when
+    that option is on) with label tokens; the server computes its own CE over slots and its
+    contrastive term and returns only dL_srv/dz, which the client scales by `weight` (its gamma)
+    and back-propagates into its front-end. Returns the server's loss. `labels` are the labels
+    of the batch the client drew last; they stay on the client (only their tokens leave)."""
+    upload, sent = client.upload(features, labels, depths, round_id)
+    reply = server.step(upload, update=update_server)
+    if weight != 0:
+        sent.backward(weight * reply.grad_features)
+    return reply.server_loss
 
 
 def client_update(
     client: Client, round_id: int, metrics: dict[str, float], full: bool = False
 ) -> ClientUpdate:
-    weights = {name: p.detach().clone() for name, p in client.held_parameters(full).items()}
+    weights = client.to_wire({name: p.detach().clone() for name, p in client.held_parameters(full).items()})
     return ClientUpdate(
         client_id=client.name,
         round_id=round_id,
@@ -131,7 +116,6 @@ def personalize_split(
     lr: float,
     gamma: float,
     generator: torch.Generator,
-    own_classes_only: bool = False,
 ) -> None:
     """Final personalization of a split method: exit loss + gamma * server CE against a frozen server."""
     params = client.held_parameters()
@@ -144,7 +128,7 @@ def personalize_split(
         if gamma > 0:
             _, features = client.model(images, client.split_depth)
             depths = (client.split_depth,) * len(labels)
-            split_step(client, server, features, labels, depths, -1, gamma, False, own_classes_only)
+            split_step(client, server, features, labels, depths, -1, gamma, update_server=False)
         optimizer.step()
 
 

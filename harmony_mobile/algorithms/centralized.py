@@ -61,7 +61,7 @@ class Centralized:
         c, family = self.config, client.tier.family
         uploaded = self._pool(client)
         if family in self._models:
-            client.model.load_state_dict(self._models[family])
+            client.model.load_state_dict(client.from_wire(self._models[family]))
         optimizer = torch.optim.Adam(client.held_parameters(full=True).values(), lr=c.lr)
         if family in self._optimizers:
             optimizer.load_state_dict(self._optimizers[family])
@@ -73,7 +73,10 @@ class Centralized:
             loss.backward()
             optimizer.step()
             total += loss.item()
-        self._models[family] = {k: v.detach().clone() for k, v in client.model.state_dict().items()}
+        # what the family's clients receive next: in wire (token) order, like every broadcast
+        self._models[family] = client.to_wire(
+            {k: v.detach().clone() for k, v in client.model.state_dict().items()}
+        )
         self._optimizers[family] = optimizer.state_dict()
         return ClientUpdate(
             client_id=client.name,

@@ -7,13 +7,12 @@ One local step of client k, top to bottom:
   3. variants     for v in 1..V: depth d_v ~ U{1..d_k}, beta_v ~ U[0, beta_max],
                   theta_v = (theta + beta_v (theta' - theta)) * (1 + noise), optional channel drop;
                   z_v = phi_{d_v}(B_1..d_v(query; theta_v)), uploaded with label tokens;
-                  U-shaped split step -> g_v = grad gamma * CE(g(z_v), y) at theta_v, the CE a
-                  softmax over the client's own classes (own_classes_only; ALGORITHM.md has the
-                  full softmax, which taught g that a family's features never show the classes
-                  it misses: server accuracy on a phone's OOD fallbacks 0.16 vs 0.72 with it)
+                  split step in slot space -> the server returns dL_srv/dz_v, L_srv = its CE over
+                  slots (softmax over the slots of this client's tokens: `own_classes_only`; the
+                  full softmax taught g that a family's features never show the classes it
+                  misses) + SupCon; g_v = gamma * dL_srv/dz_v back-propagated at theta_v
   4. update       theta <- Adam(theta, g_exit + mean_v g_v)
-The server adds SupCon on h(g(z)) with token positives inside `SplitServer.backward`; its
-gradient reaches the connectors through dL/dz.
+The server computes both terms itself from tokens (`SplitServer.step`); only dL/dz comes back.
 """
 
 from __future__ import annotations
@@ -68,7 +67,7 @@ class HarmonyConfig(BaseModel):
     gamma: float = Field(default=1.0, ge=0, description="weight of the server CE in the client loss")
     own_classes_only: bool = Field(
         default=True,
-        description="the client's server CE is a softmax over its own classes only (see split_step)",
+        description="the server CE's softmax runs over the slots of the uploading client's tokens only",
     )
     contrastive_weight: float = Field(default=0.5, ge=0, description="SupCon weight on the server; 0 = off")
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
@@ -97,6 +96,7 @@ class Harmony:
             contrastive_weight=c.contrastive_weight,
             temperature=c.temperature,
             bank_size=c.bank_size,
+            restrict_to_client_slots=c.own_classes_only,
         )
 
     def client_round(
@@ -144,7 +144,6 @@ class Harmony:
                     depths,
                     round_id,
                     c.gamma,
-                    own_classes_only=c.own_classes_only,
                 )
                 for name, p in theta.items():
                     if variant_params[name].grad is not None:
@@ -194,7 +193,5 @@ class Harmony:
 
     def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
         c = self.config
-        personalize_split(
-            client, server, c.personalize_epochs, c.batch_size, c.lr, c.gamma, generator, c.own_classes_only
-        )
+        personalize_split(client, server, c.personalize_epochs, c.batch_size, c.lr, c.gamma, generator)
         calibrate_client(client, c.calibration_target, self.exit_rule)

@@ -18,7 +18,7 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony-meta": (Harmony, {"meta": False}),  # ablation: no meta-adaptation / simulated extractors
     "harmony-stochastic-depth": (Harmony, {"stochastic_depth": False}),  # ablation: fixed split depth
     "harmony-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # ablation: no SupCon alignment
-    # ablation: the client's server CE over all classes instead of its own (see split_step)
+    # ablation: the server CE over every slot instead of the uploading client's slots (federation/server.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
     # baselines (ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server

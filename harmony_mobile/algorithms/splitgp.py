@@ -11,11 +11,11 @@ of the parameters it holds, where `own` is its model after its last local traini
 Fallback: exit iff the exit head's negative entropy is >= the client's threshold, calibrated on the
 client's validation split to the same local-exit accuracy target as HARMONY.
 
-Wire difference: the original sends labels to the server, which computes the server CE itself.
-Here the server CE goes through the same U-shaped `split_step` as HARMONY (the client computes CE
-from the server's logits and returns dL/dlogits): the gradients are mathematically identical. The
-benchmark counts 8 bytes per uploaded row for what the original sends as an int64 label (our
-8-byte label token takes its place on the wire).
+Wire difference: the original sends labels to the server, which computes the server CE itself over
+all classes. Here the server computes the same CE over slots from label tokens (`split_step`, the
+full softmax over every slot: `restrict_to_client_slots=False`), so the gradients are those of
+the original up to a renaming of the classes. The benchmark counts 8 bytes per uploaded row for
+what the original sends as an int64 label (our 8-byte label token takes its place on the wire).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class SplitGP:
         self._own: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its model after local training
 
     def server_config(self) -> ServerConfig:
-        return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0)
+        return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0, restrict_to_client_slots=False)
 
     @torch.no_grad()
     def _mix(self, client: Client) -> None:
@@ -94,9 +94,10 @@ class SplitGP:
             exit_logits, features = client.model(images, depth)
             exit_ce = F.cross_entropy(exit_logits, labels)
             (c.gamma * exit_ce).backward(retain_graph=True)
-            server_total += split_step(
-                client, server, features, labels, (depth,) * len(labels), round_id, 1 - c.gamma
-            )
+            if c.gamma < 1:  # gamma = 1: the server CE has weight 0, nothing to upload
+                server_total += split_step(
+                    client, server, features, labels, (depth,) * len(labels), round_id, 1 - c.gamma
+                )
             optimizer.step()
             exit_total += exit_ce.item()
         if c.mix_lambda > 0:

@@ -29,7 +29,8 @@ from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.bench.profile import BenchProfile, Setting
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
-from harmony_mobile.federation.messages import FeatureUpload, LogitGradients
+from harmony_mobile.evaluation import decode_slots
+from harmony_mobile.federation.messages import FeatureUpload
 from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.run_dir import RunDir
 
@@ -43,7 +44,7 @@ class UplinkCounter:
     feature_bytes: int = 0  # interface features
     label_bytes: int = 0  # label tokens (HARMONY) or the labels they stand in for (SplitGP, multi-exit)
     depth_bytes: int = 0
-    gradient_bytes: int = 0  # dL/dlogits of the U-shaped split
+    gradient_bytes: int = 0  # client -> server gradients: none since the split step runs in slot space
     update_bytes: int = 0  # model updates (ClientUpdate weights)
     raw_data_bytes: int = 0  # `centralized`: the raw training data, once
     uploaded_rows: int = 0
@@ -66,20 +67,16 @@ class UplinkCounter:
 def count_uplink(counter: UplinkCounter) -> Iterator[None]:
     """Count every client -> server message of the training runs inside the block.
 
-    Wraps SplitServer.forward/backward (FeatureUpload, LogitGradients) and the client_round of
+    Wraps SplitServer.step (FeatureUpload) and the client_round of
     every algorithm that training builds (ClientUpdate), and restores them on exit."""
-    forward, backward, build = SplitServer.forward, SplitServer.backward, training.build_algorithm
+    step, build = SplitServer.step, training.build_algorithm
 
-    def counted_forward(server: SplitServer, upload: FeatureUpload):
+    def counted_step(server: SplitServer, upload: FeatureUpload, update: bool = True):
         counter.feature_bytes += upload.features.nbytes
         counter.label_bytes += LABEL_BYTES * len(upload.label_tokens)
         counter.depth_bytes += DEPTH_BYTES * len(upload.split_depths)
         counter.uploaded_rows += len(upload.label_tokens)
-        return forward(server, upload)
-
-    def counted_backward(server: SplitServer, gradients: LogitGradients, update: bool = True):
-        counter.gradient_bytes += gradients.grad_logits.nbytes
-        return backward(server, gradients, update)
+        return step(server, upload, update)
 
     def counted_build(name, config=None):
         algorithm = build(name, config)
@@ -94,12 +91,12 @@ def count_uplink(counter: UplinkCounter) -> Iterator[None]:
         algorithm.client_round = counted_round
         return algorithm
 
-    SplitServer.forward, SplitServer.backward = counted_forward, counted_backward
+    SplitServer.step = counted_step
     training.build_algorithm = counted_build
     try:
         yield
     finally:
-        SplitServer.forward, SplitServer.backward = forward, backward
+        SplitServer.step = step
         training.build_algorithm = build
 
 
@@ -158,6 +155,7 @@ def run_one(
         "train_samples": train_samples,
         "upload_bytes_per_sample": counter.total() / train_samples,
         "thresholds": results.get("thresholds", {}),
+        "privacy": results.get("privacy", {}),  # label DP / feature DP settings and their accounting
     }
     if algorithm.uses_split:
         record["validation"] = validation_metrics(run, algorithm.exit_rule, seed)
@@ -172,6 +170,7 @@ def validation_metrics(run: RunDir, exit_rule: str, seed: int, ood_fractions=(0.
     dataset = run.dataset()
     labels = dataset.labels.numpy()
     backend = run.backend().backend
+    slot_class = run.slot_to_class()
     artifacts = run.clients()
     all_val = np.unique(np.concatenate([np.asarray(c.val_idx, dtype=np.int64) for c in artifacts]))
     per_p: dict[str, list[float]] = {f"p={p:g}": [] for p in ood_fractions}
@@ -191,7 +190,9 @@ def validation_metrics(run: RunDir, exit_rule: str, seed: int, ood_fractions=(0.
                 continue
             exit_logits, features = front_end(dataset.images[index])
             exits = exit_confidence(exit_logits, exit_rule) >= artifact.threshold
-            server_prediction = backend(features).argmax(1)
+            server_prediction = decode_slots(
+                backend(features)[:, : len(slot_class)], slot_class, exit_logits.argmax(1)
+            )
             prediction = torch.where(exits, exit_logits.argmax(1), server_prediction)
             per_p[f"p={p:g}"].append((prediction == dataset.labels[index]).float().mean().item())
             fallback[f"p={p:g}"].append((~exits).float().mean().item())

@@ -140,7 +140,9 @@ def classify_all(phone: Phone, data: PhoneData, progress: Progress, task) -> dic
 
 def server_predictions(phone: Phone, features: torch.Tensor, rows: int = 64) -> np.ndarray:
     """Measurement only (not phone traffic, not counted in its bytes): the server's answer for every
-    test image's features, so drift and recovery show on all samples, not just the fallback share."""
+    test image's features, so drift and recovery show on all samples, not just the fallback share.
+    The server answers in slots; the phone names their classes with its secret (-1: a slot with no
+    class of the phone, which counts as wrong)."""
     predictions = []
     for start in range(0, len(features), rows):
         response = phone.http.post(
@@ -150,8 +152,10 @@ def server_predictions(phone: Phone, features: torch.Tensor, rows: int = 64) -> 
         )
         if response.status_code != 200:
             raise DemoError(f"measurement infer failed: {response.status_code} {response.text}")
-        outputs = {o["name"]: o["data"] for o in response.json()["outputs"]}
-        predictions.extend(outputs["top_class"])
+        answer = response.json()
+        outputs = {o["name"]: o["data"] for o in answer["outputs"]}
+        slot_classes = phone.slot_classes(answer["model_version"])
+        predictions.extend(-1 if slot_classes[s] is None else slot_classes[s] for s in outputs["top_slot"])
     return np.array(predictions)
 
 

@@ -210,15 +210,15 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         + ".",
         "",
         f"Alignment round: status **{alignment.get('status')}**, new back-end `{alignment.get('new_version')}`, "
-        f"SupCon on {metrics.get('rows')} new stored rows ({metrics.get('train_rows')} train / "
+        f"slot cross-entropy + SupCon on {metrics.get('rows')} new stored rows ({metrics.get('train_rows')} train / "
         f"{metrics.get('holdout_rows')} held out), distillation to the previous version on "
         f"{metrics.get('replay_rows')} replay rows ({metrics.get('replay_shipped_rows')} shipped with the "
         f"back-end, {metrics.get('replay_stored_rows')} stored; {metrics.get('replay_holdout_rows')} held out). "
         f"Held-out replay agreement with the previous version {metrics.get('replay_agreement', float('nan')):.3f} "
-        f"(check: {metrics.get('replay_check')}), token purity of the new rows "
-        f"{metrics.get('holdout_purity_before', float('nan')):.3f} -> "
-        f"{metrics.get('holdout_purity_after', float('nan')):.3f}, predictions changed on "
-        f"{metrics.get('holdout_changed', float('nan')):.1%} of them"
+        f"(check: {metrics.get('replay_check')}), held-out slot accuracy of the new rows "
+        f"{metrics.get('holdout_slot_accuracy_before', float('nan')):.3f} -> "
+        f"{metrics.get('holdout_slot_accuracy_after', float('nan')):.3f}, slots "
+        f"{metrics.get('slots_before')} -> {metrics.get('slots_after')}"
         + (f"; rejected because {metrics['rejected_because']}" if metrics.get("rejected_because") else "")
         + f". Parameters: `{json.dumps(config['alignment'])}` (empty: the server's defaults).",
         "",

@@ -190,7 +190,9 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
             server.start()
             console.print(f"harmony serve on {server.url} (log: {server.log_file})")
             t = mark("server start", t)
-            federation = FederationKey(secrets.token_bytes(32), round_id=1)  # provisioned to phones only
+            # provisioned to phones only, out of band: the lineage's secret, without which the slots the
+            # server answers with name no class
+            federation = FederationKey(run.federation_secret())
             for entry in manifest["tiers"]:
                 tier = entry["name"]
                 credentials = DeviceCredentials.from_enrolment(

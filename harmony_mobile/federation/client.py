@@ -1,18 +1,35 @@
 """A simulated phone: its personalized model, its own data, and the federation secret.
 
 Client-side code may touch labels; nothing here is sent anywhere except through the message
-types of messages.py.
+types of messages.py. What a label becomes on the wire is decided here: a token of the class
+name under the lineage's label epoch (after randomized response when label DP is on), next to
+features that are clipped and noised when that option is on.
+
+Model weights cross the boundary too (Broadcast, ClientUpdate), and the rows of every
+class-indexed output layer (the exit heads' last Linear) are in class order: an update's exit-head
+delta would show the server which classes a client holds, and matched against the client's
+tokens it would name slots. So on the wire those rows are in *token order* (row j = the class with
+the j-th smallest token of the epoch), a secret relabeling that only federation members can undo
+(`to_wire` / `from_wire`); aggregation is row-wise, so it commutes with it.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from dataclasses import dataclass, field
 
 import torch
 
-from harmony_mobile.federation.messages import Broadcast
+from harmony_mobile.federation.messages import Broadcast, FeatureUpload
 from harmony_mobile.models import FamilyModel, Tier, parameter_names
-from harmony_mobile.privacy.label_tokens import label_tokens, round_key
+from harmony_mobile.privacy.feature_noise import privatize_features
+from harmony_mobile.privacy.label_dp import randomized_response
+from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key, slot_classes
+from harmony_mobile.privacy.options import UploadPrivacy
+
+# HKDF once per (secret, epoch), not once per upload
+cached_epoch_key = functools.lru_cache(maxsize=64)(epoch_key)
 
 
 @dataclass
@@ -26,8 +43,27 @@ class Client:
     val_x: torch.Tensor
     val_y: torch.Tensor
     federation_secret: bytes  # provisioned at enrolment; never sent to the server
+    label_epoch: str
+    class_names: tuple[str, ...]  # the data set's class names: tokens are HMACs of these
+    privacy: UploadPrivacy = field(default_factory=UploadPrivacy)
     threshold: float = 1.0
-    _round_keys: dict[int, bytes] = field(default_factory=dict, repr=False)
+    _last_batch: torch.Tensor | None = field(default=None, repr=False)
+    _upload_labels: torch.Tensor | None = field(default=None, repr=False)
+    _releases: torch.Tensor | None = field(default=None, repr=False)
+    _noise: torch.Generator | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self._releases = torch.zeros(len(self.train_y), dtype=torch.int64)
+        # local randomness of this phone (randomized response, feature noise): never derived from
+        # anything the server knows
+        seed = hashlib.sha256(self.federation_secret + self.name.encode()).digest()
+        self._noise = torch.Generator().manual_seed(int.from_bytes(seed[:8], "little") >> 1)
+        self._upload_labels = self.train_y
+        if self.privacy.label_dp_epsilon is not None:
+            # one draw per sample, kept for every release (re-drawing would let a server average it out)
+            self._upload_labels = randomized_response(
+                self.train_y, self.privacy.label_dp_epsilon, len(self.class_names), self._noise
+            )
 
     @property
     def name(self) -> str:
@@ -37,13 +73,40 @@ class Client:
     def split_depth(self) -> int:
         return self.tier.split_depth
 
+    @property
+    def max_releases(self) -> int:
+        """How often the most-uploaded training sample has left this phone (for the DP accountant)."""
+        return int(self._releases.max()) if len(self._releases) else 0
+
     def receive(self, broadcast: Broadcast) -> None:
         """Start from the meta-weights the server broadcast for this client's family."""
         if broadcast.family != self.tier.family:
             raise ValueError(
                 f"{self.name} runs family {self.tier.family!r}, got meta-weights of {broadcast.family!r}"
             )
-        self.model.load_state_dict(broadcast.meta_weights)
+        self.model.load_state_dict(self.from_wire(broadcast.meta_weights))
+
+    def _wire_order(self) -> tuple[list[str], torch.Tensor]:
+        """Names of the class-indexed parameters, and wire row j -> class index (token order)."""
+        rows = [
+            f"exits.{depth}.mlp.{len(head.mlp) - 1}.{kind}"
+            for depth, head in self.model.exits.items()
+            for kind in ("weight", "bias")
+        ]
+        tokens = class_tokens(cached_epoch_key(self.federation_secret, self.label_epoch), self.class_names)
+        order = sorted(range(len(tokens)), key=lambda c: tokens[c])
+        return rows, torch.tensor(order, dtype=torch.int64)
+
+    def to_wire(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Weights as they leave the phone: class-indexed rows in token order."""
+        rows, order = self._wire_order()
+        return {name: value[order] if name in rows else value for name, value in weights.items()}
+
+    def from_wire(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Weights as they arrive: class-indexed rows back in class order."""
+        rows, order = self._wire_order()
+        inverse = torch.argsort(order)
+        return {name: value[inverse] if name in rows else value for name, value in weights.items()}
 
     def held_parameters(self, full: bool = False) -> dict[str, torch.nn.Parameter]:
         """The parameters this client holds (its depth's stages, exits, connectors; or the full model)."""
@@ -51,17 +114,40 @@ class Client:
         return {n: p for n, p in self.model.named_parameters() if n in names}
 
     def batch(self, size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """A training batch; the client remembers which samples it drew, for `upload`."""
         index = torch.randint(len(self.train_y), (size,), generator=generator)
+        self._last_batch = index
         return self.train_x[index], self.train_y[index]
 
-    def absent_class_mask(self) -> torch.Tensor:
-        """0 for the client's own classes, -inf for the rest: added to logits to restrict a softmax."""
-        num_classes = self.model.num_classes
-        mask = torch.full((num_classes,), float("-inf"))
-        mask[list(self.classes)] = 0.0
-        return mask
+    def upload(
+        self, features: torch.Tensor, labels: torch.Tensor, depths: tuple[int, ...], round_id: int
+    ) -> tuple[FeatureUpload, torch.Tensor]:
+        """The FeatureUpload of features of the last batch, and the (clipped, noised) features as sent,
+        still attached to the front-end's graph so the server's dL/dz can be back-propagated."""
+        index = self._last_batch
+        if index is None or len(index) != len(labels) or not torch.equal(self.train_y[index], labels):
+            raise ValueError(f"{self.name} uploads only features of the batch it drew last")
+        sent = privatize_features(
+            features, self.privacy.feature_clip, self.privacy.noise_multiplier, self._noise
+        )
+        self._releases.index_add_(0, index, torch.ones_like(index))
+        names = [self.class_names[int(y)] for y in self._upload_labels[index]]
+        upload = FeatureUpload(
+            client_id=self.name,
+            round_id=round_id,
+            label_epoch=self.label_epoch,
+            features=sent.detach(),
+            label_tokens=class_tokens(cached_epoch_key(self.federation_secret, self.label_epoch), names),
+            split_depths=depths,
+            family=self.tier.family,
+            tier=self.tier.name,
+            model_version=f"round-{round_id}",
+        )
+        return upload, sent
 
-    def tokens(self, round_id: int, labels: torch.Tensor) -> tuple[bytes, ...]:
-        if round_id not in self._round_keys:
-            self._round_keys[round_id] = round_key(self.federation_secret, round_id)
-        return label_tokens(self._round_keys[round_id], labels.tolist())
+    def slot_to_class(self, slot_table: list[bytes]) -> torch.Tensor:
+        """Class id of each slot (-1: a slot none of this phone's class names maps to)."""
+        key = cached_epoch_key(self.federation_secret, self.label_epoch)
+        names = slot_classes(key, self.class_names, slot_table)
+        index = {name: i for i, name in enumerate(self.class_names)}
+        return torch.tensor([index[n] if n is not None else -1 for n in names], dtype=torch.int64)

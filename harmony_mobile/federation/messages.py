@@ -1,9 +1,11 @@
 """Everything that crosses the client <-> server boundary, in training and in deployment.
 
-Server-side code receives only these types. None of them has a field that can hold a label:
-the server sees features, label *tokens* (keyed HMACs, see privacy/label_tokens.py), split
-depths, family, tier and model version, and gradients w.r.t. its own logits that the client
-computed. tests/test_privacy_boundary.py fails if a field or a server entry point changes that.
+Server-side code receives only these types. None of them has a field that can hold a label or a
+function of one other than a label *token* (a keyed HMAC of the class name under the lineage's
+label epoch, see privacy/label_tokens.py): the server sees features, tokens, split depths,
+family, tier, model version and the label epoch. It computes its own cross-entropy in slot space
+(federation/server.py) and sends back only dL/dz. tests/test_privacy_boundary.py and
+tests/test_label_adversary.py fail if a field or a server entry point changes that.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
+from harmony_mobile.privacy.label_tokens import check_label_epoch
 
 
 @dataclass(frozen=True)
@@ -28,15 +32,17 @@ class FeatureUpload:
     """Client -> server: interface features of one batch, one row per (sample, variant)."""
 
     client_id: str
-    round_id: int
-    features: torch.Tensor  # (N, C_z, S_z, S_z) float32
-    label_tokens: tuple[bytes, ...]  # N tokens, trunc64(HMAC(K_r, y)); never a class id
+    round_id: int  # bookkeeping only: tokens are keyed by the label epoch, not the round
+    label_epoch: str
+    features: torch.Tensor  # (N, C_z, S_z, S_z) float32, clipped and noised when the option is on
+    label_tokens: tuple[bytes, ...]  # N tokens, trunc64(HMAC(K_e, class name)); never a class id
     split_depths: tuple[int, ...]  # N depths the rows were extracted at
     family: str
     tier: str
     model_version: str
 
     def __post_init__(self) -> None:
+        check_label_epoch(self.label_epoch)
         n = self.features.shape[0]
         if len(self.label_tokens) != n or len(self.split_depths) != n:
             raise ValueError(
@@ -45,30 +51,15 @@ class FeatureUpload:
 
 
 @dataclass(frozen=True)
-class ServerLogits:
-    """Server -> client: g(z) for an upload, so the client can compute CE against its own labels."""
-
-    client_id: str
-    round_id: int
-    logits: torch.Tensor  # (N, C)
-
-
-@dataclass(frozen=True)
-class LogitGradients:
-    """Client -> server: dL_srv/dlogits, computed by the client from its labels (U-shaped split)."""
-
-    client_id: str
-    round_id: int
-    grad_logits: torch.Tensor  # (N, C)
-
-
-@dataclass(frozen=True)
 class InterfaceGradients:
-    """Server -> client: dL/dz for the uploaded features (server CE + contrastive alignment)."""
+    """Server -> client: dL_srv/dz for the uploaded features, L_srv = the server's slot-space CE
+    (softmax over the uploading client's slots) + the contrastive term. The client scales it by its
+    own weight gamma before back-propagating into its front-end."""
 
     client_id: str
     round_id: int
     grad_features: torch.Tensor  # same shape as FeatureUpload.features
+    server_loss: float  # L_srv of this upload, for the client's metrics
 
 
 @dataclass(frozen=True)
@@ -97,5 +88,5 @@ class ReplayFeatures:
     tier: str
 
 
-SERVER_BOUND = (FeatureUpload, LogitGradients, ClientUpdate, ReplayFeatures)
-CLIENT_BOUND = (Broadcast, ServerLogits, InterfaceGradients)
+SERVER_BOUND = (FeatureUpload, ClientUpdate, ReplayFeatures)
+CLIENT_BOUND = (Broadcast, InterfaceGradients)

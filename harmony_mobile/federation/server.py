@@ -1,25 +1,22 @@
-"""The server side of split training: back-end g, projection head h, and nothing else.
+"""The server side of split training: back-end g, projection head h, the slot table, nothing else.
 
-Every entry point takes a message from messages.py. The server never sees a label: the
-cross-entropy of its logits is computed by the client, which returns only dL/dlogits; the
-contrastive term groups rows by label *token*, which it cannot map to a class.
+Every entry point takes a message from messages.py. The server never sees a label: each uploaded
+row carries a label token, the server maps it to a slot of its slot table (federation/slots.py)
+and computes the cross-entropy of g's slot logits itself, with the softmax restricted to the slots
+the uploading client has uploaded so far (known from its tokens alone). It adds the supervised
+contrastive term (positives = equal tokens) and returns only dL/dz. No logit and no gradient
+w.r.t. logits crosses the boundary (docs/ALGORITHM.md, step 6).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
 from harmony_mobile.algorithms.losses import supcon_loss
-from harmony_mobile.federation.messages import (
-    ClientUpdate,
-    FeatureUpload,
-    InterfaceGradients,
-    LogitGradients,
-    ServerLogits,
-)
+from harmony_mobile.federation.messages import ClientUpdate, FeatureUpload, InterfaceGradients
+from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, ProjectionHead
 from harmony_mobile.privacy.label_tokens import tokens_to_groups
 
@@ -36,80 +33,109 @@ class ServerConfig(BaseModel):
         description="projected embeddings of earlier uploads in the same round, kept (detached, MoCo-style "
         "memory bank) as extra contrastive candidates, so positives come from other clients and families",
     )
-
-
-@dataclass
-class _Pending:
-    features: torch.Tensor  # leaf, requires grad: dL/dz is read from it
-    logits: torch.Tensor
-    embeddings: torch.Tensor | None
-    tokens: tuple[bytes, ...]
+    restrict_to_client_slots: bool = Field(
+        default=True,
+        description="softmax of the server CE over the uploading client's slots only (False: over every "
+        "slot of the table). The full softmax teaches g that a family's features never show the classes "
+        "it does not hold, which is exactly what g must answer for that family's OOD fallbacks",
+    )
 
 
 class SplitServer:
-    def __init__(self, backend: Backend, projection: ProjectionHead, config: ServerConfig):
+    def __init__(self, backend: Backend, projection: ProjectionHead, config: ServerConfig, label_epoch: str):
         self.backend = backend
         self.projection = projection
         self.config = config
         self.optimizer = torch.optim.Adam([*backend.parameters(), *projection.parameters()], lr=config.lr)
+        self.slot_table = SlotTable(label_epoch, backend.num_classes)
         self.round_id = -1
-        self._pending: dict[str, _Pending] = {}
+        self._client_slots: dict[str, set[int]] = {}  # slots each client's tokens have mapped to
         self._bank_embeddings: list[torch.Tensor] = []
         self._bank_tokens: list[bytes] = []
 
+    @property
+    def label_epoch(self) -> str:
+        return self.slot_table.label_epoch
+
     def start_round(self, round_id: int) -> None:
-        """Tokens are only comparable within one round (one key epoch): clear the bank."""
+        """The contrastive bank pools the features of one round (earlier rounds' embeddings are stale)."""
         self.round_id = round_id
         self._bank_embeddings, self._bank_tokens = [], []
-        self._pending.clear()
 
-    def forward(self, upload: FeatureUpload) -> ServerLogits:
-        """Logits of g for the uploaded features; the graph is kept until the client's gradients arrive."""
+    def step(self, upload: FeatureUpload, update: bool = True) -> InterfaceGradients:
+        """Slot-space CE (+ SupCon) on the upload; train g and h on it (unless `update` is False, as in
+        the final personalization against a frozen server) and return dL_srv/dz."""
+        if upload.label_epoch != self.label_epoch:
+            raise ValueError(
+                f"upload of {upload.client_id} names label epoch {upload.label_epoch!r}; "
+                f"this server trains epoch {self.label_epoch!r}"
+            )
+        slots = self.slot_table.slots(upload.label_tokens)
+        self._client_slots.setdefault(upload.client_id, set()).update(slots.tolist())
         features = upload.features.detach().clone().requires_grad_(True)
         penultimate = self.backend.features(features)
-        logits = self.backend.classifier(penultimate)
-        embeddings = self.projection(penultimate) if self.config.contrastive_weight > 0 else None
-        self._pending[upload.client_id] = _Pending(features, logits, embeddings, upload.label_tokens)
-        return ServerLogits(upload.client_id, upload.round_id, logits.detach())
-
-    def backward(self, gradients: LogitGradients, update: bool = True) -> InterfaceGradients:
-        """Back-propagate the client's dL/dlogits (+ SupCon) into g, h and the features; return dL/dz.
-
-        `update=False` leaves g and h unchanged (final personalization against a frozen server).
-        """
-        pending = self._pending.pop(gradients.client_id)
-        # <logits, dL/dlogits> has exactly the client's loss gradient w.r.t. everything upstream.
-        loss = (pending.logits * gradients.grad_logits).sum()
-        if pending.embeddings is not None and update:
-            loss = loss + self.config.contrastive_weight * self._contrastive_loss(pending)
+        logits = self.backend.classifier(penultimate) + self.softmax_mask(upload.client_id)
+        loss = F.cross_entropy(logits, slots)
+        embeddings = None
+        if self.config.contrastive_weight > 0 and update:
+            embeddings = self.projection(penultimate)
+            loss = loss + self.config.contrastive_weight * self._contrastive_loss(
+                embeddings, upload.label_tokens
+            )
         self.optimizer.zero_grad()
         loss.backward()
         if update:
             self.optimizer.step()
-            self._remember(pending)
-        return InterfaceGradients(gradients.client_id, gradients.round_id, pending.features.grad.detach())
+            self._remember(embeddings, upload.label_tokens)
+        return InterfaceGradients(upload.client_id, upload.round_id, features.grad.detach(), loss.item())
 
-    def _contrastive_loss(self, pending: _Pending) -> torch.Tensor:
-        embeddings, tokens = pending.embeddings, list(pending.tokens)
+    def softmax_mask(self, client_id: str) -> torch.Tensor:
+        """0 on the slots the CE's softmax runs over, -inf elsewhere (never on a slot without a token)."""
+        mask = torch.full((self.backend.num_classes,), float("-inf"))
+        if self.config.restrict_to_client_slots:
+            mask[sorted(self._client_slots.get(client_id, ()))] = 0.0
+        else:
+            mask[: len(self.slot_table)] = 0.0
+        return mask
+
+    def _contrastive_loss(self, embeddings: torch.Tensor, tokens: tuple[bytes, ...]) -> torch.Tensor:
+        tokens = list(tokens)
         if self._bank_embeddings:
             embeddings = torch.cat([embeddings, *self._bank_embeddings])
             tokens += self._bank_tokens
         groups = torch.tensor(tokens_to_groups(tokens))
         return supcon_loss(embeddings, groups, self.config.temperature)
 
-    def _remember(self, pending: _Pending) -> None:
-        if self.config.bank_size == 0 or pending.embeddings is None:
+    def _remember(self, embeddings: torch.Tensor | None, tokens: tuple[bytes, ...]) -> None:
+        if self.config.bank_size == 0 or embeddings is None:
             return
-        self._bank_embeddings.append(pending.embeddings.detach())
-        self._bank_tokens.extend(pending.tokens)
+        self._bank_embeddings.append(embeddings.detach())
+        self._bank_tokens.extend(tokens)
         while len(self._bank_tokens) > self.config.bank_size:
             dropped = self._bank_embeddings.pop(0)
             del self._bank_tokens[: len(dropped)]
 
     @torch.no_grad()
     def infer(self, features: torch.Tensor) -> torch.Tensor:
-        """Fallback inference: logits of g."""
-        return self.backend(features)
+        """Fallback inference: g's scores over the slots of the table, (N, len(slot_table))."""
+        return self.backend(features)[:, : len(self.slot_table)]
+
+    def state(self) -> dict:
+        """What a checkpoint needs to resume this server exactly."""
+        return {
+            "backend": self.backend.state_dict(),
+            "projection": self.projection.state_dict(),
+            "server_optimizer": self.optimizer.state_dict(),
+            "slot_table": self.slot_table.to_hex(),
+            "client_slots": {name: sorted(slots) for name, slots in self._client_slots.items()},
+        }
+
+    def load_state(self, state: dict) -> None:
+        self.backend.load_state_dict(state["backend"])
+        self.projection.load_state_dict(state["projection"])
+        self.optimizer.load_state_dict(state["server_optimizer"])
+        self.slot_table = SlotTable.from_hex(self.label_epoch, self.backend.num_classes, state["slot_table"])
+        self._client_slots = {name: set(slots) for name, slots in state["client_slots"].items()}
 
 
 def aggregate_by_parameter(

@@ -45,9 +45,7 @@ CHECKPOINT = "checkpoints/last.pt"
 def save_checkpoint(run_path: Path, federation: Federation, completed_round: int) -> None:
     state = {"completed_round": completed_round, "family_weights": federation.family_weights}
     if federation.server is not None:
-        state["backend"] = federation.server.backend.state_dict()
-        state["projection"] = federation.server.projection.state_dict()
-        state["server_optimizer"] = federation.server.optimizer.state_dict()
+        state["server"] = federation.server.state()
     path = run_path / CHECKPOINT
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -63,9 +61,7 @@ def load_checkpoint(run_path: Path, federation: Federation) -> int:
     state = torch.load(path, weights_only=True)
     federation.family_weights = state["family_weights"]
     if federation.server is not None:
-        federation.server.backend.load_state_dict(state["backend"])
-        federation.server.projection.load_state_dict(state["projection"])
-        federation.server.optimizer.load_state_dict(state["server_optimizer"])
+        federation.server.load_state(state["server"])
     return state["completed_round"]
 
 

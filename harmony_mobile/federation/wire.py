@@ -125,6 +125,9 @@ class UploadMetadata(BaseModel):
     model_version: str = Field(min_length=1, max_length=128, description="front-end model version")
     clip_norm: float | None = Field(default=None, gt=0, description="L2 clip C_z applied on the phone")
     noise_multiplier: float | None = Field(default=None, ge=0, description="sigma: noise std = sigma * C_z")
+    label_dp_epsilon: float | None = Field(
+        default=None, gt=0, description="epsilon of the randomized response applied to the tokens, if any"
+    )
 
     @field_validator("label_tokens")
     @classmethod
@@ -149,11 +152,12 @@ class UploadPayload:
     metadata: UploadMetadata
     features: np.ndarray  # (N, C, S, S) float32
 
-    def to_feature_upload(self, client_id: str, round_id: int) -> FeatureUpload:
+    def to_feature_upload(self, client_id: str, label_epoch: str, round_id: int = -1) -> FeatureUpload:
         """The message type the alignment code consumes (the same one the simulation passes)."""
         return FeatureUpload(
             client_id=client_id,
             round_id=round_id,
+            label_epoch=label_epoch,
             features=torch.from_numpy(self.features),
             label_tokens=tuple(bytes.fromhex(t) for t in self.metadata.label_tokens),
             split_depths=self.metadata.split_depths,
