@@ -1,4 +1,4 @@
-"""The export manifest: what a phone app reads, and its Ed25519 signature.
+"""The export manifest: what a phone app reads, and its Ed25519 and ECDSA P-256 signatures.
 
 Files in an export directory that carry the trust:
 
@@ -10,6 +10,13 @@ Files in an export directory that carry the trust:
     signing_key.pub   base64 (no newline) of the raw 32-byte Ed25519 public key. Apps must pin
                       the key (compare against a key they ship), because whoever can replace
                       the manifest can also replace this file.
+    manifest.p256.sig     base64 (no newline) of the DER ECDSA P-256 signature (SHA-256) over the
+                          same exact bytes; RFC 6979 deterministic, so re-signing is reproducible.
+    signing_key_p256.pub  base64 (no newline) of the P-256 key's X.509 SubjectPublicKeyInfo DER.
+
+Both signatures cover the same bytes and both keys are named (by sha256) in the signed manifest,
+so an app verifies whichever its platform supports against the key it pins: Android's JCA has
+`SHA256withECDSA` on every API level but Ed25519 only on recent Conscrypt builds (export/keys.py).
 
 Every other file in the directory is listed in `files` with its sha256 (lowercase hex) and size
 in bytes; a file that is not listed is a verification error. A tier artifact that is a
@@ -31,14 +38,22 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from harmony_mobile.export.keys import (
+    P256_PUBLIC_KEY_FILE,
     PUBLIC_KEY_FILE,
     SigningKeyError,
+    decode_p256_public_key,
     decode_public_key,
+    encode_p256_public_key,
     encode_public_key,
     key_fingerprint,
+    load_p256_public_key,
     load_public_key,
+    p256_key_fingerprint,
+    p256_public_key_der,
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,7 +62,9 @@ from harmony_mobile.privacy.label_tokens import LABEL_EPOCH_PATTERN
 MANIFEST_FORMAT = 1
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
-SIGNATURE_FILES = (MANIFEST_FILE, SIGNATURE_FILE, PUBLIC_KEY_FILE)
+P256_SIGNATURE_FILE = "manifest.p256.sig"
+SIGNATURE_FILES = (MANIFEST_FILE, SIGNATURE_FILE, PUBLIC_KEY_FILE, P256_SIGNATURE_FILE, P256_PUBLIC_KEY_FILE)
+P256_ALGORITHM = ec.ECDSA(hashes.SHA256(), deterministic_signing=True)
 
 
 class ManifestError(ValueError):
@@ -149,6 +166,14 @@ class BackendEntry(_Strict):
         )
 
 
+class P256SignatureInfo(_Strict):
+    algorithm: Literal["ECDSA-P256-SHA256"] = "ECDSA-P256-SHA256"
+    signature_file: str = P256_SIGNATURE_FILE
+    encoding: str = "base64 of the DER ECDSA signature over the exact bytes of manifest.json"
+    public_key_file: str = P256_PUBLIC_KEY_FILE
+    public_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the SPKI DER")
+
+
 class SignatureInfo(_Strict):
     algorithm: Literal["Ed25519"] = "Ed25519"
     signed_file: str = MANIFEST_FILE
@@ -156,6 +181,7 @@ class SignatureInfo(_Strict):
     encoding: str = "base64 of the 64-byte signature over the exact bytes of manifest.json"
     public_key_file: str = PUBLIC_KEY_FILE
     public_key_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    p256: P256SignatureInfo | None = None
 
 
 class Manifest(_Strict):
@@ -264,6 +290,7 @@ def build_manifest(
     public_key: Ed25519PublicKey,
     reports: list[str] | None = None,
     created_at: str | None = None,
+    p256_public_key: ec.EllipticCurvePublicKey | None = None,
 ) -> Manifest:
     """The manifest of everything currently in `directory` (call it after every artifact is written)."""
     if created_at is None:
@@ -282,7 +309,7 @@ def build_manifest(
         backend=backend,
         tiers=tiers,
         reports=list(reports or []),
-        signature=signature_info(public_key),
+        signature=signature_info(public_key, p256_public_key),
         files=list_files(directory),
     )
 
@@ -317,20 +344,45 @@ def decode_signature(text: bytes) -> bytes:
     return raw
 
 
-def signature_info(public_key: Ed25519PublicKey) -> SignatureInfo:
-    return SignatureInfo(public_key_sha256=key_fingerprint(public_key))
+def sign_manifest_p256(manifest_bytes: bytes, private_key: ec.EllipticCurvePrivateKey) -> bytes:
+    """The DER ECDSA P-256 / SHA-256 signature (RFC 6979 deterministic) over `manifest_bytes`."""
+    return private_key.sign(manifest_bytes, P256_ALGORITHM)
 
 
-def write_signed_manifest(directory: str | Path, manifest: Manifest, private_key: Ed25519PrivateKey) -> bytes:
-    """Write manifest.json, manifest.sig and signing_key.pub into `directory`; returns the manifest bytes."""
+def signature_info(
+    public_key: Ed25519PublicKey, p256_public_key: ec.EllipticCurvePublicKey | None = None
+) -> SignatureInfo:
+    p256 = None
+    if p256_public_key is not None:
+        p256 = P256SignatureInfo(public_key_sha256=p256_key_fingerprint(p256_public_key))
+    return SignatureInfo(public_key_sha256=key_fingerprint(public_key), p256=p256)
+
+
+def write_signed_manifest(
+    directory: str | Path,
+    manifest: Manifest,
+    private_key: Ed25519PrivateKey,
+    p256_private_key: ec.EllipticCurvePrivateKey | None = None,
+) -> bytes:
+    """Write manifest.json, manifest.sig and signing_key.pub (and, when the manifest names a P-256
+    key, manifest.p256.sig and signing_key_p256.pub) into `directory`; returns the manifest bytes."""
     directory = Path(directory)
     public_key = private_key.public_key()
     if manifest.signature.public_key_sha256 != key_fingerprint(public_key):
         raise ValueError("manifest.signature.public_key_sha256 does not match the signing key")
+    p256 = manifest.signature.p256
+    if (p256 is None) != (p256_private_key is None):
+        raise ValueError("pass a P-256 private key exactly when the manifest names a P-256 key")
+    if p256 is not None and p256.public_key_sha256 != p256_key_fingerprint(p256_private_key.public_key()):
+        raise ValueError("manifest.signature.p256.public_key_sha256 does not match the P-256 signing key")
     data = manifest_to_bytes(manifest)
     (directory / MANIFEST_FILE).write_bytes(data)
     (directory / SIGNATURE_FILE).write_bytes(encode_signature(sign_manifest(data, private_key)))
     (directory / PUBLIC_KEY_FILE).write_bytes(encode_public_key(public_key))
+    if p256_private_key is not None:
+        signature = sign_manifest_p256(data, p256_private_key)
+        (directory / P256_SIGNATURE_FILE).write_bytes(base64.b64encode(signature))
+        (directory / P256_PUBLIC_KEY_FILE).write_bytes(encode_p256_public_key(p256_private_key.public_key()))
     return data
 
 
@@ -352,13 +404,65 @@ def _safe_relpath(path: str) -> bool:
     return bool(path) and not pure.is_absolute() and ".." not in pure.parts and "\\" not in path
 
 
+def _coerce_p256_key(public_key: ec.EllipticCurvePublicKey | bytes | str | Path) -> ec.EllipticCurvePublicKey:
+    if isinstance(public_key, ec.EllipticCurvePublicKey):
+        return public_key
+    if isinstance(public_key, Path):
+        return load_p256_public_key(public_key)
+    if isinstance(public_key, bytes) and public_key[:1] == b"\x30":  # raw SPKI DER
+        return decode_p256_public_key(base64.b64encode(public_key))
+    return decode_p256_public_key(public_key)
+
+
+def _p256_problems(
+    directory: Path,
+    manifest: Manifest,
+    data: bytes,
+    pinned: ec.EllipticCurvePublicKey | bytes | str | Path | None,
+) -> list[str]:
+    """The P-256 signature's problems: checked when the manifest names a P-256 key or one is pinned."""
+    info = manifest.signature.p256
+    if info is None:
+        return (
+            [f"{MANIFEST_FILE}: names no P-256 key, but a P-256 key is pinned"] if pinned is not None else []
+        )
+    shipped_path, signature_path = directory / P256_PUBLIC_KEY_FILE, directory / P256_SIGNATURE_FILE
+    problems = []
+    try:
+        key = _coerce_p256_key(pinned) if pinned is not None else load_p256_public_key(shipped_path)
+        if pinned is not None and shipped_path.is_file():
+            if p256_public_key_der(load_p256_public_key(shipped_path)) != p256_public_key_der(key):
+                problems.append(f"{P256_PUBLIC_KEY_FILE}: is not the pinned P-256 public key")
+    except SigningKeyError as error:
+        return [f"{P256_PUBLIC_KEY_FILE}: {error}"]
+    if info.public_key_sha256 != p256_key_fingerprint(key):
+        problems.append(f"{MANIFEST_FILE}: signature.p256.public_key_sha256 names another key")
+    if not signature_path.is_file():
+        return [*problems, f"{P256_SIGNATURE_FILE}: missing"]
+    try:
+        signature = base64.b64decode(signature_path.read_bytes().strip(), validate=True)
+        key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+    except ValueError as error:
+        problems.append(f"{P256_SIGNATURE_FILE}: not base64: {error}")
+    except InvalidSignature:
+        problems.append(
+            f"{P256_SIGNATURE_FILE}: signature does not match {MANIFEST_FILE} under the P-256 key"
+        )
+    return problems
+
+
 def verify_manifest(
-    directory: str | Path, public_key: Ed25519PublicKey | bytes | str | Path | None = None
+    directory: str | Path,
+    public_key: Ed25519PublicKey | bytes | str | Path | None = None,
+    p256_public_key: ec.EllipticCurvePublicKey | bytes | str | Path | None = None,
 ) -> Manifest:
     """Check an export directory; return its parsed manifest or raise ManifestError listing every problem.
 
     `public_key`: the pinned key (object, raw 32 bytes, base64 text, or a Path to a .pub file).
     None uses the directory's own signing_key.pub, which proves integrity but not origin.
+    `p256_public_key`: the pinned P-256 key (object, SPKI DER, base64 text or a Path); the P-256
+    signature is checked whenever the manifest names a P-256 key (against the shipped
+    signing_key_p256.pub when none is pinned).
     Checks: signature over the exact manifest.json bytes, schema, every listed file's size and
     sha256, every artifact's digest, and that no unlisted file is present.
     """
@@ -404,6 +508,7 @@ def verify_manifest(
         raise ManifestError(directory, problems) from None
     if manifest.signature.public_key_sha256 != key_fingerprint(key):
         problems.append(f"{MANIFEST_FILE}: signature.public_key_sha256 names another key")
+    problems += _p256_problems(directory, manifest, data, p256_public_key)
 
     listed: dict[str, FileEntry] = {}
     for entry in manifest.files:

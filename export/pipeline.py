@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from harmony_mobile.export import coreml as coreml_steps
 from harmony_mobile.export import steps
-from harmony_mobile.export.keys import load_or_create_signing_key
+from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_create_signing_key
 from harmony_mobile.export.manifest import (
     MANIFEST_FILE,
     BackendEntry,
@@ -407,6 +408,7 @@ def export_run(
     max_batch: int = 1,
     key_dir: str | Path | None = None,
     private_key: Ed25519PrivateKey | None = None,
+    p256_private_key: ec.EllipticCurvePrivateKey | None = None,
     threads: int = 1,
     calibration_samples: int = 256,
     test_samples: int | None = None,
@@ -417,8 +419,10 @@ def export_run(
     """Export the run's personalized front-ends per tier, the back-end, the report and the signed manifest.
 
     `tiers`: tier names (default: every tier of the run). `max_batch` > 1 makes every .pte accept a
-    dynamic batch 1..max_batch. The signing key is `private_key` if given, else the one in
-    `key_dir` (default ~/.config/harmony-mobile/keys; generated on first use).
+    dynamic batch 1..max_batch. The signing keys are `private_key` (Ed25519) and
+    `p256_private_key` (ECDSA P-256, which Android verifies; without it the manifest carries the
+    Ed25519 signature only) if given, else the pair in `key_dir` (default
+    ~/.config/harmony-mobile/keys; generated on first use).
     Raises RunDirError / ExportError / SigningKeyError before writing anything when the inputs are bad.
     """
     started = time.perf_counter()
@@ -432,6 +436,7 @@ def export_run(
     key_created = False
     if private_key is None:
         private_key, key_created = load_or_create_signing_key(key_dir)
+        p256_private_key, _ = load_or_create_p256_signing_key(key_dir)
 
     steps.set_threads(threads)
     with warnings.catch_warnings():
@@ -441,7 +446,7 @@ def export_run(
             run,
             selected,
             out,
-            private_key,
+            (private_key, p256_private_key),
             key_created=key_created,
             started=started,
             max_batch=max_batch,
@@ -458,7 +463,7 @@ def _export(
     run: RunDir,
     selected: list[Tier],
     out: Path,
-    private_key: Ed25519PrivateKey,
+    signing_keys: tuple[Ed25519PrivateKey, ec.EllipticCurvePrivateKey | None],
     *,
     key_created: bool,
     started: float,
@@ -503,7 +508,7 @@ def _export(
             "backend": backend,
             "all_checks_pass": all(ok is not False for t in tier_reports for ok in t["checks"].values()),
         }
-        manifest = _sign_manifest(run, work, entries, backend, write_report(work, report), private_key)
+        manifest = _sign_manifest(run, work, entries, backend, write_report(work, report), *signing_keys)
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -548,6 +553,7 @@ def _sign_manifest(
     backend: dict,
     reports: list,
     private_key: Ed25519PrivateKey,
+    p256_private_key: ec.EllipticCurvePrivateKey | None = None,
 ) -> Manifest:
     """Build manifest.json over every written file, sign it, and verify the signature once."""
     interface = list(run.info.interface_spec.shape)
@@ -576,8 +582,9 @@ def _sign_manifest(
         tiers=entries,
         public_key=private_key.public_key(),
         reports=reports,
+        p256_public_key=p256_private_key.public_key() if p256_private_key is not None else None,
     )
-    write_signed_manifest(work, manifest, private_key)
+    write_signed_manifest(work, manifest, private_key, p256_private_key)
     verify_manifest(work, private_key.public_key())
     return manifest
 

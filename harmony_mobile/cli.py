@@ -291,6 +291,57 @@ def export_verify(
         )
 
 
+@app.command("export-app")
+def export_app_command(
+    platform: Annotated[str, typer.Argument(help="android | ios")],
+    export_dir: Annotated[Path, typer.Option("--export", help="a `harmony export` directory")] = Path(
+        "demo-output/export"
+    ),
+    server_url: Annotated[
+        str | None,
+        typer.Option(
+            help="fallback server the app calls (default: the host as the emulator/simulator sees it; "
+            "a phone on the LAN needs http://<laptop IP>:8000)"
+        ),
+    ] = None,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--run", help="training run whose federation secret the phones need (default: EXPORT/../run)"
+        ),
+    ] = None,
+    repo: Annotated[
+        Path | None, typer.Option(help="repository checkout (default: found from the working directory)")
+    ] = None,
+) -> None:
+    """Copy a verified export, its pinned key, a server URL and the run's secret into a demo app."""
+    from harmony_mobile.export.apps import ExportAppError, find_repository, install
+    from harmony_mobile.export.manifest import ManifestError
+
+    try:
+        result = install(
+            platform,
+            export_dir,
+            repo if repo is not None else find_repository(),
+            server_url=server_url,
+            run_dir=run_dir,
+        )
+    except (ExportAppError, ManifestError, OSError) as error:
+        fail(str(error))
+    console.print(
+        f"[green]{platform}[/green]: model {result.model_version}, {len(result.copied)} files from "
+        f"{result.export_dir}; server {result.server_url}",
+        soft_wrap=True,
+    )
+    for path in result.written:
+        console.print(f"  wrote {path}", soft_wrap=True)
+    if not result.provisioned:
+        console.print(
+            "[yellow]no training run found (--run): the app keeps its provisioning.json secret, so it "
+            "cannot decode the server's slots of this model[/yellow]"
+        )
+
+
 @app.command()
 def serve(
     data_dir: Annotated[

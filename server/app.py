@@ -36,6 +36,7 @@ log = logging.getLogger("harmony_mobile.server")
 
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
+P256_SIGNATURE_FILE = "manifest.p256.sig"
 
 DESCRIPTION = """The harmony-mobile fallback server: KServe V2 inference on the aligned back-end,
 device enrolment, sealed label-private feature uploads, alignment rounds and the model registry.
@@ -90,6 +91,12 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
     registry.load_default()
     manifest_text, manifest_signature = _read_manifest(settings.model_dir)
     tier_families, manifest_version = _manifest_fields(manifest_text)
+    p256_signature_file = Path(settings.model_dir or ".") / P256_SIGNATURE_FILE
+    manifest_p256_signature = (
+        p256_signature_file.read_text()
+        if manifest_text is not None and p256_signature_file.is_file()
+        else None
+    )
     admin_token = (
         settings.admin_token.get_secret_value()
         if settings.admin_token
@@ -108,6 +115,7 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
         token_cache=TokenCache(settings.auth_cache_seconds),
         manifest_text=manifest_text,
         manifest_signature=manifest_signature,
+        manifest_p256_signature=manifest_p256_signature,
         known_tiers=frozenset(tier_families),
         tier_families=tier_families,
         manifest_version=manifest_version,

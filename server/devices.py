@@ -37,6 +37,7 @@ def enrol(state: StateDep, _: AdminDep, body: EnrolRequest | None = None) -> Enr
         interface_shape=list(default.interface_shape) if default else None,
         manifest=state.manifest_text,
         manifest_signature=state.manifest_signature,
+        manifest_p256_signature=state.manifest_p256_signature,
         limits=Limits(
             max_body_bytes=settings.max_body_bytes,
             max_request_rows=settings.max_request_rows,

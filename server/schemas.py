@@ -196,6 +196,10 @@ class EnrolResponse(BaseModel):
     interface_shape: list[int] | None
     manifest: str | None = Field(description="verbatim text of manifest.json, or null")
     manifest_signature: str | None = Field(description="verbatim text of manifest.sig, or null")
+    manifest_p256_signature: str | None = Field(
+        default=None,
+        description="verbatim text of manifest.p256.sig (ECDSA P-256, what Android verifies), or null",
+    )
     limits: Limits
 
 

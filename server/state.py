@@ -36,6 +36,7 @@ class ServerState:
     token_cache: TokenCache
     manifest_text: str | None
     manifest_signature: str | None
+    manifest_p256_signature: str | None
     known_tiers: frozenset[str]
     tier_families: dict[str, str | None]  # tier -> the front-end family it runs (None: not stated)
     manifest_version: str | None

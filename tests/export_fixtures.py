@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 import torch
-from harmony_mobile.export.keys import load_or_create_signing_key
+from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_create_signing_key
 from harmony_mobile.export.manifest import (
     BackendEntry,
     Normalization,
@@ -82,6 +82,7 @@ def fake_export_dir(directory: Path, key_dir: Path) -> Path:
         (directory / relpath).parent.mkdir(parents=True, exist_ok=True)
         (directory / relpath).write_bytes(data)
     key, _ = load_or_create_signing_key(key_dir)
+    p256_key, _ = load_or_create_p256_signing_key(key_dir)
     tiers = [
         fake_tier(
             directory,
@@ -107,8 +108,9 @@ def fake_export_dir(directory: Path, key_dir: Path) -> Path:
         public_key=key.public_key(),
         reports=["verification.json"],
         created_at="2026-01-01T00:00:00Z",
+        p256_public_key=p256_key.public_key(),
     )
-    write_signed_manifest(directory, manifest, key)
+    write_signed_manifest(directory, manifest, key, p256_key)
     return directory
 
 

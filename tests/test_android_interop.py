@@ -5,9 +5,10 @@
    against an in-JVM HTTP server, JSON edge cases).
 2. The live interop test starts the real fallback server (`harmony serve`) on a free loopback port
    with a random back-end, runs the Java client (`InteropMain`: enrol, verify the enrolment
-   manifest against a pinned key, two sealed confirmed-label uploads through the durable queue, a
-   replay, a fallback inference), then checks in the server's own store that it decrypted and
-   stored exactly what Java sent, and that the inference answer is the back-end's.
+   manifest against pinned Ed25519 and P-256 keys, two sealed confirmed-label uploads through the
+   durable queue, a replay, a fallback inference decoded from slot to class), then checks in the
+   server's own store that it decrypted and stored exactly what Java sent, and that the inference
+   answer is the class of the back-end's top slot.
 
 Skipped only when `mvn` or `java` is not installed (both are on the image and in CI).
 """
@@ -44,7 +45,7 @@ from harmony_mobile.export.manifest import (
 )
 
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
-from harmony_mobile.privacy.label_tokens import label_token, round_key
+from harmony_mobile.privacy.label_tokens import class_token, epoch_key
 from harmony_mobile.run_dir import load_backend_file, save_backend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +54,9 @@ MVN = shutil.which("mvn")
 JAVA = shutil.which("java")
 ADMIN_TOKEN = "interop-admin-token-0123456789"
 FEDERATION_SECRET = bytes(range(100, 132))
-ROUND_ID = 5
+LABEL_EPOCH = "interop-e1"
+# The back-end's slots, in the order a server would have met the classes' tokens.
+SLOT_ORDER = ["7", "3", "0", "1", "9", "2", "8", "4", "6", "5"]
 
 pytestmark = pytest.mark.skipif(
     MVN is None or JAVA is None, reason="needs Maven and a JDK (`mvn`, `java`) to build harmony-core"
@@ -92,12 +95,20 @@ def _free_port() -> int:
 
 
 def _model_dir(path: Path) -> tuple[Path, bytes]:
-    """An export-like model dir: a random back-end, a stand-in .pte, a manifest signed by a fresh key."""
+    """An export-like model dir: a random back-end over slots, a stand-in .pte, a manifest signed by
+    fresh Ed25519 and P-256 keys."""
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from harmony_mobile.export.keys import p256_public_key_der
+
+    from harmony_mobile.federation.slots import SlotTable
+
     torch.manual_seed(0)
     backend = Backend(InterfaceSpec(64, 8), 10)
     projection = ProjectionHead(backend.feature_dim, 128)
     class_names = tuple(str(i) for i in range(10))
-    save_backend(path / "backend" / "backend.pt", backend, projection, "interop-v1", class_names)
+    key_e = epoch_key(FEDERATION_SECRET, LABEL_EPOCH)
+    slots = SlotTable(LABEL_EPOCH, 10, [class_token(key_e, name) for name in SLOT_ORDER])
+    save_backend(path / "backend" / "backend.pt", backend, projection, "interop-v1", class_names, slots)
     (path / "backend" / "backend.pt2").write_bytes(b"not used by the server")
     (path / "mid-android").mkdir()
     (path / "mid-android" / "front_fp32.pte").write_bytes(b"stand-in pte " * 16)
@@ -126,18 +137,22 @@ def _model_dir(path: Path) -> tuple[Path, bytes]:
         ],
     )
     key = Ed25519PrivateKey.generate()
+    p256_key = ec.generate_private_key(ec.SECP256R1())
     manifest = build_manifest(
         path,
         model_version="interop-v1",
         run={"algorithm": "random"},
         class_names=class_names,
+        label_epoch=LABEL_EPOCH,
+        slot_table=slots.to_hex(),
         interface_shape=[64, 8, 8],
         backend=BackendEntry.describe("interop-v1", [64, 8, 8], 10),
         tiers=[tier],
         public_key=key.public_key(),
+        p256_public_key=p256_key.public_key(),
     )
-    write_signed_manifest(path, manifest, key)
-    return path, public_key_bytes(key.public_key())
+    write_signed_manifest(path, manifest, key, p256_key)
+    return path, public_key_bytes(key.public_key()), p256_public_key_der(p256_key.public_key())
 
 
 def _wait_ready(base_url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -157,7 +172,7 @@ def _wait_ready(base_url: str, process: subprocess.Popen, timeout: float = 120.0
 
 @pytest.fixture
 def live_server(tmp_path):
-    model_dir, pinned_key = _model_dir(tmp_path / "model")
+    model_dir, pinned_key, pinned_p256_key = _model_dir(tmp_path / "model")
     data_dir = tmp_path / "data"
     port = _free_port()
     log = open(tmp_path / "server.log", "w")  # closed in the finally below
@@ -189,7 +204,13 @@ def live_server(tmp_path):
     base_url = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(base_url, process)
-        yield {"base_url": base_url, "data_dir": data_dir, "model_dir": model_dir, "pinned_key": pinned_key}
+        yield {
+            "base_url": base_url,
+            "data_dir": data_dir,
+            "model_dir": model_dir,
+            "pinned_key": pinned_key,
+            "pinned_p256_key": pinned_p256_key,
+        }
     finally:
         process.send_signal(signal.SIGINT)
         try:
@@ -212,8 +233,8 @@ def _run_java_client(server: dict, work: Path) -> dict:
             server["base_url"],
             ADMIN_TOKEN,
             server["pinned_key"].hex(),
+            server["pinned_p256_key"].hex(),
             FEDERATION_SECRET.hex(),
-            str(ROUND_ID),
             str(work / "queue"),
             str(out),
         ],
@@ -241,7 +262,11 @@ def test_java_client_against_the_real_server(built_core, live_server, tmp_path):
     server_key = load_or_create_server_key(data_dir)
     assert sent["server_public_key"] == server_key.public_key().public_bytes_raw().hex()
     assert sent["manifest_model_version"] == "interop-v1"
+    assert sent["manifest_p256_model_version"] == "interop-v1"  # what an Android 13-15 phone verifies
     assert sent["manifest_tiers"] == ["mid-android"]
+    assert sent["label_epoch"] == LABEL_EPOCH
+    key = epoch_key(FEDERATION_SECRET, LABEL_EPOCH)
+    assert sent["slot_table"] == [class_token(key, name).hex() for name in SLOT_ORDER]
 
     # Uploads: delivered, replay acknowledged as a duplicate, stored exactly once each.
     assert sent["delivered"] == 2 and sent["pending_after_flush"] == 0
@@ -256,26 +281,29 @@ def test_java_client_against_the_real_server(built_core, live_server, tmp_path):
         store.close()
     assert [e.message_id for e in stored] == [u["message_id"] for u in sent["uploads"]]
 
-    key = round_key(FEDERATION_SECRET, ROUND_ID)
     for envelope, upload in zip(stored, sent["uploads"], strict=True):
         assert uuid.UUID(envelope.message_id)
-        assert envelope.round_id == ROUND_ID
+        assert envelope.label_epoch == LABEL_EPOCH
         assert hashlib.sha256(envelope.envelope).hexdigest() == upload["envelope_sha256"]
         payload = open_upload(
-            server_key, envelope.device_id, envelope.round_id, envelope.message_id, envelope.envelope
+            server_key, envelope.device_id, envelope.label_epoch, envelope.message_id, envelope.envelope
         )
         np.testing.assert_array_equal(payload.features, _features(upload["features_f32le_base64"]))
         meta = payload.metadata
-        assert meta.label_tokens == (label_token(key, upload["class_id"]).hex(),) == (upload["label_token"],)
+        assert (
+            meta.label_tokens == (class_token(key, upload["class_name"]).hex(),) == (upload["label_token"],)
+        )
         assert meta.split_depths == (2,)
         assert (meta.family, meta.tier, meta.model_version) == ("mobilenet", "mid-android", "interop-v1")
 
-    # Inference: uncertain locally, so the server answered with argmax g(z) of its back-end.
+    # Inference: uncertain locally, so the server answered with the top slot of g(z), and Java
+    # turned the slot into the class whose token the slot holds.
     inference = sent["inference"]
     assert inference["source"] == "SERVER", inference
     loaded = load_backend_file(live_server["model_dir"] / "backend" / "backend.pt")
     with torch.no_grad():
-        logits = loaded.backend(torch.from_numpy(_features(inference["features_f32le_base64"]).copy()))[0]
-    assert inference["predicted_class"] == int(logits.argmax())
-    np.testing.assert_allclose(np.array(inference["logits"]), logits.numpy(), rtol=1e-4, atol=1e-4)
-    assert inference["confidence"] == pytest.approx(float(logits.softmax(0).max()), abs=1e-5)
+        scores = loaded.backend(torch.from_numpy(_features(inference["features_f32le_base64"]).copy()))[0]
+    assert inference["top_slot"] == int(scores.argmax())
+    assert inference["predicted_class"] == int(SLOT_ORDER[int(scores.argmax())])
+    np.testing.assert_allclose(np.array(inference["slot_scores"]), scores.numpy(), rtol=1e-4, atol=1e-4)
+    assert inference["confidence"] == pytest.approx(float(scores.softmax(0).max()), abs=1e-5)

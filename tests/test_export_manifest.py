@@ -10,21 +10,28 @@ import stat
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from harmony_mobile.export.keys import (
+    P256_PRIVATE_KEY_FILE,
+    P256_PUBLIC_KEY_FILE,
     PRIVATE_KEY_FILE,
     PUBLIC_KEY_FILE,
     SigningKeyError,
     encode_public_key,
+    load_or_create_p256_signing_key,
     load_or_create_signing_key,
+    load_p256_public_key,
     load_public_key,
 )
 from harmony_mobile.export.manifest import (
     MANIFEST_FILE,
+    P256_SIGNATURE_FILE,
     SIGNATURE_FILE,
     ManifestError,
     encode_signature,
     manifest_to_bytes,
     read_manifest,
     sign_manifest,
+    sign_manifest_p256,
+    signature_info,
     tree_digest,
     verify_manifest,
     write_signed_manifest,
@@ -38,9 +45,9 @@ def signed(tmp_path):
     return fake_export_dir(tmp_path / "out", tmp_path / "keys"), tmp_path / "keys"
 
 
-def problems_of(directory, public_key=None) -> str:
+def problems_of(directory, public_key=None, p256_public_key=None) -> str:
     with pytest.raises(ManifestError) as error:
-        verify_manifest(directory, public_key)
+        verify_manifest(directory, public_key, p256_public_key)
     return str(error.value)
 
 
@@ -203,3 +210,89 @@ def test_an_unsafe_or_mismatched_key_is_refused(tmp_path):
 def test_manifest_bytes_are_stable(signed):
     out, _ = signed
     assert manifest_to_bytes(read_manifest(out)) == (out / MANIFEST_FILE).read_bytes()
+
+
+# --------------------------------------------------------------------------- ECDSA P-256 (what Android checks)
+
+
+def test_the_p256_signature_verifies_with_the_pinned_key_and_is_deterministic(signed):
+    out, keys = signed
+    manifest = verify_manifest(out, keys / PUBLIC_KEY_FILE, keys / P256_PUBLIC_KEY_FILE)
+    assert manifest.signature.p256.public_key_sha256
+    assert (out / P256_PUBLIC_KEY_FILE).read_bytes() == (keys / P256_PUBLIC_KEY_FILE).read_bytes()
+    key, _ = load_or_create_p256_signing_key(keys)
+    data = (out / MANIFEST_FILE).read_bytes()
+    signature = base64.b64decode((out / P256_SIGNATURE_FILE).read_bytes(), validate=True)
+    assert signature == sign_manifest_p256(data, key)  # RFC 6979: the same bytes sign the same way
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    load_p256_public_key(keys / P256_PUBLIC_KEY_FILE).verify(signature, data, ec.ECDSA(hashes.SHA256()))
+
+
+def test_a_tampered_or_swapped_p256_signature_is_detected(signed, tmp_path):
+    out, keys = signed
+    pinned = keys / P256_PUBLIC_KEY_FILE
+    other = fake_export_dir(tmp_path / "other", tmp_path / "other-keys")
+    (out / P256_SIGNATURE_FILE).write_bytes((other / P256_SIGNATURE_FILE).read_bytes())
+    assert f"{P256_SIGNATURE_FILE}: signature does not match" in problems_of(out, None, pinned)
+    key, _ = load_or_create_p256_signing_key(keys)
+    (out / P256_SIGNATURE_FILE).write_bytes(base64.b64encode(sign_manifest_p256(b"other bytes", key)))
+    assert f"{P256_SIGNATURE_FILE}: signature does not match" in problems_of(out, None, pinned)
+    (out / P256_SIGNATURE_FILE).unlink()
+    assert f"{P256_SIGNATURE_FILE}: missing" in problems_of(out)
+
+
+def test_a_tampered_manifest_fails_both_signatures(signed):
+    out, keys = signed
+    data = (out / MANIFEST_FILE).read_bytes().replace(b'"threshold": 0.9', b'"threshold": 0.1')
+    (out / MANIFEST_FILE).write_bytes(data)
+    message = problems_of(out, keys / PUBLIC_KEY_FILE, keys / P256_PUBLIC_KEY_FILE)
+    assert f"{SIGNATURE_FILE}: signature does not match" in message
+    assert f"{P256_SIGNATURE_FILE}: signature does not match" in message
+
+
+def test_an_attacker_resigning_both_fails_against_the_pinned_p256_key(signed, tmp_path):
+    out, keys = signed
+    manifest = read_manifest(out)
+    manifest.tiers[0].threshold = 0.01
+    attacker, _ = load_or_create_signing_key(tmp_path / "attacker")
+    attacker_p256, _ = load_or_create_p256_signing_key(tmp_path / "attacker")
+    manifest.signature = signature_info(attacker.public_key(), attacker_p256.public_key())
+    write_signed_manifest(out, manifest, attacker, attacker_p256)
+    verify_manifest(out)  # self-consistent with the shipped keys ...
+    message = problems_of(out, None, keys / P256_PUBLIC_KEY_FILE)  # ... but not with the pinned one
+    assert f"{P256_SIGNATURE_FILE}: signature does not match" in message
+    assert f"{P256_PUBLIC_KEY_FILE}: is not the pinned P-256 public key" in message
+    assert "signature.p256.public_key_sha256 names another key" in message
+
+
+def test_a_pinned_p256_key_refuses_a_manifest_without_a_p256_signature(signed):
+    out, keys = signed
+    ed25519, _ = load_or_create_signing_key(keys)
+    manifest = read_manifest(out)
+    manifest.signature = signature_info(ed25519.public_key())
+    write_signed_manifest(out, manifest, ed25519)
+    assert verify_manifest(out, keys / PUBLIC_KEY_FILE).signature.p256 is None
+    assert "names no P-256 key" in problems_of(out, None, keys / P256_PUBLIC_KEY_FILE)
+
+
+def test_the_p256_key_is_created_beside_an_existing_ed25519_key_with_private_permissions(tmp_path):
+    key_dir = tmp_path / "keys"
+    load_or_create_signing_key(key_dir)
+    (key_dir / P256_PRIVATE_KEY_FILE).unlink()
+    (key_dir / P256_PUBLIC_KEY_FILE).unlink()
+    key, created = load_or_create_p256_signing_key(key_dir)
+    assert created and stat.S_IMODE((key_dir / P256_PRIVATE_KEY_FILE).stat().st_mode) == 0o600
+    assert len(base64.b64decode((key_dir / P256_PUBLIC_KEY_FILE).read_bytes())) == 91
+    other, _ = load_or_create_p256_signing_key(tmp_path / "other")
+    from harmony_mobile.export.keys import encode_p256_public_key
+
+    (key_dir / P256_PUBLIC_KEY_FILE).write_bytes(encode_p256_public_key(other.public_key()))
+    with pytest.raises(SigningKeyError, match="does not belong"):
+        load_or_create_p256_signing_key(key_dir)
+    with pytest.raises(SigningKeyError, match="not a P-256"):
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from harmony_mobile.export.keys import load_private_key
+
+        load_private_key(key_dir / PRIVATE_KEY_FILE, ec.EllipticCurvePrivateKey)

@@ -15,9 +15,11 @@ from docs/PROTOCOL.md, so the test stays fast.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import plistlib
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -250,7 +252,8 @@ def test_sealing_constants_match_sealing_py_and_the_protocol():
 
 def test_label_token_constants_match_label_tokens_py_and_the_protocol():
     assert swift("LabelTokens", "tokenBytes") == LABEL_TOKENS["TOKEN_BYTES"]
-    assert swift("LabelTokens", "roundKeyBytes") == LABEL_TOKENS["ROUND_KEY_BYTES"]
+    assert swift("LabelTokens", "epochKeyBytes") == LABEL_TOKENS["EPOCH_KEY_BYTES"]
+    assert f"{{1,{swift('LabelTokens', 'maxLabelEpochLength')}}}" in LABEL_TOKENS["LABEL_EPOCH_PATTERN"]
     assert swift("LabelTokens", "infoPrefix").encode() == LABEL_TOKENS["INFO_PREFIX"]
     minimum = re.search(r"len\(federation_secret\) < (\d+)", LABEL_TOKENS_PY.read_text(encoding="utf-8"))
     assert swift("LabelTokens", "minSecretBytes") == int(minimum.group(1))
@@ -336,6 +339,12 @@ def test_manifest_constants_match_export_manifest_py():
     assert swift("ManifestVerifier", "manifestFile") == MANIFEST["MANIFEST_FILE"]
     assert swift("ManifestVerifier", "signatureFile") == MANIFEST["SIGNATURE_FILE"]
     assert swift("ManifestVerifier", "publicKeyFile") == KEYS["PUBLIC_KEY_FILE"]
+    assert swift("ManifestVerifier", "p256SignatureFile") == MANIFEST["P256_SIGNATURE_FILE"]
+    assert swift("ManifestVerifier", "p256PublicKeyFile") == KEYS["P256_PUBLIC_KEY_FILE"]
+    p256_fields = _pydantic_fields(MANIFEST_PY, "P256SignatureInfo")
+    assert [swift("ManifestVerifier", "p256SignatureAlgorithm")] == _literal_values(
+        p256_fields["algorithm"].annotation
+    )
     assert swift("ManifestVerifier", "supportedFormat") == MANIFEST["MANIFEST_FORMAT"]
     manifest_fields = _pydantic_fields(MANIFEST_PY, "Manifest")
     assert [swift("ManifestVerifier", "kind")] == _literal_values(manifest_fields["kind"].annotation)
@@ -368,6 +377,7 @@ def test_manifest_constants_match_export_manifest_py():
         ("TierEntry", "TierEntry"),
         ("BackendEntry", "BackendEntry"),
         ("SignatureInfo", "SignatureInfo"),
+        ("P256SignatureInfo", "P256SignatureInfo"),
     ],
 )
 def test_manifest_codable_keys_exist_in_the_schema(swift_type, python_model):
@@ -427,8 +437,8 @@ def test_headers_and_bodies_match_the_server_schemas():
     client = SOURCES / "Net" / "HarmonyHTTPClient.swift"
     text = client.read_text(encoding="utf-8")
     body = text[text.index("func uploadBody(") : text.index("func upload(body:")]
-    assert re.findall(r'JSONText\.string\("(\w+)"\)', body) == ["round_id", "message_id", "envelope"]
-    assert set(schemas["UploadRequest"]["required"]) == {"round_id", "message_id", "envelope"}
+    assert re.findall(r'JSONText\.string\("(\w+)"\)', body) == ["label_epoch", "message_id", "envelope"]
+    assert set(schemas["UploadRequest"]["required"]) == {"label_epoch", "message_id", "envelope"}
     for swift_type, schema in [
         ("Enrollment", "EnrolResponse"),
         ("Limits", "Limits"),
@@ -441,8 +451,8 @@ def test_headers_and_bodies_match_the_server_schemas():
         )
     enrolment = set(_coding_keys(client, "Enrollment").values())
     assert enrolment == set(schemas["EnrolResponse"]["properties"])
-    for output in ("logits", "top_class", "confidence"):
-        assert f'output("{output}")' in text and f'"name": "{output}"' in PROTOCOL
+    for output in ("slot_scores", "top_slot", "confidence"):
+        assert f'output("{output}")' in text and f"{output}" in PROTOCOL
     assert '"Authorization"' in text and '"Bearer "' in text and "Authorization: Bearer <token>" in PROTOCOL
 
 
@@ -548,3 +558,56 @@ def test_xcode_project_is_well_formed_and_points_at_real_files():
     assert '"-all_load"' in raw, "ExecuTorch kernels and backends register from static initializers"
     products = set(re.findall(r"isa = XCSwiftPackageProductDependency;[^}]*productName = (\w+);", raw))
     assert products == {"HarmonyKit", "HarmonyKitExecuTorch"}
+    # An iPad app that supports multitasking must support every orientation (else Xcode warns and
+    # App Store validation asks for UIRequiresFullScreen); the iPhone layout stays portrait.
+    ipad = re.findall(r'INFOPLIST_KEY_UISupportedInterfaceOrientations_iPad = "([^"]+)";', raw)
+    assert ipad and all(
+        set(value.split())
+        == {
+            "UIInterfaceOrientationPortrait",
+            "UIInterfaceOrientationPortraitUpsideDown",
+            "UIInterfaceOrientationLandscapeLeft",
+            "UIInterfaceOrientationLandscapeRight",
+        }
+        for value in ipad
+    )
+    assert "INFOPLIST_KEY_UISupportedInterfaceOrientations =" not in raw
+
+
+# --------------------------------------------------------------------------- per-file Swift imports
+
+
+def _swift_imports_module():
+    spec = importlib.util.spec_from_file_location(
+        "swift_imports", ROOT / "ios_demo" / "tools" / "swift_imports.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("swift_imports", module)  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_swift_file_imports_the_modules_whose_symbols_it_uses():
+    checker = _swift_imports_module()
+    assert checker.problems() == []
+
+
+def test_the_import_check_catches_a_missing_or_non_testable_import():
+    checker = _swift_imports_module()
+    sources = {name: checker.module_files(directory) for name, (directory, _) in checker.MODULES.items()}
+    tests = sources["HarmonyKitTests"]
+    vectors = next(path for path in tests if path.name == "Vectors.swift")
+    tests[vectors] = tests[vectors].replace("@testable import HarmonyKit\n", "")
+    assert [
+        p for p in checker.problems(sources) if "Vectors.swift" in p and "does not import HarmonyKit" in p
+    ]
+
+    probe = vectors.with_name("Probe.swift")
+    tests[probe] = (
+        'import HarmonyKit\nimport XCTest\n// Hex in a comment\nlet s = "\\(ModelMetadataResponse.self)"\n'
+    )
+    assert any("internal ModelMetadataResponse" in p and "@testable" in p for p in checker.problems(sources))
+    tests[probe] = 'import XCTest\n// uses Hex only in a comment, and "Hex" in a string\nlet s = "Hex"\n'
+    assert not [p for p in checker.problems(sources) if "Probe.swift" in p]
+    tests[probe] = "import HarmonyKit\nfinal class Probe: XCTestCase {}\n"
+    assert any("Probe.swift" in p and "does not import XCTest" in p for p in checker.problems(sources))

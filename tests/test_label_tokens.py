@@ -4,53 +4,77 @@ from hypothesis import strategies as st
 
 from harmony_mobile.privacy.label_tokens import (
     TOKEN_BYTES,
-    label_token,
-    label_tokens,
-    round_key,
+    check_label_epoch,
+    class_token,
+    class_tokens,
+    epoch_key,
+    parse_slot_table,
+    slot_classes,
     tokens_to_groups,
 )
 
 SECRET = bytes(range(32))
 
 
-@given(st.lists(st.integers(0, 99), min_size=1, max_size=30), st.integers(0, 10_000))
-def test_equal_labels_in_one_round_give_equal_tokens_across_clients(labels, round_id):
-    # two clients derive the round key independently from the shared federation secret
-    client_a = label_tokens(round_key(SECRET, round_id), labels)
-    client_b = label_tokens(round_key(bytes(SECRET), round_id), labels)
-    assert client_a == client_b
-    for i, j in [(i, j) for i in range(len(labels)) for j in range(len(labels))]:
-        assert (client_a[i] == client_a[j]) == (labels[i] == labels[j])
-
-
-@given(st.integers(0, 99), st.integers(0, 10_000))
-def test_tokens_change_across_rounds(class_id, round_id):
-    assert label_token(round_key(SECRET, round_id), class_id) != label_token(
-        round_key(SECRET, round_id + 1), class_id
-    )
-
-
-@given(st.integers(0, 999), st.integers(0, 1000))
-def test_no_token_equals_a_class_id(class_id, round_id):
-    token = label_token(round_key(SECRET, round_id), class_id)
-    assert len(token) == TOKEN_BYTES
-    for encoding in ("big", "little"):
-        assert int.from_bytes(token, encoding) >= 1000 or int.from_bytes(token, encoding) != class_id
-    assert token != class_id.to_bytes(TOKEN_BYTES, "big")
-
-
 def test_other_secret_gives_other_tokens():
-    assert label_token(round_key(SECRET, 1), 3) != label_token(round_key(b"x" * 32, 1), 3)
+    assert len(class_token(epoch_key(SECRET, "e1"), "3")) == TOKEN_BYTES
+    assert class_token(epoch_key(SECRET, "e1"), "3") != class_token(epoch_key(b"x" * 32, "e1"), "3")
 
 
 def test_groups_carry_no_class_identity():
-    key = round_key(SECRET, 7)
-    tokens = label_tokens(key, [5, 9, 5, 2, 9])
+    tokens = class_tokens(epoch_key(SECRET, "e7"), ["5", "9", "5", "2", "9"])
     assert tokens_to_groups(tokens) == [0, 1, 0, 2, 1]  # first-seen order, not class ids
 
 
-def test_bad_inputs():
+# --------------------------------------------------------------------------- label epochs and slots
+
+EPOCHS = st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True)
+NAMES = st.text(min_size=1, max_size=20)
+
+
+@given(st.lists(NAMES, min_size=1, max_size=20), EPOCHS)
+def test_equal_class_names_in_one_epoch_give_equal_tokens_across_clients(names, epoch):
+    client_a = class_tokens(epoch_key(SECRET, epoch), names)
+    client_b = class_tokens(epoch_key(bytes(SECRET), epoch), names)
+    assert client_a == client_b
+    for i in range(len(names)):
+        for j in range(len(names)):
+            assert (client_a[i] == client_a[j]) == (names[i] == names[j])
+
+
+@given(NAMES, EPOCHS, EPOCHS)
+def test_epochs_are_unlinkable(name, epoch, other):
+    if epoch != other:
+        assert class_token(epoch_key(SECRET, epoch), name) != class_token(epoch_key(SECRET, other), name)
+
+
+@pytest.mark.parametrize("epoch", ["", "a b", "x" * 65, "é", "e/1", "7\n", None, 7])
+def test_bad_label_epochs_are_rejected(epoch):
+    with pytest.raises(ValueError, match="label epoch"):
+        check_label_epoch(epoch)
+    if isinstance(epoch, str):
+        with pytest.raises(ValueError, match="label epoch"):
+            epoch_key(SECRET, epoch)
+
+
+def test_epoch_key_refuses_a_short_secret_and_empty_class_names():
     with pytest.raises(ValueError, match="at least 16 bytes"):
-        round_key(b"short", 1)
-    with pytest.raises(ValueError, match="non-negative"):
-        label_token(round_key(SECRET, 1), -1)
+        epoch_key(b"short", "e1")
+    with pytest.raises(ValueError, match="non-empty"):
+        class_token(epoch_key(SECRET, "e1"), "")
+
+
+def test_slot_classes_names_known_slots_and_leaves_the_rest_unnamed():
+    key = epoch_key(SECRET, "e1")
+    names = ["cat", "dog", "bird"]
+    foreign = class_token(epoch_key(SECRET, "e2"), "dog")  # right name, other epoch
+    table = [class_token(key, "bird"), bytes(8), foreign, class_token(key, "cat")]
+    assert slot_classes(key, names, table) == ["bird", None, None, "cat"]
+    assert slot_classes(key, names, []) == []
+
+
+def test_slot_tables_parse_from_lowercase_hex_only():
+    assert parse_slot_table(["0123456789abcdef"]) == [bytes.fromhex("0123456789abcdef")]
+    for bad in (["0123456789ABCDEF"], ["0123"], [7], ["0123456789abcdeg"]):
+        with pytest.raises(ValueError, match="slot 0"):
+            parse_slot_table(bad)

@@ -26,14 +26,14 @@ GOLDEN = {
     "ephemeral_private_key": bytes(range(101, 133)),
     "nonce": bytes(range(201, 213)),
     "device_id": "dev_golden",
-    "round_id": 7,
+    "label_epoch": "e7",
     "message_id": uuid.UUID("00112233-4455-6677-8899-aabbccddeeff"),
     "plaintext": b"harmony golden plaintext",
 }
 
 
 def golden_ad() -> AssociatedData:
-    return AssociatedData(GOLDEN["device_id"], GOLDEN["round_id"], GOLDEN["message_id"])
+    return AssociatedData(GOLDEN["device_id"], GOLDEN["label_epoch"], GOLDEN["message_id"])
 
 
 def golden_envelope() -> bytes:
@@ -49,8 +49,7 @@ def golden_envelope() -> bytes:
 
 GOLDEN_SERVER_PUBLIC_HEX = "07a37cbc142093c8b755dc1b10e86cb426374ad16aa853ed0bdfc0b2b86d1c7c"
 GOLDEN_AD_HEX = (
-    "6861726d6f6e792f75706c6f61642d61642f76310a006465765f676f6c64656e07000000000000000011223344"
-    "5566778899aabbccddeeff"
+    "6861726d6f6e792f75706c6f61642d61642f76320a006465765f676f6c64656e02653700112233445566778899aabbccddeeff"
 )
 
 
@@ -61,7 +60,7 @@ def server_key():
 
 @pytest.fixture(scope="module")
 def ad():
-    return AssociatedData("dev_abc", 3, uuid.uuid4())
+    return AssociatedData("dev_abc", "mnist-e3", uuid.uuid4())
 
 
 def test_round_trip(server_key, ad):
@@ -82,11 +81,11 @@ def test_every_envelope_is_fresh(server_key, ad):
 @pytest.mark.parametrize(
     "other",
     [
-        lambda ad: AssociatedData(ad.device_id + "x", ad.round_id, ad.message_id),
-        lambda ad: AssociatedData(ad.device_id, ad.round_id + 1, ad.message_id),
-        lambda ad: AssociatedData(ad.device_id, ad.round_id, uuid.uuid4()),
+        lambda ad: AssociatedData(ad.device_id + "x", ad.label_epoch, ad.message_id),
+        lambda ad: AssociatedData(ad.device_id, ad.label_epoch + "4", ad.message_id),
+        lambda ad: AssociatedData(ad.device_id, ad.label_epoch, uuid.uuid4()),
     ],
-    ids=["device_id", "round_id", "message_id"],
+    ids=["device_id", "label_epoch", "message_id"],
 )
 def test_every_associated_data_field_is_bound(server_key, ad, other):
     envelope = seal(public_key_bytes(server_key), b"payload", ad)
@@ -138,13 +137,12 @@ def test_wrong_server_key_fails(server_key, ad):
 
 def test_associated_data_validation():
     with pytest.raises(ValueError, match="device id"):
-        AssociatedData("", 0, uuid.uuid4())
-    with pytest.raises(ValueError, match="round id"):
-        AssociatedData("dev", -1, uuid.uuid4())
-    with pytest.raises(ValueError, match="round id"):
-        AssociatedData("dev", 2**63, uuid.uuid4())
+        AssociatedData("", "e0", uuid.uuid4())
+    for epoch in ("", "x" * 65, "e 1", "é", 7):
+        with pytest.raises(ValueError, match="label epoch"):
+            AssociatedData("dev", epoch, uuid.uuid4())
     with pytest.raises(TypeError):
-        AssociatedData("dev", 0, "not-a-uuid")
+        AssociatedData("dev", "e0", "not-a-uuid")
 
 
 def test_associated_data_encoding_is_the_documented_one():

@@ -14,6 +14,7 @@ import re
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from harmony_mobile.export.manifest import ManifestError, verify_manifest
@@ -60,7 +61,7 @@ def test_sealed_vectors_open_with_the_server_key_and_hold_valid_uploads():
     vectors = _load("sealed_upload.json")
     server = X25519PrivateKey.from_private_bytes(bytes.fromhex(vectors["server_private_key"]))
     for case in vectors["cases"]:
-        ad = sealing.AssociatedData(case["device_id"], case["round_id"], uuid.UUID(case["message_id"]))
+        ad = sealing.AssociatedData(case["device_id"], case["label_epoch"], uuid.UUID(case["message_id"]))
         assert sealing.open_sealed(server, bytes.fromhex(case["envelope"]), ad).hex() == case["plaintext"]
     upload = decode_upload(bytes.fromhex(vectors["cases"][2]["plaintext"]))
     assert upload.features.shape == (1, 64, 8, 8)
@@ -75,12 +76,19 @@ def test_manifest_vector_verifies_with_the_python_verifier(tmp_path):
     (tmp_path / "manifest.json").write_bytes(vectors["manifest_text"].encode("utf-8"))
     (tmp_path / "manifest.sig").write_bytes(vectors["signature_file"].encode("ascii"))
     (tmp_path / "signing_key.pub").write_bytes(vectors["signing_key_pub"].encode("ascii"))
-    manifest = verify_manifest(tmp_path, bytes.fromhex(vectors["public_key"]))
+    (tmp_path / "manifest.p256.sig").write_bytes(vectors["p256_signature_file"].encode("ascii"))
+    (tmp_path / "signing_key_p256.pub").write_bytes(vectors["signing_key_p256_pub"].encode("ascii"))
+    pinned = bytes.fromhex(vectors["public_key"]), bytes.fromhex(vectors["p256_public_key"])
+    manifest = verify_manifest(tmp_path, *pinned)
     assert [t.name for t in manifest.tiers] == ["entry-android", "flagship"]
 
+    (tmp_path / "manifest.p256.sig").write_bytes(vectors["signature_file"].encode("ascii"))
+    with pytest.raises(ManifestError, match="manifest.p256.sig"):
+        verify_manifest(tmp_path, *pinned)
+    (tmp_path / "manifest.p256.sig").write_bytes(vectors["p256_signature_file"].encode("ascii"))
     (tmp_path / "entry-android" / "front_fp32.pte").write_bytes(b"tampered")
     with pytest.raises(ManifestError):
-        verify_manifest(tmp_path, bytes.fromhex(vectors["public_key"]))
+        verify_manifest(tmp_path, *pinned)
 
 
 def test_upload_vectors_decode_to_their_declared_metadata():
@@ -90,3 +98,26 @@ def test_upload_vectors_decode_to_their_declared_metadata():
             k: tuple(v) if isinstance(v, list) else v for k, v in case["metadata"].items()
         }
         assert list(payload.features.shape) == case["shape"]
+
+
+def test_device_normalize_matches_the_normalization_vector():
+    from harmony_mobile.device import normalize
+
+    for case in _load("pixel_normalization.json")["cases"]:
+        channels = case["channels"]
+        pixels = np.array(case["pixels"], dtype=np.uint8).reshape(channels, 1, -1)
+        got = normalize(pixels, case).numpy().reshape(-1)
+        expected = np.array(case["values"], dtype=np.float32)
+        # float32 arithmetic in torch vs float64 then rounding on the phones: a few float32 epsilons
+        np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6, err_msg=case["name"])
+
+
+def test_tier_selection_vector_follows_the_documented_rule():
+    """Spot checks by hand, so a wrong reference cannot pass just by agreeing with itself."""
+    cases = {(c["tiers"], c["device_name"]): c for c in _load("tier_selection.json")["cases"]}
+    assert cases[("default", "android mid at 3 GiB")]["selected"] == "mid-android"
+    assert cases[("default", "iphone mid")]["selected"] == "mid-ios"  # Core ML preferred on a tie
+    assert cases[("default", "android API 28")]["device_class"] == "entry"
+    assert cases[("ties and boundaries", "android entry by RAM")]["selected"] == "boundary"  # cost == budget
+    assert cases[("ties and boundaries", "android mid at 3 GiB")]["selected"] == "a-tier"  # name tie
+    assert cases[("core ml only", "android mid at 3 GiB")]["selected"] is None

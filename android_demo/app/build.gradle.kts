@@ -8,20 +8,29 @@ val executorchVersion = "1.5.1"
 
 fun quoted(value: String) = "\"" + value.replace("\\", "\\\\").replace("\"", "\\\"") + "\""
 
+/** android_demo/harmony.properties (written by `harmony export-app android`, not committed) wins over gradle.properties. */
+val exportedApp = java.util.Properties().apply {
+    val file = rootProject.file("harmony.properties")
+    if (file.isFile) file.inputStream().use { load(it) }
+}
+
+fun setting(name: String, fallback: String): String =
+    exportedApp.getProperty(name) ?: providers.gradleProperty(name).getOrElse(fallback)
+
 android {
     namespace = "org.harmonymobile.demo"
     compileSdk = 35
 
     defaultConfig {
         applicationId = "org.harmonymobile.demo"
-        // API 33: the platform providers' X25519 (KeyAgreement/KeyPairGenerator "XDH") that sealing needs;
-        // see android_demo/README.md for Ed25519 (manifest signatures) and the caveats.
+        // API 33: the platform providers' X25519 (KeyAgreement/KeyPairGenerator "XDH") that sealing needs.
+        // The manifest is checked with ECDSA P-256 (SHA256withECDSA, on every API level), not Ed25519.
         minSdk = 33
         targetSdk = 35
         versionCode = 1
         versionName = "0.1.0"
-        buildConfigField("String", "PINNED_MANIFEST_KEY", quoted(providers.gradleProperty("harmony.pinnedManifestKey").getOrElse("")))
-        buildConfigField("String", "DEFAULT_SERVER_URL", quoted(providers.gradleProperty("harmony.serverUrl").getOrElse("http://10.0.2.2:8000")))
+        buildConfigField("String", "PINNED_MANIFEST_KEY", quoted(setting("harmony.pinnedManifestKey", "")))
+        buildConfigField("String", "DEFAULT_SERVER_URL", quoted(setting("harmony.serverUrl", "http://10.0.2.2:8000")))
         ndk {
             // ExecuTorch ships arm64-v8a and x86_64 (emulator) native libraries.
             abiFilters += listOf("arm64-v8a", "x86_64")
@@ -44,13 +53,16 @@ android {
         targetCompatibility = JavaVersion.VERSION_17
     }
 
-    kotlinOptions {
-        jvmTarget = "17"
-    }
-
     androidResources {
         // .pte files are memory-mapped after being copied out; keep them uncompressed in the APK.
         noCompress += "pte"
+    }
+}
+
+// `kotlinOptions` inside `android {}` is an error from Kotlin 2.2; the compilerOptions DSL replaces it.
+kotlin {
+    compilerOptions {
+        jvmTarget.set(org.jetbrains.kotlin.gradle.dsl.JvmTarget.JVM_17)
     }
 }
 

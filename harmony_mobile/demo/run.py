@@ -148,10 +148,15 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
     t = mark("train", t)
 
     console.rule("[bold]2. export every tier")
-    from harmony_mobile.export.keys import encode_public_key, load_or_create_signing_key
+    from harmony_mobile.export.keys import (
+        encode_public_key,
+        load_or_create_p256_signing_key,
+        load_or_create_signing_key,
+    )
     from harmony_mobile.export.pipeline import export_run
 
     signing_key, _ = load_or_create_signing_key(out / "keys")
+    p256_signing_key, _ = load_or_create_p256_signing_key(out / "keys")
     pinned = encode_public_key(signing_key.public_key())  # what the apps ship with
     export = reuse_export(out) if config.reuse_run else None
     if export is None:
@@ -159,6 +164,7 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
             out / "run",
             out / "export",
             private_key=signing_key,
+            p256_private_key=p256_signing_key,
             latency_runs=config.latency_runs,
             console=console,
         )

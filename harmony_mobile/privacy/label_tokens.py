@@ -1,11 +1,14 @@
 """Label tokens: what the server gets instead of a label.
 
-    K_r = HKDF-SHA256(federation_secret, salt=None, info="harmony/label-token/" + r)
-    t   = first 8 bytes of HMAC-SHA256(K_r, class id as 4-byte big-endian)
+    K_e = HKDF-SHA256(federation_secret, salt=None, info="harmony/label-token/" + label epoch, 32)
+    t   = first 8 bytes of HMAC-SHA256(K_e, UTF-8 class name)
 
-Within round r equal labels give equal tokens on every client (so the server can form
-contrastive positives); across rounds the tokens are unlinkable; without the federation secret,
-which only clients hold, the server cannot map a token to a class.
+Within one label epoch (a model lineage: training and its alignment rounds) equal class names give
+equal tokens on every client, so the server can keep a slot per token and train over slots;
+across epochs the tokens are unlinkable; without the federation secret, which only clients hold,
+the server cannot map a token (or its slot) to a class. Java (harmony-core `LabelTokens`) and Swift
+(HarmonyKit `LabelTokens`) implement the same bytes (tests/vectors/label_tokens.json,
+slot_mapping.json).
 """
 
 from __future__ import annotations
@@ -17,37 +20,8 @@ from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 TOKEN_BYTES = 8
-ROUND_KEY_BYTES = 32
+EPOCH_KEY_BYTES = 32
 INFO_PREFIX = b"harmony/label-token/"
-
-
-def round_key(federation_secret: bytes, round_id: int | str) -> bytes:
-    """K_r: the per-round (or per key epoch) HMAC key."""
-    if len(federation_secret) < 16:
-        raise ValueError("the federation secret must be at least 16 bytes")
-    hkdf = HKDF(
-        algorithm=hashes.SHA256(),
-        length=ROUND_KEY_BYTES,
-        salt=None,
-        info=INFO_PREFIX + str(round_id).encode(),
-    )
-    return hkdf.derive(federation_secret)
-
-
-def label_token(key: bytes, class_id: int) -> bytes:
-    """trunc64(HMAC-SHA256(K_r, class_id))."""
-    if class_id < 0:
-        raise ValueError(f"class ids are non-negative, got {class_id}")
-    mac = hmac.HMAC(key, hashes.SHA256())
-    mac.update(int(class_id).to_bytes(4, "big"))
-    return mac.finalize()[:TOKEN_BYTES]
-
-
-def label_tokens(key: bytes, class_ids: Iterable[int]) -> tuple[bytes, ...]:
-    """Tokens for a batch of labels (computed once per distinct class)."""
-    class_ids = [int(c) for c in class_ids]
-    table = {c: label_token(key, c) for c in set(class_ids)}
-    return tuple(table[c] for c in class_ids)
 
 
 def tokens_to_groups(tokens: Iterable[bytes]) -> list[int]:
@@ -83,7 +57,15 @@ def check_label_epoch(label_epoch: str) -> str:
 
 def epoch_key(federation_secret: bytes, label_epoch: str) -> bytes:
     """K_e: the HMAC key of one label epoch."""
-    return round_key(federation_secret, check_label_epoch(label_epoch))
+    if len(federation_secret) < 16:
+        raise ValueError("the federation secret must be at least 16 bytes")
+    hkdf = HKDF(
+        algorithm=hashes.SHA256(),
+        length=EPOCH_KEY_BYTES,
+        salt=None,
+        info=INFO_PREFIX + check_label_epoch(label_epoch).encode("ascii"),
+    )
+    return hkdf.derive(federation_secret)
 
 
 def class_token(key: bytes, class_name: str) -> bytes:
@@ -107,3 +89,13 @@ def slot_classes(key: bytes, class_names: Iterable[str], slot_table: Iterable[by
     phone's class names (another epoch, or a class this manifest does not list)."""
     by_token = {class_token(key, name): name for name in class_names}
     return [by_token.get(bytes(token)) for token in slot_table]
+
+
+def parse_slot_table(hex_tokens: Iterable[str]) -> list[bytes]:
+    """A slot table as serialized in the manifest, enrolment and V2 metadata: lowercase 16-hex tokens."""
+    table = []
+    for index, text in enumerate(hex_tokens):
+        if not isinstance(text, str) or re.fullmatch(r"[0-9a-f]{16}", text) is None:
+            raise ValueError(f"slot {index}: a token is 16 lowercase hex characters, got {text!r}")
+        table.append(bytes.fromhex(text))
+    return table

@@ -4,15 +4,15 @@
     key     = HKDF-SHA256(ikm=shared, salt=ephemeral_public || server_public,
                           info="harmony/upload-seal/v1", length=32)
     sealed  = AES-256-GCM(key, nonce, plaintext, associated_data=AD)
-    AD      = "harmony/upload-ad/v1" || u16le(len(device_id)) || device_id (UTF-8)
-              || u64le(round_id) || message_id (16 raw UUID bytes)
+    AD      = "harmony/upload-ad/v2" || u16le(len(device_id)) || device_id (UTF-8)
+              || u8(len(label_epoch)) || label_epoch (ASCII) || message_id (16 raw UUID bytes)
 
     envelope = "HMSE" || 0x01 || ephemeral_public (32) || nonce (12) || ciphertext || tag (16)
 
 A fresh ephemeral key per upload gives forward secrecy for the device (it keeps no long-term
 secret) and binds every envelope to one key; the associated data binds it to the authenticated
-device, the round and the message id, so an envelope replayed under another device, round or
-message id fails to open. `seal` accepts a fixed ephemeral key and nonce only so that golden
+device, the label epoch its tokens were computed in and the message id, so an envelope replayed
+under another device, epoch or message id fails to open. `seal` accepts a fixed ephemeral key and nonce only so that golden
 vectors (tests/vectors) are reproducible across Python, Java and Swift; production callers pass
 neither.
 """
@@ -29,6 +29,8 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from harmony_mobile.privacy.label_tokens import check_label_epoch
+
 ENVELOPE_MAGIC = b"HMSE"
 ENVELOPE_VERSION = 1
 KEY_BYTES = 32
@@ -36,9 +38,8 @@ NONCE_BYTES = 12
 TAG_BYTES = 16
 HEADER_BYTES = len(ENVELOPE_MAGIC) + 1 + KEY_BYTES + NONCE_BYTES  # 49
 HKDF_INFO = b"harmony/upload-seal/v1"
-AD_LABEL = b"harmony/upload-ad/v1"
+AD_LABEL = b"harmony/upload-ad/v2"
 MAX_DEVICE_ID_BYTES = 255
-MAX_ROUND_ID = 2**63 - 1  # fits a Java long and a Swift Int64
 
 
 class SealError(ValueError):
@@ -50,15 +51,14 @@ class AssociatedData:
     """What an envelope is bound to: checked by AES-GCM, never encrypted."""
 
     device_id: str
-    round_id: int
+    label_epoch: str
     message_id: uuid.UUID
 
     def __post_init__(self) -> None:
         device = self.device_id.encode("utf-8")
         if not 1 <= len(device) <= MAX_DEVICE_ID_BYTES:
             raise ValueError(f"device id must be 1..{MAX_DEVICE_ID_BYTES} UTF-8 bytes, got {len(device)}")
-        if not 0 <= self.round_id <= MAX_ROUND_ID:
-            raise ValueError(f"round id must be in 0..2^63-1, got {self.round_id}")
+        check_label_epoch(self.label_epoch)
         if not isinstance(self.message_id, uuid.UUID):
             raise TypeError("message_id must be a uuid.UUID")
 
@@ -68,7 +68,8 @@ class AssociatedData:
             AD_LABEL
             + len(device).to_bytes(2, "little")
             + device
-            + self.round_id.to_bytes(8, "little")
+            + len(self.label_epoch).to_bytes(1, "little")
+            + self.label_epoch.encode("ascii")
             + self.message_id.bytes
         )
 
@@ -147,9 +148,9 @@ def open_sealed(
     try:
         return AESGCM(key).decrypt(nonce, ciphertext, associated_data.encode())
     except InvalidTag:
-        # One message for every cause (tampered bytes, other device/round/message id, other key):
+        # One message for every cause (tampered bytes, other device/epoch/message id, other key):
         # telling them apart would need the key the attacker lacks anyway.
         raise SealError(
             "envelope failed authentication (tampered, sealed to another server key, "
-            "or bound to another device id / round / message id)"
+            "or bound to another device id / label epoch / message id)"
         ) from None

@@ -26,9 +26,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from harmony_mobile.export.keys import encode_public_key, public_key_bytes
+from harmony_mobile.export.keys import (
+    encode_p256_public_key,
+    encode_public_key,
+    p256_public_key_der,
+    public_key_bytes,
+)
 from harmony_mobile.export.manifest import (
     BackendEntry,
     Normalization,
@@ -39,18 +45,27 @@ from harmony_mobile.export.manifest import (
     encode_signature,
     manifest_to_bytes,
     sign_manifest,
+    sign_manifest_p256,
 )
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.federation.wire import UploadMetadata, encode_tensor, encode_upload
+from harmony_mobile.models.tier_selection import (
+    DeviceCapabilities,
+    NoRunnableTier,
+    TierOption,
+    device_class,
+    select_tier,
+)
 from harmony_mobile.privacy import sealing
-from harmony_mobile.privacy.label_tokens import label_token, round_key
+from harmony_mobile.privacy.label_tokens import class_token, epoch_key, slot_classes
 
 VECTORS_DIR = Path(__file__).resolve().parent
 GENERATOR = "tests/vectors/generate.py"
 
 # Fixed key material: test-only, never used anywhere else.
 MANIFEST_SIGNING_SEED = bytes(range(0x40, 0x60))
+MANIFEST_P256_SCALAR = int.from_bytes(bytes(range(0x20, 0x40)), "big")  # < the P-256 group order
 SERVER_PRIVATE = bytes(range(1, 33))
 EPHEMERAL_PRIVATE = bytes(range(0x65, 0x85))
 NONCE = bytes(range(0xC9, 0xD5))
@@ -102,8 +117,14 @@ def _tier(directory: Path, name: str, family: str, depth: int, width: float, thr
     )
 
 
+def _golden_slot_table(epoch: str, classes_in_slot_order) -> list[str]:
+    key = epoch_key(FEDERATION_SECRET, epoch)
+    return [class_token(key, name).hex() for name in classes_in_slot_order]
+
+
 def manifest_vectors() -> dict:
     key = Ed25519PrivateKey.from_private_bytes(MANIFEST_SIGNING_SEED)
+    p256_key = ec.derive_private_key(MANIFEST_P256_SCALAR, ec.SECP256R1())
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         for relpath, data in ARTIFACTS.items():
@@ -143,15 +164,24 @@ def manifest_vectors() -> dict:
             tiers=tiers,
             public_key=key.public_key(),
             created_at="2026-11-29T00:00:00Z",
+            p256_public_key=p256_key.public_key(),
+            label_epoch="mnist5k-2026-11",
+            slot_table=_golden_slot_table("mnist5k-2026-11", "3170952846"),
         )
     data = manifest_to_bytes(manifest)
     signature_file = encode_signature(sign_manifest(data, key))
+    p256_signature_file = base64.b64encode(sign_manifest_p256(data, p256_key))
     return _document(
-        "An export manifest signed with Ed25519 (export/manifest.py). Verify `signature_file` (the exact "
-        "manifest.sig content) over the UTF-8 bytes of `manifest_text` with the pinned raw key; `artifacts` "
+        "An export manifest signed with Ed25519 and with ECDSA P-256 (export/manifest.py). Verify "
+        "`signature_file` (the exact manifest.sig content) over the UTF-8 bytes of `manifest_text` with the "
+        "pinned raw Ed25519 key, or `p256_signature_file` (manifest.p256.sig: base64 of a DER ECDSA-SHA256 "
+        "signature, RFC 6979) with the pinned P-256 key (`p256_public_key`: X.509 SPKI DER). `artifacts` "
         "holds the listed files so their sha256/size can be checked.",
         public_key=public_key_bytes(key.public_key()).hex(),
         signing_key_pub=encode_public_key(key.public_key()).decode("ascii"),
+        p256_public_key=p256_public_key_der(p256_key.public_key()).hex(),
+        signing_key_p256_pub=encode_p256_public_key(p256_key.public_key()).decode("ascii"),
+        p256_signature_file=p256_signature_file.decode("ascii"),
         manifest_text=data.decode("utf-8"),
         signature_file=signature_file.decode("ascii"),
         artifacts=[
@@ -164,23 +194,74 @@ def manifest_vectors() -> dict:
 # --------------------------------------------------------------------------- label tokens
 
 
+LABEL_EPOCHS = ["0", "e7", "mnist5k-2026-11", "A.b_c-9", "x" * 64]
+CLASS_NAMES = [str(i) for i in range(10)] + ["T-shirt/top", "cat", "héllo wörld", "😀", " "]
+INVALID_EPOCHS = ["", "a b", "x" * 65, "é", "e/1", "7\n"]
+
+
 def label_token_vectors() -> dict:
-    rounds = [0, 1, 7, 12, 2**63 - 1]
     cases = []
-    for round_id in rounds:
-        key = round_key(FEDERATION_SECRET, round_id)
+    for epoch in LABEL_EPOCHS:
+        key = epoch_key(FEDERATION_SECRET, epoch)
         cases.append(
             {
-                "round_id": round_id,
-                "round_key": key.hex(),
-                "tokens": {
-                    str(c): label_token(key, c).hex() for c in (0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 255, 65536)
-                },
+                "label_epoch": epoch,
+                "epoch_key": key.hex(),
+                "tokens": {name: class_token(key, name).hex() for name in CLASS_NAMES},
             }
         )
     return _document(
-        "Label tokens (privacy/label_tokens.py): round_key = HKDF-SHA256(secret, no salt, "
-        "'harmony/label-token/' + decimal round id, 32); token = HMAC-SHA256(round_key, u32be class)[:8].",
+        "Label tokens (privacy/label_tokens.py): epoch_key = HKDF-SHA256(secret, no salt, "
+        "'harmony/label-token/' + label_epoch, 32); token = HMAC-SHA256(epoch_key, UTF-8 class name)[:8]. "
+        "A label epoch matches ^[A-Za-z0-9._-]{1,64}$; every `invalid_epochs` entry must be rejected.",
+        federation_secret=FEDERATION_SECRET.hex(),
+        invalid_epochs=INVALID_EPOCHS,
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- slot mapping
+
+
+def _slot_case(name: str, epoch: str, class_names: list[str], slot_sources: list) -> dict:
+    """`slot_sources`: per slot a class name (its token in `epoch`), ("epoch", other, class) for a
+    token of another epoch, or raw bytes for a token no class name produces."""
+    key = epoch_key(FEDERATION_SECRET, epoch)
+    table = []
+    for source in slot_sources:
+        if isinstance(source, bytes):
+            table.append(source)
+        elif isinstance(source, tuple):
+            table.append(class_token(epoch_key(FEDERATION_SECRET, source[1]), source[2]))
+        else:
+            table.append(class_token(key, source))
+    return {
+        "name": name,
+        "label_epoch": epoch,
+        "class_names": class_names,
+        "slot_table": [token.hex() for token in table],
+        "slot_classes": slot_classes(key, class_names, table),
+    }
+
+
+def slot_mapping_vectors() -> dict:
+    digits = [str(i) for i in range(10)]
+    cases = [
+        _slot_case("every class, first-appearance order", "mnist5k-2026-11", digits, list("3170952846")),
+        _slot_case(
+            "unknown token, other epoch, class without a slot",
+            "e7",
+            digits,
+            ["4", bytes.fromhex("0123456789abcdef"), ("epoch", "0", "1"), "9"],
+        ),
+        _slot_case("non-ASCII names", "A.b_c-9", ["cat", "héllo wörld", "😀", "T-shirt/top"], ["😀", "cat"]),
+        _slot_case("empty table (no back-end trained yet)", "0", digits, []),
+    ]
+    return _document(
+        "Slot decoding on the phone (privacy/label_tokens.py slot_classes): the token of every class name "
+        "under epoch_key(federation_secret, label_epoch) is looked up in `slot_table` (hex tokens, slot i at "
+        "index i); `slot_classes[i]` is the class of slot i or null when no class name has that token. "
+        "A class with no slot appears in no entry.",
         federation_secret=FEDERATION_SECRET.hex(),
         cases=cases,
     )
@@ -241,10 +322,10 @@ def _tensor_case(name: str, array: np.ndarray) -> dict:
     }
 
 
-def _metadata(rows: int, classes: list[int], round_id: int, **extra) -> UploadMetadata:
-    key = round_key(FEDERATION_SECRET, round_id)
+def _metadata(rows: int, classes: list[str], label_epoch: str, **extra) -> UploadMetadata:
+    key = epoch_key(FEDERATION_SECRET, label_epoch)
     return UploadMetadata(
-        label_tokens=tuple(label_token(key, c).hex() for c in classes[:rows]),
+        label_tokens=tuple(class_token(key, c).hex() for c in classes[:rows]),
         split_depths=tuple(1 + i % 3 for i in range(rows)),
         family="mobilenet",
         tier="mid-android",
@@ -253,13 +334,13 @@ def _metadata(rows: int, classes: list[int], round_id: int, **extra) -> UploadMe
     )
 
 
-def _upload_case(name: str, features: np.ndarray, classes: list[int], round_id: int, **extra) -> dict:
-    metadata = _metadata(features.shape[0], classes, round_id, **extra)
+def _upload_case(name: str, features: np.ndarray, classes: list[str], label_epoch: str, **extra) -> dict:
+    metadata = _metadata(features.shape[0], classes, label_epoch, **extra)
     meta = metadata.model_dump(exclude_none=True)
     return {
         "name": name,
-        "round_id": round_id,
-        "classes": classes,
+        "label_epoch": label_epoch,
+        "class_names": classes,
         "metadata": meta,
         "metadata_json": metadata.model_dump_json(exclude_none=True),
         "shape": list(features.shape),
@@ -278,20 +359,29 @@ def feature_encoding_vectors() -> dict:
         _tensor_case("interface row", rng.standard_normal((1, 64, 8, 8)).astype(np.float32)),
     ]
     uploads = [
-        _upload_case("two toy rows", np.arange(8, dtype=np.float32).reshape(2, 1, 2, 2) / 4, [3, 7], 12),
+        _upload_case(
+            "two toy rows", np.arange(8, dtype=np.float32).reshape(2, 1, 2, 2) / 4, ["3", "7"], "e7"
+        ),
         _upload_case(
             "clip and noise recorded",
             rng.standard_normal((3, 2, 2, 2)).astype(np.float32),
-            [0, 0, 9],
-            1,
+            ["cat", "cat", "😀"],
+            "mnist5k-2026-11",
             clip_norm=1.0,
             noise_multiplier=0.5,
+        ),
+        _upload_case(
+            "label DP recorded",
+            np.full((1, 1, 1, 3), -0.125, dtype=np.float32),
+            ["T-shirt/top"],
+            "A.b_c-9",
+            label_dp_epsilon=2.5,
         ),
     ]
     return _document(
         "HMFT feature tensors and HMUP upload plaintexts (federation/wire.py, docs/PROTOCOL.md 4.4 and 5). "
-        "Upload label tokens are those of label_tokens.json (same federation secret) for `classes` in "
-        "`round_id`; metadata_json is the exact metadata bytes.",
+        "Upload label tokens are those of label_tokens.json (same federation secret) for `class_names` in "
+        "`label_epoch`; metadata_json is the exact metadata bytes.",
         tensors=tensors,
         uploads=uploads,
     )
@@ -300,10 +390,10 @@ def feature_encoding_vectors() -> dict:
 # --------------------------------------------------------------------------- sealed uploads
 
 
-def _sealed_case(name: str, plaintext: bytes, device_id: str, round_id: int, message_id: str) -> dict:
+def _sealed_case(name: str, plaintext: bytes, device_id: str, label_epoch: str, message_id: str) -> dict:
     server = X25519PrivateKey.from_private_bytes(SERVER_PRIVATE)
     server_public = sealing.public_key_bytes(server)
-    ad = sealing.AssociatedData(device_id, round_id, uuid.UUID(message_id))
+    ad = sealing.AssociatedData(device_id, label_epoch, uuid.UUID(message_id))
     envelope = sealing.seal(
         server_public, plaintext, ad, ephemeral_private_key=EPHEMERAL_PRIVATE, nonce=NONCE
     )
@@ -311,7 +401,7 @@ def _sealed_case(name: str, plaintext: bytes, device_id: str, round_id: int, mes
     return {
         "name": name,
         "device_id": device_id,
-        "round_id": round_id,
+        "label_epoch": label_epoch,
         "message_id": message_id,
         "associated_data": ad.encode().hex(),
         "plaintext": plaintext.hex(),
@@ -323,33 +413,159 @@ def sealed_upload_vectors() -> dict:
     server = X25519PrivateKey.from_private_bytes(SERVER_PRIVATE)
     ephemeral = X25519PrivateKey.from_private_bytes(EPHEMERAL_PRIVATE)
     features = (np.arange(64 * 8 * 8, dtype=np.float32).reshape(1, 64, 8, 8) - 2048) / 512
-    upload_plaintext = encode_upload(_metadata(1, [4], 7), features)
+    upload_plaintext = encode_upload(_metadata(1, ["4"], "e7"), features)
     cases = [
         _sealed_case(
             "PROTOCOL.md A.1",
             b"harmony golden plaintext",
             "dev_golden",
-            7,
+            "e7",
             "00112233-4455-6677-8899-aabbccddeeff",
         ),
-        _sealed_case("empty plaintext", b"", "d", 0, "ffffffff-ffff-4fff-bfff-ffffffffffff"),
+        _sealed_case("empty plaintext", b"", "d", "0", "ffffffff-ffff-4fff-bfff-ffffffffffff"),
         _sealed_case(
             "full interface upload, non-ASCII device id",
             upload_plaintext,
             "dev_télé-😀",
-            2**63 - 1,
+            "x" * 64,
             "3f2b8c4e-9d1a-4c55-8a0e-61f0b7d2c9aa",
         ),
     ]
     return _document(
         "Sealed uploads (privacy/sealing.py, docs/PROTOCOL.md 4.2-4.3) with a FIXED ephemeral key and nonce "
         "(reproducibility only: production draws both fresh per upload). The third plaintext is an HMUP "
-        "upload of one (1, 64, 8, 8) row with values (i - 2048) / 512, class 4, round 7 tokens.",
+        "upload of one (1, 64, 8, 8) row with values (i - 2048) / 512, class '4' in label epoch 'e7'. "
+        "Associated data v2: 'harmony/upload-ad/v2' || u16le(len device_id) || device_id UTF-8 || "
+        "u8(len label_epoch) || label_epoch ASCII || 16 message id bytes.",
         server_private_key=SERVER_PRIVATE.hex(),
         server_public_key=sealing.public_key_bytes(server).hex(),
         ephemeral_private_key=EPHEMERAL_PRIVATE.hex(),
         ephemeral_public_key=sealing.public_key_bytes(ephemeral).hex(),
         nonce=NONCE.hex(),
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- tier selection
+
+TIER_SETS = {
+    # (name, split depth, width, backends); one artifact per backend
+    "default": [
+        ("entry-android", 1, 1.0, ["xnnpack"]),
+        ("mid-android", 2, 1.0, ["xnnpack"]),
+        ("mid-ios", 2, 1.0, ["coreml", "xnnpack"]),
+        ("flagship", 3, 2.0, ["coreml", "xnnpack"]),
+    ],
+    "ties and boundaries": [
+        ("b-tier", 2, 1.0, ["xnnpack"]),
+        ("a-tier", 2, 1.0, ["xnnpack"]),
+        ("boundary", 6, 0.5, ["xnnpack"]),  # cost exactly 1.5, the entry budget
+        ("coreml-small", 1, 1.0, ["coreml"]),
+        ("wide", 1, 2.5, ["coreml", "xnnpack"]),  # cost 6.25: flagship only
+    ],
+    "core ml only": [("ios-a", 1, 1.0, ["coreml"]), ("ios-b", 3, 1.5, ["coreml"])],
+}
+
+DEVICES = [
+    # (name, platform, RAM MiB, big cores, NPU, OS version, low-RAM flag)
+    ("android entry by RAM", "android", 3071, 4, True, 35, False),
+    ("android mid at 3 GiB", "android", 3072, 2, False, 34, False),
+    ("android low-RAM flag", "android", 8192, 4, True, 35, True),
+    ("android no big core", "android", 8192, 0, True, 35, False),
+    ("android API 28", "android", 8192, 4, True, 28, False),
+    ("android API 29 mid", "android", 4096, 2, False, 29, False),
+    ("android flagship at 5632 MiB", "android", 5632, 2, True, 34, False),
+    ("android mid at 5631 MiB", "android", 5631, 2, True, 34, False),
+    ("android one big core", "android", 12288, 1, True, 35, False),
+    ("iphone mid", "ios", 4096, 2, True, 17, False),
+    ("iphone flagship", "ios", 8192, 2, True, 18, False),
+    ("iphone without neural engine", "ios", 4096, 2, False, 17, False),
+    ("iphone entry", "ios", 2048, 2, True, 12, False),
+]
+
+
+def _tier_option(name: str, depth: int, width: float, backends: list[str]) -> TierOption:
+    return TierOption(name, depth, width, tuple(backends), tuple(backends))
+
+
+def tier_selection_vectors() -> dict:
+    cases = []
+    for set_name, tiers in TIER_SETS.items():
+        options = [_tier_option(*tier) for tier in tiers]
+        for name, *fields in DEVICES:
+            device = DeviceCapabilities(*fields)
+            try:
+                selected = select_tier(options, device).name
+            except NoRunnableTier:
+                selected = None
+            cases.append(
+                {
+                    "tiers": set_name,
+                    "device_name": name,
+                    "device": {
+                        "platform": device.platform,
+                        "total_ram_mb": device.total_ram_mb,
+                        "big_cores": device.big_cores,
+                        "has_npu": device.has_npu,
+                        "os_version": device.os_version,
+                        "low_ram_device": device.low_ram_device,
+                    },
+                    "device_class": device_class(device),
+                    "selected": selected,
+                }
+            )
+    return _document(
+        "Tier selection (harmony_mobile/models/tier_selection.py; Java TierSelector, Swift TierSelector): "
+        "`device_class` of the device, and the tier it runs from the named tier set (each tier has one "
+        "artifact per listed backend; relative cost = split_depth * width^2). `selected` null: no tier "
+        "has an artifact for a backend of the platform (an error on the phone).",
+        tier_sets={
+            name: [{"name": n, "split_depth": d, "width": w, "backends": b} for n, d, w, b in tiers]
+            for name, tiers in TIER_SETS.items()
+        },
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- pixel normalization
+
+NORMALIZATION_CASES = [
+    # (name, pixel_scale, mean, std, channels, pixels)
+    ("mnist", 1 / 255, [0.1307], [0.3081], 1, [0, 1, 127, 128, 254, 255]),
+    ("digits", 1 / 255, [0.3053], [0.3247], 1, [0, 17, 85, 170, 255, 3]),
+    (
+        "cifar rgb planes",
+        1 / 255,
+        [0.4914, 0.4822, 0.4465],
+        [0.2470, 0.2435, 0.2616],
+        3,
+        [0, 64, 255, 128, 200, 100, 1, 2, 3, 250, 251, 252],
+    ),
+    ("raw pixel scale", 1.0, [0.0, 10.0], [1.0, 4.0], 2, [1, 2, 3, 30, 40, 50]),
+]
+
+
+def pixel_normalization_vectors() -> dict:
+    cases = []
+    for name, scale, mean, std, channels, pixels in NORMALIZATION_CASES:
+        plane = len(pixels) // channels
+        values = [(pixels[i] * scale - mean[i // plane]) / std[i // plane] for i in range(len(pixels))]
+        cases.append(
+            {
+                "name": name,
+                "pixel_scale": scale,
+                "mean": mean,
+                "std": std,
+                "channels": channels,
+                "pixels": pixels,
+                "values": _floats(np.array(values, dtype=np.float64)),
+            }
+        )
+    return _document(
+        "Pixel normalization (the manifest tier's `normalization`): 8-bit pixels, channel planes in NCHW "
+        "order (no batch); value = (pixel * pixel_scale - mean[c]) / std[c] computed in float64, then "
+        "rounded to float32 (harmony-core Normalization.apply and HarmonyKit Normalization.apply match "
+        "exactly; Python device.normalize computes in float32 and stays within 2e-6 absolute).",
         cases=cases,
     )
 
@@ -375,9 +591,12 @@ def render() -> dict[str, str]:
     documents = {
         "manifest_signature.json": manifest_vectors(),
         "label_tokens.json": label_token_vectors(),
+        "slot_mapping.json": slot_mapping_vectors(),
         "exit_decisions.json": exit_vectors(),
         "feature_encoding.json": feature_encoding_vectors(),
         "sealed_upload.json": sealed_upload_vectors(),
+        "tier_selection.json": tier_selection_vectors(),
+        "pixel_normalization.json": pixel_normalization_vectors(),
     }
     return {name: _dumps(doc) for name, doc in documents.items()}
 

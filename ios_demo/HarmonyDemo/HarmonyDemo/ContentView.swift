@@ -123,7 +123,7 @@ struct ContentView: View {
                 if let server = result.server {
                     LabeledContent(
                         "Server",
-                        value: "\(server.topClass), p = \(percent(server.confidence)), "
+                        value: "slot \(server.topSlot), p = \(percent(server.confidence)), "
                             + "\(milliseconds(result.serverLatencyNanos)), \(server.modelVersion)")
                 } else if let error = result.serverError {
                     Text("Server: \(error)").font(.caption).foregroundStyle(.secondary)
@@ -173,6 +173,7 @@ struct ContentView: View {
         case .localExit: return "on the phone"
         case .server: return "server back-end"
         case .localAfterServerFailure: return "on the phone, server unavailable"
+        case .localServerUnnamed: return "on the phone, the server's slot names no class here"
         }
     }
 

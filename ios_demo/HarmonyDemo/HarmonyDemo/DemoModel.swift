@@ -23,8 +23,9 @@ final class DemoModel: ObservableObject {
     @Published private(set) var queued = 0
     @Published private(set) var credentials: DeviceCredentials?
     @Published private(set) var busy = false
-    /// The simulator reaches `harmony serve` on the Mac as localhost; a phone needs the Mac's address.
-    @Published var serverURL = UserDefaults.standard.string(forKey: "serverURL") ?? "http://localhost:8000" {
+    /// The simulator reaches `harmony serve` on the Mac as localhost; a phone needs the Mac's address
+    /// (`harmony export-app ios --server-url` writes it to Resources/server_url.txt).
+    @Published var serverURL = UserDefaults.standard.string(forKey: "serverURL") ?? ModelStore.bundledServerURL {
         didSet { UserDefaults.standard.set(serverURL, forKey: "serverURL") }
     }
 
@@ -87,7 +88,14 @@ final class DemoModel: ObservableObject {
         status = "Verifying and loading \(artifact.path)…"
         do {
             let engine = try await Task.detached { try await ModelStore.makeEngine(tier: tier, artifact: artifact) }.value
-            client = HarmonyClient(engine: engine, exitPolicy: try ExitPolicy(threshold: tier.threshold), fallback: fallback(for: tier))
+            let server = try makeFallback(for: tier)
+            if let server, let manifest, let epoch = manifest.labelEpoch, let table = manifest.slotTable {
+                try await server.slots.remember(
+                    version: manifest.backend.modelVersion, table: SlotTable(labelEpoch: epoch, tokens: table))
+            }
+            client = try HarmonyClient(
+                engine: engine, exitPolicy: try ExitPolicy(threshold: tier.threshold), fallback: server?.server,
+                slots: server?.slots)
             uploads = try makeUploads(for: tier)
             engineDescription = "\(artifact.path) (\(artifact.quantization), threshold \(tier.threshold))"
             status = "Ready"
@@ -200,21 +208,29 @@ final class DemoModel: ObservableObject {
         queued = (try? await uploads?.pendingCount()) ?? 0
     }
 
-    private func fallback(for tier: TierEntry) -> (any FallbackServer)? {
-        guard let credentials, let url = URL(string: serverURL) else { return nil }
+    /// The server and the decoder of its slots (seeded with the manifest's own slot table, so only
+    /// answers from another back-end version need a metadata fetch).
+    private func makeFallback(for tier: TierEntry) throws -> (server: any FallbackServer, slots: SlotDecoder)? {
+        guard let credentials, let url = URL(string: serverURL), let manifest else { return nil }
         // Interactive: short timeouts, one quick retry, then the local answer stands.
         let client = HarmonyHTTPClient(baseURL: url, policy: .interactive, requestTimeout: 3, resourceTimeout: 10)
-        return HTTPFallbackServer(client: client, device: credentials, tier: tier.name)
+        let slots = SlotDecoder(
+            federationKey: try Provisioning.federationKey(), classNames: manifest.classNames,
+            source: HTTPSlotTableSource(client: client, device: credentials))
+        return (HTTPFallbackServer(client: client, device: credentials, tier: tier.name), slots)
     }
 
+    /// Uploads name the lineage's label epoch, which the verified manifest carries.
     private func makeUploads(for tier: TierEntry) throws -> ConfirmedUploads? {
-        guard let credentials, let url = URL(string: serverURL), let manifest else { return nil }
+        guard let credentials, let url = URL(string: serverURL), let manifest, let labelEpoch = manifest.labelEpoch
+        else { return nil }
         let directory = try FileManager.default.url(
             for: .applicationSupportDirectory, in: .userDomainMask, appropriateFor: nil, create: true
         ).appendingPathComponent("upload-queue", isDirectory: true)
         return try ConfirmedUploads(
             queue: UploadQueue(directory: directory, maxEntries: 512, maxBytes: 32 * 1024 * 1024),
             client: HarmonyHTTPClient(baseURL: url), device: credentials, federationKey: Provisioning.federationKey(),
-            family: tier.family, tier: tier.name, splitDepth: tier.splitDepth, modelVersion: manifest.modelVersion)
+            labelEpoch: labelEpoch, classNames: manifest.classNames, family: tier.family, tier: tier.name,
+            splitDepth: tier.splitDepth, modelVersion: manifest.modelVersion)
     }
 }

@@ -10,6 +10,14 @@ enum ModelStore {
     /// int8 first: smaller and faster on phones; fp32 when a tier was exported without int8.
     static let executorchPreference = ["int8", "fp32"]
 
+    /// Resources/server_url.txt (written by `harmony export-app ios`), else the simulator's view of the Mac.
+    static var bundledServerURL: String {
+        guard let url = Bundle.main.url(forResource: "server_url", withExtension: "txt"),
+              let text = try? String(contentsOf: url, encoding: .utf8)
+        else { return "http://localhost:8000" }
+        return text.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
     static var exportDirectory: URL? {
         Bundle.main.url(forResource: "Export", withExtension: nil)
     }
@@ -70,12 +78,11 @@ enum Provisioning {
     static func federationKey() throws -> FederationKey {
         struct File: Decodable {
             let federation_secret_hex: String
-            let round_id: Int64
         }
         guard let url = Bundle.main.url(forResource: "provisioning", withExtension: "json") else {
             throw HarmonyFormatError("provisioning.json is missing from the app bundle")
         }
         let file = try JSONDecoder().decode(File.self, from: Data(contentsOf: url))
-        return try FederationKey(secret: Hex.decode(file.federation_secret_hex), roundID: file.round_id)
+        return try FederationKey(secret: Hex.decode(file.federation_secret_hex))
     }
 }

@@ -27,15 +27,16 @@ final class GoldenVectorTests: XCTestCase {
     func testUploadPlaintextsAndMetadataAreByteEqual() throws {
         let vectors = try Vectors.load("feature_encoding.json", as: FeatureEncodingVectors.self)
         let secret = try hex(Vectors.load("label_tokens.json", as: LabelTokenVectors.self).federationSecret)
-        XCTAssertEqual(vectors.uploads.count, 2)
+        XCTAssertEqual(vectors.uploads.count, 3)
         for vector in vectors.uploads {
-            let tokens = try LabelTokens(federationSecret: secret, roundID: vector.roundId)
-            let labelTokens = try vector.classes.map { try tokens.token(classID: $0) }
+            let tokens = try LabelTokens(federationSecret: secret, labelEpoch: vector.labelEpoch)
+            let labelTokens = try vector.classNames.map { try tokens.token(className: $0) }
             XCTAssertEqual(labelTokens.map { Hex.encode($0) }, vector.metadata.labelTokens, vector.name)
             let metadata = try UploadMetadata(
                 labelTokens: labelTokens, splitDepths: vector.metadata.splitDepths, family: vector.metadata.family,
                 tier: vector.metadata.tier, modelVersion: vector.metadata.modelVersion,
-                clipNorm: vector.metadata.clipNorm, noiseMultiplier: vector.metadata.noiseMultiplier)
+                clipNorm: vector.metadata.clipNorm, noiseMultiplier: vector.metadata.noiseMultiplier,
+                labelDPEpsilon: vector.metadata.labelDpEpsilon)
             XCTAssertEqual(metadata.jsonText(), vector.metadataJson, vector.name)
             let features = try FeatureTensor(values: vector.values.map { Float($0) }, shape: vector.shape)
             let plaintext = try UploadPlaintext.encode(metadata: metadata, features: features)
@@ -59,22 +60,46 @@ final class GoldenVectorTests: XCTestCase {
 
     // MARK: - label_tokens.json
 
-    func testLabelTokensAndRoundKeys() throws {
+    func testEpochKeysAndClassNameTokens() throws {
         let vectors = try Vectors.load("label_tokens.json", as: LabelTokenVectors.self)
         let secret = try hex(vectors.federationSecret)
-        XCTAssertEqual(vectors.cases.map(\.roundId), [0, 1, 7, 12, Int64.max])
+        XCTAssertEqual(vectors.cases.count, 5)
         for vector in vectors.cases {
-            let tokens = try LabelTokens(federationSecret: secret, roundID: vector.roundId)
-            XCTAssertEqual(Hex.encode(tokens.roundKey), vector.roundKey, "round \(vector.roundId)")
-            XCTAssertEqual(vector.tokens.count, 12)
-            for (classID, token) in vector.tokens {
-                XCTAssertEqual(Hex.encode(try tokens.token(classID: Int(classID)!)), token, "round \(vector.roundId) class \(classID)")
+            let tokens = try LabelTokens(federationSecret: secret, labelEpoch: vector.labelEpoch)
+            XCTAssertEqual(Hex.encode(tokens.epochKey), vector.epochKey, "epoch \(vector.labelEpoch)")
+            XCTAssertEqual(vector.tokens.count, 15)
+            for (className, token) in vector.tokens {
+                XCTAssertEqual(Hex.encode(try tokens.token(className: className)), token,
+                               "epoch \(vector.labelEpoch) class \(className)")
             }
         }
     }
 
-    func testShortFederationSecretsAreRefused() {
-        XCTAssertThrowsError(try LabelTokens(federationSecret: Data(count: 15), roundID: 0))
+    func testInvalidEpochsAndShortSecretsAreRefused() throws {
+        let vectors = try Vectors.load("label_tokens.json", as: LabelTokenVectors.self)
+        let secret = try hex(vectors.federationSecret)
+        for epoch in vectors.invalidEpochs {
+            XCTAssertThrowsError(try LabelTokens(federationSecret: secret, labelEpoch: epoch), epoch)
+        }
+        XCTAssertThrowsError(try LabelTokens(federationSecret: Data(count: 15), labelEpoch: "e0"))
+        XCTAssertThrowsError(try LabelTokens(federationSecret: secret, labelEpoch: "e0").token(className: ""))
+    }
+
+    // MARK: - slot_mapping.json
+
+    func testSlotClassesEqualPython() throws {
+        let vectors = try Vectors.load("slot_mapping.json", as: SlotMappingVectors.self)
+        let key = try FederationKey(secret: hex(vectors.federationSecret))
+        XCTAssertEqual(vectors.cases.count, 4)
+        for vector in vectors.cases {
+            let tokens = try key.tokens(labelEpoch: vector.labelEpoch)
+            XCTAssertEqual(
+                try tokens.slotClasses(classNames: vector.classNames, slotTable: vector.slotTable), vector.slotClasses,
+                vector.name)
+        }
+        let tokens = try key.tokens(labelEpoch: "e7")
+        XCTAssertThrowsError(try tokens.slotClasses(classNames: ["0"], slotTable: ["0123456789ABCDEF"]))
+        XCTAssertThrowsError(try tokens.slotClasses(classNames: ["0"], slotTable: ["0123"]))
     }
 
     // MARK: - sealed_upload.json
@@ -89,7 +114,8 @@ final class GoldenVectorTests: XCTestCase {
         let sealer = try UploadSealer(serverPublicKey: hex(vectors.serverPublicKey))
         for vector in vectors.cases {
             let ad = try AssociatedData(
-                deviceID: vector.deviceId, roundID: vector.roundId, messageID: XCTUnwrap(UUID(uuidString: vector.messageId)))
+                deviceID: vector.deviceId, labelEpoch: vector.labelEpoch,
+                messageID: XCTUnwrap(UUID(uuidString: vector.messageId)))
             XCTAssertEqual(Hex.encode(ad.encoded()), vector.associatedData, vector.name)
             let envelope = try sealer.sealDeterministically(
                 hex(vector.plaintext), associatedData: ad, ephemeralPrivateKey: hex(vectors.ephemeralPrivateKey),
@@ -101,11 +127,11 @@ final class GoldenVectorTests: XCTestCase {
     }
 
     func testTheFullInterfaceUploadIsReproducedFromScratch() throws {
-        // sealed_upload.json case 3: one (1, 64, 8, 8) row, values (i - 2048) / 512, class 4, round 7 tokens
+        // sealed_upload.json case 3: one (1, 64, 8, 8) row, values (i - 2048) / 512, class "4" in epoch "e7"
         let vectors = try Vectors.load("sealed_upload.json", as: SealedUploadVectors.self)
         let secret = try hex(Vectors.load("label_tokens.json", as: LabelTokenVectors.self).federationSecret)
         let metadata = try UploadMetadata(
-            labelTokens: [LabelTokens(federationSecret: secret, roundID: 7).token(classID: 4)], splitDepths: [1],
+            labelTokens: [LabelTokens(federationSecret: secret, labelEpoch: "e7").token(className: "4")], splitDepths: [1],
             family: "mobilenet", tier: "mid-android", modelVersion: "golden-v1")
         let features = try FeatureTensor(
             values: (0..<4096).map { (Float($0) - 2048) / 512 }, shape: [1] + FrontEndContract.interfaceShape)
@@ -116,7 +142,7 @@ final class GoldenVectorTests: XCTestCase {
     func testRandomSealsOpenAndTamperingFails() throws {
         let server = Curve25519.KeyAgreement.PrivateKey()
         let sealer = try UploadSealer(serverPublicKey: server.publicKey.rawRepresentation)
-        let ad = try AssociatedData(deviceID: "dev_test", roundID: 3, messageID: UUID())
+        let ad = try AssociatedData(deviceID: "dev_test", labelEpoch: "e3", messageID: UUID())
         let plaintext = Data("features".utf8)
         let first = try sealer.seal(plaintext, associatedData: ad)
         let second = try sealer.seal(plaintext, associatedData: ad)
@@ -126,8 +152,45 @@ final class GoldenVectorTests: XCTestCase {
         var tampered = first
         tampered[tampered.count - 1] ^= 1
         XCTAssertThrowsError(try UploadSealer.open(tampered, serverPrivateKey: server, associatedData: ad))
-        let otherRound = try AssociatedData(deviceID: "dev_test", roundID: 4, messageID: ad.messageID)
-        XCTAssertThrowsError(try UploadSealer.open(first, serverPrivateKey: server, associatedData: otherRound))
+        let otherEpoch = try AssociatedData(deviceID: "dev_test", labelEpoch: "e4", messageID: ad.messageID)
+        XCTAssertThrowsError(try UploadSealer.open(first, serverPrivateKey: server, associatedData: otherEpoch))
+        XCTAssertThrowsError(try AssociatedData(deviceID: "dev_test", labelEpoch: "", messageID: ad.messageID))
+        XCTAssertThrowsError(try AssociatedData(deviceID: "dev_test", labelEpoch: "e 1", messageID: ad.messageID))
+    }
+
+    // MARK: - tier_selection.json, pixel_normalization.json
+
+    func testDeviceClassesAndSelectedTiersEqualPython() throws {
+        let vectors = try Vectors.load("tier_selection.json", as: TierSelectionVectors.self)
+        XCTAssertEqual(vectors.cases.count, 39)
+        for vector in vectors.cases {
+            let tiers = try XCTUnwrap(vectors.tierSets[vector.tiers]).map {
+                try TierSelectorTests.tier($0.name, depth: $0.splitDepth, width: $0.width, backends: $0.backends)
+            }
+            let device = DeviceCapabilities(
+                platform: try XCTUnwrap(Platform(rawValue: vector.device.platform)), totalRAMMB: vector.device.totalRamMb,
+                bigCores: vector.device.bigCores, hasNPU: vector.device.hasNpu, osVersion: vector.device.osVersion,
+                lowRAMDevice: vector.device.lowRamDevice)
+            let label = "\(vector.tiers) / \(vector.deviceName)"
+            XCTAssertEqual(DeviceClass.of(device).rawValue, vector.deviceClass, label)
+            if let selected = vector.selected {
+                XCTAssertEqual(try TierSelector.select(from: tiers, for: device).name, selected, label)
+            } else {
+                XCTAssertThrowsError(try TierSelector.select(from: tiers, for: device), label)
+            }
+        }
+    }
+
+    func testNormalizedPixelsEqualPython() throws {
+        let vectors = try Vectors.load("pixel_normalization.json", as: PixelNormalizationVectors.self)
+        XCTAssertEqual(vectors.cases.count, 4)
+        for vector in vectors.cases {
+            // the memberwise initializer (internal, hence @testable): no JSON round trip of the doubles
+            let normalization = Normalization(pixelScale: vector.pixelScale, mean: vector.mean, std: vector.std)
+            XCTAssertEqual(
+                try normalization.apply(pixels: vector.pixels, channels: vector.channels), vector.values.map { Float($0) },
+                vector.name)
+        }
     }
 
     // MARK: - exit_decisions.json
@@ -210,6 +273,51 @@ final class GoldenVectorTests: XCTestCase {
         XCTAssertThrowsError(try verifier.verifyDirectory(directory))
     }
 
+    // MARK: - manifest_signature.json, ECDSA P-256 (the signature the Android app checks)
+
+    func testP256ManifestSignatureVerifies() throws {
+        let vectors = try Vectors.load("manifest_signature.json", as: ManifestVectors.self)
+        let verifier = try ManifestVerifier(pinnedP256PublicKey: hex(vectors.p256PublicKey))
+        XCTAssertEqual(try ManifestVerifier(p256PublicKeyFile: vectors.signingKeyP256Pub).pinnedKey, verifier.pinnedKey)
+        let manifest = try verifier.verify(
+            manifestBytes: Data(vectors.manifestText.utf8), signatureFile: Data(vectors.p256SignatureFile.utf8))
+        XCTAssertEqual(manifest.modelVersion, "golden-v1")
+        XCTAssertEqual(manifest.labelEpoch, "mnist5k-2026-11")
+        let key = try FederationKey(secret: hex(Vectors.load("label_tokens.json", as: LabelTokenVectors.self).federationSecret))
+        let table = try SlotTable(labelEpoch: XCTUnwrap(manifest.labelEpoch), tokens: XCTUnwrap(manifest.slotTable))
+        XCTAssertEqual(try key.tokens(labelEpoch: table.labelEpoch).slotClasses(classNames: manifest.classNames,
+                                                                                 slotTable: table.tokens),
+                       "3170952846".map { Optional(String($0)) })
+
+        let directory = try writeExport(vectors)
+        defer { try? FileManager.default.removeItem(at: directory) }
+        XCTAssertEqual(try verifier.verifyDirectory(directory), manifest)
+        let other = P256.Signing.PrivateKey()
+        try Data(other.publicKey.derRepresentation.base64EncodedString().utf8)
+            .write(to: directory.appendingPathComponent(ManifestVerifier.p256PublicKeyFile))
+        XCTAssertThrowsError(try verifier.verifyDirectory(directory))
+    }
+
+    func testTamperedManifestsFailTheP256Check() throws {
+        let vectors = try Vectors.load("manifest_signature.json", as: ManifestVectors.self)
+        let verifier = try ManifestVerifier(pinnedP256PublicKey: hex(vectors.p256PublicKey))
+        let manifest = Data(vectors.manifestText.utf8)
+        let signature = Data(vectors.p256SignatureFile.utf8)
+        for index in stride(from: 0, to: manifest.count, by: max(1, manifest.count / 40)) {
+            var changed = manifest
+            changed[index] ^= 0x01
+            XCTAssertThrowsError(try verifier.verify(manifestBytes: changed, signatureFile: signature), "byte \(index)")
+        }
+        // The Ed25519 signature file is no P-256 signature.
+        XCTAssertThrowsError(try verifier.verify(manifestBytes: manifest, signatureFile: Data(vectors.signatureFile.utf8)))
+        let other = P256.Signing.PrivateKey()
+        let forged = try other.signature(for: manifest).derRepresentation.base64EncodedString()
+        XCTAssertThrowsError(try verifier.verify(manifestBytes: manifest, signatureFile: Data(forged.utf8)))
+        let stranger = try ManifestVerifier(pinnedP256PublicKey: other.publicKey.derRepresentation)
+        XCTAssertThrowsError(try stranger.verify(manifestBytes: manifest, signatureFile: signature))
+        XCTAssertThrowsError(try ManifestVerifier(pinnedP256PublicKey: hex(vectors.publicKey)))
+    }
+
     func testTreeDigestMatchesThePythonExporter() throws {
         // Fixtures/tree_digest.json holds export/manifest.py path_digest() of Fixtures/tree (checked by
         // tests/test_ios_contract.py on the Python side).
@@ -250,6 +358,10 @@ final class GoldenVectorTests: XCTestCase {
         try Data(vectors.manifestText.utf8).write(to: directory.appendingPathComponent(ManifestVerifier.manifestFile))
         try Data(vectors.signatureFile.utf8).write(to: directory.appendingPathComponent(ManifestVerifier.signatureFile))
         try Data(vectors.signingKeyPub.utf8).write(to: directory.appendingPathComponent(ManifestVerifier.publicKeyFile))
+        try Data(vectors.p256SignatureFile.utf8)
+            .write(to: directory.appendingPathComponent(ManifestVerifier.p256SignatureFile))
+        try Data(vectors.signingKeyP256Pub.utf8)
+            .write(to: directory.appendingPathComponent(ManifestVerifier.p256PublicKeyFile))
         return directory
     }
 }

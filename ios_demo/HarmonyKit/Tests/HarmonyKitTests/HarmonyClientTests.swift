@@ -29,35 +29,83 @@ struct FakeServer: FallbackServer {
     }
 }
 
+/// Version "v2"'s slots: slot 0 = class "2", slot 1 = class "0", slot 2 = a class this phone lacks.
+struct FakeSlotTables: SlotTableSource {
+    static let secret = Data("harmony golden federation secret".utf8)
+    let fetches: Counter
+
+    func slotTable(version: String) async throws -> SlotTable {
+        await fetches.increment()
+        guard version == "v2" else { throw ServerError(status: 404, detail: "unknown version", retryAfter: nil) }
+        let tokens = try LabelTokens(federationSecret: Self.secret, labelEpoch: "e1")
+        let table = try ["2", "0", "zebra"].map { try Hex.encode(tokens.token(className: $0)) }
+        return try SlotTable(labelEpoch: "e1", tokens: table)
+    }
+}
+
+actor Counter {
+    private(set) var value = 0
+
+    func increment() {
+        value += 1
+    }
+}
+
 final class HarmonyClientTests: XCTestCase {
-    let server = ServerPrediction(modelVersion: "v1", logits: [0, 0, 5], topClass: 2, confidence: 0.98)
+    let server = ServerPrediction(modelVersion: "v2", slotScores: [5, 0, 0], topSlot: 0, confidence: 0.98)
+    let fetches = Counter()
+
+    func makeDecoder() throws -> SlotDecoder {
+        let key = try FederationKey(secret: FakeSlotTables.secret)
+        return SlotDecoder(federationKey: key, classNames: ["0", "1", "2"], source: FakeSlotTables(fetches: fetches))
+    }
+
+    func makeClient(logits: [Float], fallback: (any FallbackServer)?) throws -> HarmonyClient {
+        let policy = try ExitPolicy(threshold: 0.9)
+        return try HarmonyClient(
+            engine: FakeEngine(logits: logits), exitPolicy: policy, fallback: fallback, slots: makeDecoder())
+    }
 
     func testAConfidentFrontEndAnswersLocally() async throws {
-        let client = HarmonyClient(
-            engine: FakeEngine(logits: [8, 0, 0]), exitPolicy: try ExitPolicy(threshold: 0.9),
-            fallback: FakeServer(answer: server))
+        let client = try makeClient(logits: [8, 0, 0], fallback: FakeServer(answer: server))
         let result = try await client.classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .localExit)
         XCTAssertEqual(result.predictedClass, 0)
         XCTAssertNil(result.server)
     }
 
-    func testAnUnsureFrontEndAsksTheServer() async throws {
-        let client = HarmonyClient(
-            engine: FakeEngine(logits: [1, 0.5, 0]), exitPolicy: try ExitPolicy(threshold: 0.9),
-            fallback: FakeServer(answer: server))
+    func testAnUnsureFrontEndAsksTheServerAndDecodesTheSlot() async throws {
+        let client = try makeClient(logits: [1, 0.5, 0], fallback: FakeServer(answer: server))
         let result = try await client.classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .server)
-        XCTAssertEqual(result.predictedClass, 2)
+        XCTAssertEqual(result.predictedClass, 2, "slot 0 of version v2 holds class \"2\"")
         XCTAssertEqual(result.confidence, 0.98)
         XCTAssertEqual(result.local.predictedClass, 0)
         XCTAssertFalse(result.local.exitLocally)
+        _ = try await client.classify([Float](repeating: 0, count: 784))
+        let fetched = await fetches.value
+        XCTAssertEqual(fetched, 1, "a version's slot table is fetched once")
+    }
+
+    func testASlotWithNoClassOfThisPhoneKeepsTheLocalAnswer() async throws {
+        let unnamed = ServerPrediction(modelVersion: "v2", slotScores: [0, 0, 5], topSlot: 2, confidence: 0.9)
+        let result = try await makeClient(logits: [1, 0.5, 0], fallback: FakeServer(answer: unnamed))
+            .classify([Float](repeating: 0, count: 784))
+        XCTAssertEqual(result.source, .localServerUnnamed)
+        XCTAssertEqual(result.predictedClass, 0)
+        XCTAssertEqual(result.server?.topSlot, 2)
+        XCTAssertNotNil(result.serverError)
+    }
+
+    func testAFallbackServerNeedsASlotDecoder() throws {
+        let policy = try ExitPolicy(threshold: 0.9)
+        XCTAssertThrowsError(try HarmonyClient(
+            engine: FakeEngine(logits: [1]), exitPolicy: policy, fallback: FakeServer(answer: server), slots: nil))
     }
 
     func testAFailingOrMissingServerLeavesTheLocalAnswer() async throws {
         for fallback: (any FallbackServer)? in [FakeServer(answer: nil), nil] {
-            let client = HarmonyClient(
-                engine: FakeEngine(logits: [1, 0.5, 0]), exitPolicy: try ExitPolicy(threshold: 0.9), fallback: fallback)
+            let client = try makeClient(logits: [1, 0.5, 0], fallback: fallback)
             let result = try await client.classify([Float](repeating: 0, count: 784))
             XCTAssertEqual(result.source, .localAfterServerFailure)
             XCTAssertEqual(result.predictedClass, 0)
@@ -75,19 +123,20 @@ final class HarmonyClientTests: XCTestCase {
         let uploads = try ConfirmedUploads(
             queue: UploadQueue(directory: directory, maxEntries: 8, maxBytes: 1 << 20),
             client: HarmonyHTTPClient(transport: transport), device: device,
-            federationKey: FederationKey(secret: Data("harmony golden federation secret".utf8), roundID: 7),
-            family: "mobilenet", tier: "mid-android", splitDepth: 1, modelVersion: "golden-v1")
+            federationKey: FederationKey(secret: Data("harmony golden federation secret".utf8)), labelEpoch: "e7",
+            classNames: (0..<10).map { String($0) }, family: "mobilenet", tier: "mid-android", splitDepth: 1,
+            modelVersion: "golden-v1")
         let features = try FeatureTensor(values: (0..<4096).map { (Float($0) - 2048) / 512 }, shape: [1, 64, 8, 8])
         let queued = try await uploads.enqueue(features: features, confirmedClass: 4).upload
 
         // The queued body is the JSON of PROTOCOL.md 4.1; its envelope opens with the server key to the
-        // golden HMUP plaintext of sealed_upload.json case 3 (same features, class, round, tier).
+        // golden HMUP plaintext of sealed_upload.json case 3 (same features, class, epoch, tier).
         let body = try XCTUnwrap(JSONSerialization.jsonObject(with: queued.body) as? [String: Any])
-        XCTAssertEqual(body["round_id"] as? Int, 7)
+        XCTAssertEqual(body["label_epoch"] as? String, "e7")
         XCTAssertEqual(body["message_id"] as? String, queued.messageID.lowercaseString)
         let envelope = try XCTUnwrap(Data(base64Encoded: XCTUnwrap(body["envelope"] as? String)))
         let server = try Curve25519.KeyAgreement.PrivateKey(rawRepresentation: hex(vectors.serverPrivateKey))
-        let ad = try AssociatedData(deviceID: "dev_golden", roundID: 7, messageID: queued.messageID)
+        let ad = try AssociatedData(deviceID: "dev_golden", labelEpoch: "e7", messageID: queued.messageID)
         XCTAssertEqual(Hex.encode(try UploadSealer.open(envelope, serverPrivateKey: server, associatedData: ad)),
                        vectors.cases[2].plaintext)
 

@@ -104,8 +104,8 @@ final class NetworkTests: XCTestCase {
     func testInferSendsAnHMFTBodyAndParsesPredictions() async throws {
         let answer = #"""
         {"model_name":"harmony-backend","model_version":"v1-r2","outputs":[
-         {"name":"logits","datatype":"FP32","shape":[1,3],"data":[0.5,2.0,-1.0]},
-         {"name":"top_class","datatype":"INT64","shape":[1],"data":[1]},
+         {"name":"slot_scores","datatype":"FP32","shape":[1,3],"data":[0.5,2.0,-1.0]},
+         {"name":"top_slot","datatype":"INT64","shape":[1],"data":[1]},
          {"name":"confidence","datatype":"FP32","shape":[1],"data":[0.75]}]}
         """#
         let transport = ScriptedTransport([json(200, answer)])
@@ -113,7 +113,8 @@ final class NetworkTests: XCTestCase {
         let device = DeviceCredentials(deviceID: "dev_1", token: "secret-token", serverPublicKey: Data(count: 32))
         let features = try FeatureTensor(values: [Float](repeating: 0.5, count: 4096), shape: [1, 64, 8, 8])
         let predictions = try await client.infer(features, device: device, tier: "mid-ios")
-        XCTAssertEqual(predictions, [ServerPrediction(modelVersion: "v1-r2", logits: [0.5, 2, -1], topClass: 1, confidence: 0.75)])
+        XCTAssertEqual(
+            predictions, [ServerPrediction(modelVersion: "v1-r2", slotScores: [0.5, 2, -1], topSlot: 1, confidence: 0.75)])
         let requestRecorded = await transport.requests.first
         let request = try XCTUnwrap(requestRecorded)
         XCTAssertEqual(request.method, "POST")
@@ -123,6 +124,39 @@ final class NetworkTests: XCTestCase {
         XCTAssertEqual(request.headers[HarmonyHTTPClient.tierHeader], "mid-ios")
         XCTAssertEqual(request.body, features.encoded())
         XCTAssertEqual(Endpoint.inferVersion.resolvedPath(version: "v1 r2"), "/v2/models/harmony-backend/versions/v1%20r2/infer")
+    }
+
+    func testATopSlotOutsideTheSlotsIsAMalformedAnswer() async throws {
+        let answer = #"""
+        {"model_name":"harmony-backend","model_version":"v1","outputs":[
+         {"name":"slot_scores","datatype":"FP32","shape":[1,2],"data":[0.5,2.0]},
+         {"name":"top_slot","datatype":"INT64","shape":[1],"data":[2]},
+         {"name":"confidence","datatype":"FP32","shape":[1],"data":[0.75]}]}
+        """#
+        let client = HarmonyHTTPClient(transport: ScriptedTransport([json(200, answer)]))
+        let device = DeviceCredentials(deviceID: "dev_1", token: "t", serverPublicKey: Data(count: 32))
+        let features = try FeatureTensor(values: [Float](repeating: 0.5, count: 4096), shape: [1, 64, 8, 8])
+        do {
+            _ = try await client.infer(features, device: device, tier: nil)
+            XCTFail("expected a ServerError")
+        } catch let error as ServerError {
+            XCTAssertTrue(error.detail.contains("top_slot"))
+        }
+    }
+
+    func testAVersionsSlotTableComesFromItsMetadata() async throws {
+        let metadata = #"""
+        {"name":"harmony-backend","versions":["v1","v1-r1"],"platform":"pytorch","inputs":[],"outputs":[],
+         "parameters":{"label_epoch":"mnist-e1","slot_table":["0123456789abcdef","fedcba9876543210"]}}
+        """#
+        let transport = ScriptedTransport([json(200, metadata)])
+        let device = DeviceCredentials(deviceID: "dev_1", token: "t", serverPublicKey: Data(count: 32))
+        let table = try await HarmonyHTTPClient(transport: transport).slotTable(version: "v1-r1", device: device)
+        XCTAssertEqual(table, try SlotTable(labelEpoch: "mnist-e1", tokens: ["0123456789abcdef", "fedcba9876543210"]))
+        let requestRecorded = await transport.requests.first
+        let request = try XCTUnwrap(requestRecorded)
+        XCTAssertEqual(request.method, "GET")
+        XCTAssertEqual(request.path, "/v2/models/harmony-backend/versions/v1-r1")
     }
 
     func testErrorsCarryTheServerDetail() async throws {
@@ -139,11 +173,27 @@ final class NetworkTests: XCTestCase {
         }
     }
 
+    func testEnrolmentWithoutABackendHasNullVersionEpochAndSlots() async throws {
+        let enrolment = #"""
+        {"device_id":"dev_1","token":"tok","server_public_key":"B6N8vBQgk8i3VdwbEOhstCY3StFqqFPtC9/AsrhtHHw=",
+         "seal_version":1,"model_name":"harmony-backend","default_version":null,"label_epoch":null,"slot_table":null,
+         "interface_shape":null,"manifest":null,"manifest_signature":null,"manifest_p256_signature":null,
+         "limits":{"max_body_bytes":8388608,"max_request_rows":64,"max_upload_rows":256,"rate_limit_per_second":50.0,"rate_limit_burst":100}}
+        """#
+        let result = try await HarmonyHTTPClient(transport: ScriptedTransport([json(201, enrolment)]))
+            .enroll(adminToken: "admin")
+        XCTAssertNil(result.defaultVersion)
+        XCTAssertNil(result.labelEpoch)
+        XCTAssertNil(result.defaultSlotTable)
+        XCTAssertNil(result.interfaceShape)
+    }
+
     func testEnrolmentAndUploadBodies() async throws {
         let enrolment = #"""
         {"device_id":"dev_4f1c2a9be03d7781","token":"tok","server_public_key":"B6N8vBQgk8i3VdwbEOhstCY3StFqqFPtC9/AsrhtHHw=",
-         "seal_version":1,"model_name":"harmony-backend","default_version":"v1","interface_shape":[64,8,8],
-         "manifest":null,"manifest_signature":null,
+         "seal_version":1,"model_name":"harmony-backend","default_version":"v1","label_epoch":"mnist-e1",
+         "slot_table":["0123456789abcdef"],"interface_shape":[64,8,8],
+         "manifest":null,"manifest_signature":null,"manifest_p256_signature":null,
          "limits":{"max_body_bytes":8388608,"max_request_rows":64,"max_upload_rows":256,"rate_limit_per_second":50.0,"rate_limit_burst":100}}
         """#
         let transport = ScriptedTransport([json(201, enrolment)])
@@ -152,6 +202,7 @@ final class NetworkTests: XCTestCase {
         XCTAssertEqual(result.serverPublicKey.count, 32)
         XCTAssertNil(result.manifest)
         XCTAssertEqual(result.limits.maxUploadRows, 256)
+        XCTAssertEqual(result.defaultSlotTable, try SlotTable(labelEpoch: "mnist-e1", tokens: ["0123456789abcdef"]))
         let requestRecorded = await transport.requests.first
         let request = try XCTUnwrap(requestRecorded)
         XCTAssertEqual(request.path, "/v1/devices")
@@ -159,8 +210,11 @@ final class NetworkTests: XCTestCase {
         XCTAssertEqual(sent, ["name": "iphone", "tier": "mid-ios"])
 
         let id = try XCTUnwrap(UUID(uuidString: "3F2B8C4E-9D1A-4C55-8A0E-61F0B7D2C9AA"))
-        let body = HarmonyHTTPClient.uploadBody(roundID: 12, messageID: id, envelope: Data([0x48, 0x4d, 0x53, 0x45]))
-        XCTAssertEqual(String(decoding: body, as: UTF8.self),
-                       #"{"round_id":12,"message_id":"3f2b8c4e-9d1a-4c55-8a0e-61f0b7d2c9aa","envelope":"SE1TRQ=="}"#)
+        let body = try HarmonyHTTPClient.uploadBody(
+            labelEpoch: "mnist-e1", messageID: id, envelope: Data([0x48, 0x4d, 0x53, 0x45]))
+        XCTAssertEqual(
+            String(decoding: body, as: UTF8.self),
+            #"{"label_epoch":"mnist-e1","message_id":"3f2b8c4e-9d1a-4c55-8a0e-61f0b7d2c9aa","envelope":"SE1TRQ=="}"#)
+        XCTAssertThrowsError(try HarmonyHTTPClient.uploadBody(labelEpoch: "a b", messageID: id, envelope: Data()))
     }
 }

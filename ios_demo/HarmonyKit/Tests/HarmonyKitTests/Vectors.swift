@@ -1,5 +1,6 @@
 import Foundation
 import XCTest
+@testable import HarmonyKit
 
 /// The golden vectors of tests/vectors (written by tests/vectors/generate.py from the Python
 /// implementation), read in place through #filePath: no copy to keep in sync. Paths:
@@ -45,6 +46,9 @@ struct ManifestVectors: Decodable {
 
     let publicKey: String
     let signingKeyPub: String
+    let p256PublicKey: String
+    let signingKeyP256Pub: String
+    let p256SignatureFile: String
     let manifestText: String
     let signatureFile: String
     let artifacts: [ArtifactFile]
@@ -54,7 +58,7 @@ struct SealedUploadVectors: Decodable {
     struct Case: Decodable {
         let name: String
         let deviceId: String
-        let roundId: Int64
+        let labelEpoch: String
         let messageId: String
         let associatedData: String
         let plaintext: String
@@ -71,9 +75,23 @@ struct SealedUploadVectors: Decodable {
 
 struct LabelTokenVectors: Decodable {
     struct Case: Decodable {
-        let roundId: Int64
-        let roundKey: String
+        let labelEpoch: String
+        let epochKey: String
         let tokens: [String: String]
+    }
+
+    let federationSecret: String
+    let invalidEpochs: [String]
+    let cases: [Case]
+}
+
+struct SlotMappingVectors: Decodable {
+    struct Case: Decodable {
+        let name: String
+        let labelEpoch: String
+        let classNames: [String]
+        let slotTable: [String]
+        let slotClasses: [String?]
     }
 
     let federationSecret: String
@@ -108,12 +126,13 @@ struct FeatureEncodingVectors: Decodable {
         let modelVersion: String
         let clipNorm: Double?
         let noiseMultiplier: Double?
+        let labelDpEpsilon: Double?
     }
 
     struct UploadCase: Decodable {
         let name: String
-        let roundId: Int64
-        let classes: [Int]
+        let labelEpoch: String
+        let classNames: [String]
         let metadata: Metadata
         let metadataJson: String
         let shape: [Int]
@@ -123,4 +142,47 @@ struct FeatureEncodingVectors: Decodable {
 
     let tensors: [TensorCase]
     let uploads: [UploadCase]
+}
+
+struct TierSelectionVectors: Decodable {
+    struct Tier: Decodable {
+        let name: String
+        let splitDepth: Int
+        let width: Double
+        let backends: [String]
+    }
+
+    struct Device: Decodable {
+        let platform: String
+        let totalRamMb: Int64
+        let bigCores: Int
+        let hasNpu: Bool
+        let osVersion: Int
+        let lowRamDevice: Bool
+    }
+
+    struct Case: Decodable {
+        let tiers: String
+        let deviceName: String
+        let device: Device
+        let deviceClass: String
+        let selected: String?
+    }
+
+    let tierSets: [String: [Tier]]
+    let cases: [Case]
+}
+
+struct PixelNormalizationVectors: Decodable {
+    struct Case: Decodable {
+        let name: String
+        let pixelScale: Double
+        let mean: [Double]
+        let std: [Double]
+        let channels: Int
+        let pixels: [UInt8]
+        let values: [Double]
+    }
+
+    let cases: [Case]
 }

@@ -1,8 +1,9 @@
 import Foundation
 
-/// Uploads of samples whose label the user confirmed: label -> token, features + token -> HMUP
-/// plaintext, plaintext -> envelope sealed to the server and bound to (device, round, message id),
-/// stored in the durable queue, sent when the network allows. Only sealed bytes touch the disk.
+/// Uploads of samples whose label the user confirmed: class name -> token under the label epoch's
+/// key, features + token -> HMUP plaintext, plaintext -> envelope sealed to the server and bound to
+/// (device, label epoch, message id), stored in the durable queue, sent when the network allows.
+/// Only sealed bytes touch the disk.
 public struct ConfirmedUploads: Sendable {
     /// Refusals that resending the same bytes cannot fix (docs/PROTOCOL.md 4.5 and 8): malformed or
     /// failing authentication (400), message id reused with other bytes (409), too large (413),
@@ -13,7 +14,9 @@ public struct ConfirmedUploads: Sendable {
     public let queue: UploadQueue
     public let client: HarmonyHTTPClient
     public let device: DeviceCredentials
-    public let federationKey: FederationKey
+    public let labelEpoch: String
+    /// The verified manifest's class names; a confirmed class is an index into them.
+    public let classNames: [String]
     public let family: String
     public let tier: String
     public let splitDepth: Int
@@ -21,36 +24,42 @@ public struct ConfirmedUploads: Sendable {
     private let tokens: LabelTokens
     private let sealer: UploadSealer
 
+    /// - Parameter labelEpoch: the epoch uploads name (the enrolment response's or the manifest's).
     public init(
         queue: UploadQueue, client: HarmonyHTTPClient, device: DeviceCredentials, federationKey: FederationKey,
-        family: String, tier: String, splitDepth: Int, modelVersion: String
+        labelEpoch: String, classNames: [String], family: String, tier: String, splitDepth: Int,
+        modelVersion: String
     ) throws {
         self.queue = queue
         self.client = client
         self.device = device
-        self.federationKey = federationKey
+        self.labelEpoch = try LabelTokens.checkLabelEpoch(labelEpoch)
+        self.classNames = classNames
         self.family = family
         self.tier = tier
         self.splitDepth = splitDepth
         self.modelVersion = modelVersion
-        self.tokens = try LabelTokens(federationSecret: federationKey.secret, roundID: federationKey.roundID)
+        self.tokens = try federationKey.tokens(labelEpoch: labelEpoch)
         self.sealer = try UploadSealer(serverPublicKey: device.serverPublicKey)
     }
 
-    /// Seals and queues the features of one sample (shape (1, 64, 8, 8)) with its confirmed class.
+    /// Seals and queues the features of one sample (shape (1, 64, 8, 8)) with its confirmed class index.
     @discardableResult
     public func enqueue(features: FeatureTensor, confirmedClass: Int) async throws -> UploadQueue.EnqueueResult {
+        guard classNames.indices.contains(confirmedClass) else {
+            throw HarmonyFormatError("class \(confirmedClass) is not one of the manifest's \(classNames.count) classes")
+        }
         let metadata = try UploadMetadata(
-            labelTokens: [tokens.token(classID: confirmedClass)], splitDepths: [splitDepth],
+            labelTokens: [tokens.token(className: classNames[confirmedClass])], splitDepths: [splitDepth],
             family: family, tier: tier, modelVersion: modelVersion)
         let plaintext = try UploadPlaintext.encode(metadata: metadata, features: features)
-        let roundID = federationKey.roundID
+        let labelEpoch = self.labelEpoch
         let deviceID = device.deviceID
         let sealer = self.sealer
         return try await queue.enqueue { messageID in
-            let ad = try AssociatedData(deviceID: deviceID, roundID: roundID, messageID: messageID)
+            let ad = try AssociatedData(deviceID: deviceID, labelEpoch: labelEpoch, messageID: messageID)
             return try HarmonyHTTPClient.uploadBody(
-                roundID: roundID, messageID: messageID, envelope: sealer.seal(plaintext, associatedData: ad))
+                labelEpoch: labelEpoch, messageID: messageID, envelope: sealer.seal(plaintext, associatedData: ad))
         }
     }
 

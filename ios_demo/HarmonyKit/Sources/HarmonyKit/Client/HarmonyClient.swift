@@ -29,6 +29,71 @@ public struct HTTPFallbackServer: FallbackServer {
     }
 }
 
+/// Where a version's slot table comes from: the server's V2 model metadata, or a fake in tests.
+public protocol SlotTableSource: Sendable {
+    func slotTable(version: String) async throws -> SlotTable
+}
+
+/// `SlotTableSource` over HTTP (`GET /v2/models/{name}/versions/{version}`).
+public struct HTTPSlotTableSource: SlotTableSource {
+    public let client: HarmonyHTTPClient
+    public let device: DeviceCredentials
+
+    public init(client: HarmonyHTTPClient, device: DeviceCredentials) {
+        self.client = client
+        self.device = device
+    }
+
+    public func slotTable(version: String) async throws -> SlotTable {
+        try await client.slotTable(version: version, device: device)
+    }
+}
+
+/// Turns the server's top slot into one of this phone's classes (docs/ALGORITHM.md, "Inference"):
+/// the token of every class name of the verified manifest under the table's label-epoch key is
+/// looked up in the slot table. Each version's decoded table is kept; an answer from a version this
+/// phone has no table for makes it fetch that version's table first.
+public actor SlotDecoder {
+    public let federationKey: FederationKey
+    public let classNames: [String]
+    private let source: any SlotTableSource
+    private var classesByVersion = [String: [String?]]()
+
+    public init(federationKey: FederationKey, classNames: [String], source: any SlotTableSource) {
+        self.federationKey = federationKey
+        self.classNames = classNames
+        self.source = source
+    }
+
+    /// Records a table the phone already holds (enrolment response, manifest): no fetch needed.
+    public func remember(version: String, table: SlotTable) throws {
+        classesByVersion[version] = try decode(table)
+    }
+
+    /// The class name of each slot (nil for a slot none of this phone's classes has).
+    public nonisolated func decode(_ table: SlotTable) throws -> [String?] {
+        try federationKey.tokens(labelEpoch: table.labelEpoch)
+            .slotClasses(classNames: classNames, slotTable: table.tokens)
+    }
+
+    /// The index in the manifest's class names of the prediction's top slot, or nil when that slot
+    /// names none of this phone's classes (the caller then keeps its local answer).
+    public func classIndex(of prediction: ServerPrediction) async throws -> Int? {
+        let classes: [String?]
+        if let known = classesByVersion[prediction.modelVersion] {
+            classes = known
+        } else {
+            let table = try await source.slotTable(version: prediction.modelVersion)
+            classes = try decode(table)
+            classesByVersion[prediction.modelVersion] = classes
+        }
+        guard classes.indices.contains(prediction.topSlot), let name = classes[prediction.topSlot] else {
+            return nil
+        }
+        return classNames.firstIndex(of: name)
+    }
+}
+
 /// The answer for one image and how it was reached.
 public struct Classification: Sendable {
     public enum Source: String, Sendable {
@@ -38,6 +103,8 @@ public struct Classification: Sendable {
         case server
         /// Not confident, but the server failed or is not configured: the phone's own best guess.
         case localAfterServerFailure
+        /// Not confident; the server answered with a slot that names none of this phone's classes.
+        case localServerUnnamed
     }
 
     public let source: Source
@@ -49,7 +116,7 @@ public struct Classification: Sendable {
     public let local: ExitDecision
     /// The server's prediction, or nil if it was not asked or failed.
     public let server: ServerPrediction?
-    /// Why the fallback failed, or nil.
+    /// Why the fallback failed or could not name a class, or nil.
     public let serverError: String?
     public let localLatencyNanos: UInt64
     public let serverLatencyNanos: UInt64
@@ -60,21 +127,30 @@ public struct Classification: Sendable {
 /// The phone side of HARMONY inference: run the front-end; answer locally when the exit head is
 /// confident (max softmax >= the tier's threshold), otherwise send the interface features to the
 /// server back-end; if the server fails (network, 4xx/5xx, a long Retry-After), answer with the
-/// local guess anyway. A classification therefore always has an answer.
+/// local guess anyway. The server answers with a slot; `SlotDecoder` maps it to a class, and a slot
+/// that names none of this phone's classes also leaves the local answer standing. A classification
+/// therefore always has an answer.
 public final class HarmonyClient: Sendable {
     public let engine: any InferenceEngine
     public let exitPolicy: ExitPolicy
     public let fallback: (any FallbackServer)?
+    public let slots: SlotDecoder?
     private let clock: @Sendable () -> UInt64
 
-    /// - Parameter fallback: the server, or nil for local-only operation (offline, not enrolled).
+    /// - Parameters:
+    ///   - fallback: the server, or nil for local-only operation (offline, not enrolled).
+    ///   - slots: maps the server's slots to this phone's classes; required with a fallback server.
     public init(
-        engine: any InferenceEngine, exitPolicy: ExitPolicy, fallback: (any FallbackServer)?,
+        engine: any InferenceEngine, exitPolicy: ExitPolicy, fallback: (any FallbackServer)?, slots: SlotDecoder?,
         clock: @escaping @Sendable () -> UInt64 = { DispatchTime.now().uptimeNanoseconds }
-    ) {
+    ) throws {
+        if fallback != nil, slots == nil {
+            throw HarmonyFormatError("a fallback server answers in slots: pass a SlotDecoder")
+        }
         self.engine = engine
         self.exitPolicy = exitPolicy
         self.fallback = fallback
+        self.slots = slots
         self.clock = clock
     }
 
@@ -89,14 +165,22 @@ public final class HarmonyClient: Sendable {
                 server: nil, serverError: nil, localLatencyNanos: localNanos, serverLatencyNanos: 0,
                 features: output.features)
         }
-        guard let fallback else {
+        guard let fallback, let slots else {
             return Self.localAfterFailure(local, "no fallback server configured", localNanos, 0, output)
         }
         let serverStart = clock()
         do {
             let server = try await fallback.predict(output.features)
+            guard let serverClass = try await slots.classIndex(of: server) else {
+                return Classification(
+                    source: .localServerUnnamed, predictedClass: local.predictedClass, confidence: local.confidence,
+                    local: local, server: server,
+                    serverError: "the server's slot \(server.topSlot) (version \(server.modelVersion)) names none of "
+                        + "this phone's classes",
+                    localLatencyNanos: localNanos, serverLatencyNanos: clock() - serverStart, features: output.features)
+            }
             return Classification(
-                source: .server, predictedClass: server.topClass, confidence: server.confidence, local: local,
+                source: .server, predictedClass: serverClass, confidence: server.confidence, local: local,
                 server: server, serverError: nil, localLatencyNanos: localNanos,
                 serverLatencyNanos: clock() - serverStart, features: output.features)
         } catch is CancellationError {

@@ -1,71 +1,116 @@
 import CryptoKit
 import Foundation
 
-/// Label tokens: what the server gets instead of a label (docs/PROTOCOL.md 3,
-/// harmony_mobile/privacy/label_tokens.py):
+/// Label tokens and slot decoding (docs/PROTOCOL.md 3, harmony_mobile/privacy/label_tokens.py):
 ///
-///     K_r = HKDF-SHA256(ikm = federation_secret, salt = none (32 zero bytes),
-///                       info = "harmony/label-token/" + decimal(r), length = 32)
-///     t   = first 8 bytes of HMAC-SHA256(K_r, u32be(class_id))
+///     K_e = HKDF-SHA256(ikm = federation_secret, salt = none (32 zero bytes),
+///                       info = "harmony/label-token/" + e, length = 32)
+///     t   = first 8 bytes of HMAC-SHA256(K_e, UTF-8 class name)
 ///
-/// Within round r equal labels give equal tokens on every phone; rounds are unlinkable; without
-/// the federation secret (held by phones only, never by the server) a token reveals no class.
+/// `e` is the label epoch of a model lineage. Within an epoch equal class names give equal tokens
+/// on every phone; epochs are unlinkable; without the federation secret (held by phones only, never
+/// by the server) neither a token nor the slot the server gave it reveals a class.
 public struct LabelTokens: Sendable {
     public static let tokenBytes = 8
-    public static let roundKeyBytes = 32
+    public static let epochKeyBytes = 32
     public static let infoPrefix = "harmony/label-token/"
     public static let minSecretBytes = 16
+    public static let maxLabelEpochLength = 64
 
-    /// K_r.
-    public let roundKey: Data
+    /// K_e.
+    public let epochKey: Data
 
-    /// The token generator of round (key epoch) `roundID`.
-    public init(federationSecret: Data, roundID: Int64) throws {
-        guard roundID >= 0 else { throw HarmonyFormatError("round ids are >= 0, got \(roundID)") }
-        roundKey = try Self.roundKey(federationSecret: federationSecret, roundID: String(roundID))
+    /// The token generator of label epoch `labelEpoch`.
+    public init(federationSecret: Data, labelEpoch: String) throws {
+        epochKey = try Self.epochKey(federationSecret: federationSecret, labelEpoch: labelEpoch)
     }
 
-    public static func roundKey(federationSecret: Data, roundID: String) throws -> Data {
+    /// Throws unless `labelEpoch` is 1-64 characters of [A-Za-z0-9._-].
+    @discardableResult
+    public static func checkLabelEpoch(_ labelEpoch: String) throws -> String {
+        let allowed = Set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-".unicodeScalars)
+        let scalars = labelEpoch.unicodeScalars
+        guard (1...maxLabelEpochLength).contains(scalars.count), scalars.allSatisfy({ allowed.contains($0) }) else {
+            throw HarmonyFormatError("a label epoch is 1-64 characters of [A-Za-z0-9._-], got \"\(labelEpoch)\"")
+        }
+        return labelEpoch
+    }
+
+    public static func epochKey(federationSecret: Data, labelEpoch: String) throws -> Data {
         guard federationSecret.count >= minSecretBytes else {
             throw HarmonyFormatError("the federation secret must be at least \(minSecretBytes) bytes")
         }
+        try checkLabelEpoch(labelEpoch)
         // RFC 5869: an absent salt is HashLen zero bytes; pass them explicitly.
         let key = HKDF<SHA256>.deriveKey(
             inputKeyMaterial: SymmetricKey(data: federationSecret),
             salt: Data(repeating: 0, count: 32),
-            info: Data((infoPrefix + roundID).utf8),
-            outputByteCount: roundKeyBytes
+            info: Data((infoPrefix + labelEpoch).utf8),
+            outputByteCount: epochKeyBytes
         )
         return key.withUnsafeBytes { Data($0) }
     }
 
-    /// The token of a class id (0...2^32-1).
-    public func token(classID: Int) throws -> Data {
-        guard classID >= 0, classID <= Int(UInt32.max) else {
-            throw HarmonyFormatError("class ids are in 0...\(UInt32.max), got \(classID)")
-        }
-        var message = Data()
-        message.appendBigEndian(UInt32(classID))
-        let mac = HMAC<SHA256>.authenticationCode(for: message, using: SymmetricKey(data: roundKey))
+    /// The token of a class name (the manifest's `class_names` entry).
+    public func token(className: String) throws -> Data {
+        guard !className.isEmpty else { throw HarmonyFormatError("a class name is a non-empty string") }
+        let mac = HMAC<SHA256>.authenticationCode(for: Data(className.utf8), using: SymmetricKey(data: epochKey))
         return Data(mac).prefix(Self.tokenBytes)
+    }
+
+    /// The class behind each slot: entry i is the name whose token is `slotTable[i]` (lowercase hex),
+    /// or nil when none of `classNames` has that token (another epoch, or a class this manifest lacks).
+    public func slotClasses(classNames: [String], slotTable: [String]) throws -> [String?] {
+        var byToken = [String: String]()
+        for name in classNames {
+            let key = try Hex.encode(token(className: name))
+            byToken[key] = name
+        }
+        return try slotTable.enumerated().map { (slot, token) -> String? in
+            guard token.utf8.count == 2 * Self.tokenBytes,
+                  token.utf8.allSatisfy({ (48...57).contains($0) || (97...102).contains($0) })
+            else {
+                throw HarmonyFormatError("slot \(slot): a token is 16 lowercase hex characters, got \"\(token)\"")
+            }
+            return byToken[token]
+        }
     }
 }
 
 /// The label-token key material a phone is provisioned with out of band (MDM / managed app
-/// configuration, docs/PROTOCOL.md 2-3): the federation secret, which the server never holds, and
-/// the current round (key epoch) id that uploads name as `round_id`.
+/// configuration, docs/PROTOCOL.md 2-3): the federation secret, which the server never holds. The
+/// label epoch uploads name comes from the verified manifest or the enrolment response.
 public struct FederationKey: Sendable, CustomStringConvertible {
     public let secret: Data
-    public let roundID: Int64
 
-    public init(secret: Data, roundID: Int64) throws {
+    public init(secret: Data) throws {
         guard secret.count >= LabelTokens.minSecretBytes else {
             throw HarmonyFormatError("the federation secret must be at least \(LabelTokens.minSecretBytes) bytes")
         }
-        guard roundID >= 0 else { throw HarmonyFormatError("round ids are >= 0") }
         self.secret = secret
-        self.roundID = roundID
     }
 
-    public var description: String { "FederationKey(round \(roundID), secret hidden)" }
+    /// The tokens of one label epoch.
+    public func tokens(labelEpoch: String) throws -> LabelTokens {
+        try LabelTokens(federationSecret: secret, labelEpoch: labelEpoch)
+    }
+
+    public var description: String { "FederationKey(secret hidden)" }
+}
+
+/// A back-end version's slot table: slot i's label token (16 lowercase hex characters) at index i,
+/// and the label epoch whose key made the tokens (enrolment response, manifest, V2 model metadata).
+public struct SlotTable: Codable, Sendable, Equatable {
+    public let labelEpoch: String
+    public let tokens: [String]
+
+    public init(labelEpoch: String, tokens: [String]) throws {
+        self.labelEpoch = try LabelTokens.checkLabelEpoch(labelEpoch)
+        self.tokens = tokens
+    }
+
+    enum CodingKeys: String, CodingKey {
+        case labelEpoch = "label_epoch"
+        case tokens = "slot_table"
+    }
 }

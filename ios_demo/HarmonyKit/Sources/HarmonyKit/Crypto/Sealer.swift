@@ -10,34 +10,41 @@ public struct SealError: Error, CustomStringConvertible, Sendable {
     }
 }
 
-/// What an envelope is bound to (docs/PROTOCOL.md 4.3); checked by AES-GCM, never sent:
+/// What an envelope is bound to (docs/PROTOCOL.md 4.3, version 2); checked by AES-GCM, never sent:
 ///
-///     "harmony/upload-ad/v1" | u16le len(device id) | device id (UTF-8) | u64le round id | 16 UUID bytes
+///     "harmony/upload-ad/v2" | u16le len(device id) | device id (UTF-8) | u8 len(label epoch)
+///     | label epoch (ASCII) | 16 UUID bytes
 public struct AssociatedData: Sendable, Equatable {
-    public static let label = "harmony/upload-ad/v1"
+    public static let label = "harmony/upload-ad/v2"
     public static let maxDeviceIDBytes = 255
 
     public let deviceID: String
-    public let roundID: Int64
+    public let labelEpoch: String
     public let messageID: UUID
 
-    public init(deviceID: String, roundID: Int64, messageID: UUID) throws {
+    public init(deviceID: String, labelEpoch: String, messageID: UUID) throws {
         let length = deviceID.utf8.count
         guard (1...Self.maxDeviceIDBytes).contains(length) else {
             throw SealError("device id must be 1...\(Self.maxDeviceIDBytes) UTF-8 bytes, got \(length)")
         }
-        guard roundID >= 0 else { throw SealError("round id must be in 0...2^63-1, got \(roundID)") }
+        do {
+            try LabelTokens.checkLabelEpoch(labelEpoch)
+        } catch {
+            throw SealError("\(error)")
+        }
         self.deviceID = deviceID
-        self.roundID = roundID
+        self.labelEpoch = labelEpoch
         self.messageID = messageID
     }
 
     public func encoded() -> Data {
         let device = Data(deviceID.utf8)
+        let epoch = Data(labelEpoch.utf8)
         var out = Data(Self.label.utf8)
         out.appendLittleEndian(UInt16(device.count))
         out.append(device)
-        out.appendLittleEndian(UInt64(roundID))
+        out.append(UInt8(epoch.count))
+        out.append(epoch)
         out.append(messageID.rfc4122Bytes)
         return out
     }

@@ -1,7 +1,7 @@
 import Foundation
 
 /// The export manifest (export/manifest.py, format 1), as the phone reads it. Obtain one only
-/// through `ManifestVerifier`, which checks the Ed25519 signature over the exact bytes first.
+/// through `ManifestVerifier`, which checks a signature over the exact bytes first.
 ///
 /// Keys the app does not need (`run`, `reports`, an artifact's `extra`) are not decoded; unknown keys
 /// are ignored, so a newer manifest with extra fields still loads.
@@ -17,6 +17,10 @@ public struct Manifest: Codable, Sendable, Equatable {
     public let tiers: [TierEntry]
     public let signature: SignatureInfo
     public let files: [FileEntry]
+    /// The label epoch of the shipped back-end (nil in exports made before slot tables).
+    public let labelEpoch: String?
+    /// The shipped back-end's slot table, lowercase hex tokens (nil likewise).
+    public let slotTable: [String]?
 
     enum CodingKeys: String, CodingKey {
         case format
@@ -30,6 +34,8 @@ public struct Manifest: Codable, Sendable, Equatable {
         case tiers
         case signature
         case files
+        case labelEpoch = "label_epoch"
+        case slotTable = "slot_table"
     }
 
     public func tier(named name: String) -> TierEntry? {
@@ -199,10 +205,28 @@ public struct SignatureInfo: Codable, Sendable, Equatable {
     public let publicKeyFile: String
     /// sha256 (hex) of the raw Ed25519 public key that signed the manifest.
     public let publicKeySha256: String
+    /// The ECDSA P-256 signature beside the Ed25519 one, or nil for an Ed25519-only export.
+    public let p256: P256SignatureInfo?
 
     enum CodingKeys: String, CodingKey {
         case algorithm
         case signedFile = "signed_file"
+        case signatureFile = "signature_file"
+        case publicKeyFile = "public_key_file"
+        case publicKeySha256 = "public_key_sha256"
+        case p256
+    }
+}
+
+public struct P256SignatureInfo: Codable, Sendable, Equatable {
+    public let algorithm: String
+    public let signatureFile: String
+    public let publicKeyFile: String
+    /// sha256 (hex) of the P-256 key's X.509 SubjectPublicKeyInfo DER.
+    public let publicKeySha256: String
+
+    enum CodingKeys: String, CodingKey {
+        case algorithm
         case signatureFile = "signature_file"
         case publicKeyFile = "public_key_file"
         case publicKeySha256 = "public_key_sha256"

@@ -12,32 +12,63 @@ public struct ManifestError: Error, CustomStringConvertible, Sendable {
 
 /// Verifies an export the way export/manifest.py specifies:
 ///
-/// 1. `manifest.sig` (base64 of a 64-byte Ed25519 signature) over the **exact bytes** of
-///    `manifest.json`, under the **pinned** public key the app ships;
-/// 2. parse (format 1, kind `harmony-mobile/export`, signature.public_key_sha256 = the pinned key);
+/// 1. a signature over the **exact bytes** of `manifest.json` under the **pinned** public key the
+///    app ships: `manifest.sig` (base64 of a 64-byte Ed25519 signature) for an Ed25519 key, or
+///    `manifest.p256.sig` (base64 of a DER ECDSA P-256 / SHA-256 signature) for a P-256 key;
+/// 2. parse (format 1, kind `harmony-mobile/export`, the signature section names the pinned key);
 /// 3. sha256 and size of every file the app loads (a `.pte` file, or the tree digest of an
 ///    `.mlpackage` directory).
 ///
-/// The `signing_key.pub` shipped beside a manifest proves nothing by itself (whoever can replace the
-/// manifest can replace it too); `verifyDirectory` only requires it to equal the pinned key.
+/// CryptoKit verifies both algorithms; an app pins whichever key its build ships (the Android app
+/// pins the P-256 key, because many Android 13-15 phones lack Ed25519). The key file shipped beside
+/// a manifest proves nothing by itself (whoever can replace the manifest can replace it too);
+/// `verifyDirectory` only requires it to equal the pinned key.
 public struct ManifestVerifier: Sendable {
     public static let manifestFile = "manifest.json"
     public static let signatureFile = "manifest.sig"
     public static let publicKeyFile = "signing_key.pub"
+    public static let p256SignatureFile = "manifest.p256.sig"
+    public static let p256PublicKeyFile = "signing_key_p256.pub"
     public static let supportedFormat = 1
     public static let kind = "harmony-mobile/export"
     public static let signatureAlgorithm = "Ed25519"
+    public static let p256SignatureAlgorithm = "ECDSA-P256-SHA256"
     public static let publicKeyBytes = 32
     public static let signatureBytes = 64
 
-    public let pinnedPublicKey: Data
+    public enum PinnedKey: Sendable, Equatable {
+        /// The raw 32-byte Ed25519 key.
+        case ed25519(Data)
+        /// The X.509 SubjectPublicKeyInfo DER of a P-256 key.
+        case p256(Data)
+    }
+
+    public let pinnedKey: PinnedKey
+
+    /// The pinned key's bytes as its key file holds them (base64-decoded).
+    public var pinnedPublicKey: Data {
+        switch pinnedKey {
+        case .ed25519(let raw): return raw
+        case .p256(let der): return der
+        }
+    }
 
     /// - Parameter pinnedPublicKey: the raw 32-byte Ed25519 key.
     public init(pinnedPublicKey: Data) throws {
         guard pinnedPublicKey.count == Self.publicKeyBytes else {
             throw ManifestError("the pinned Ed25519 key must have \(Self.publicKeyBytes) bytes, got \(pinnedPublicKey.count)")
         }
-        self.pinnedPublicKey = pinnedPublicKey
+        pinnedKey = .ed25519(pinnedPublicKey)
+    }
+
+    /// - Parameter pinnedP256PublicKey: the SPKI DER of the P-256 key (signing_key_p256.pub, decoded).
+    public init(pinnedP256PublicKey: Data) throws {
+        do {
+            _ = try P256.Signing.PublicKey(derRepresentation: pinnedP256PublicKey)
+        } catch {
+            throw ManifestError("the pinned key is not an X.509 DER P-256 public key")
+        }
+        pinnedKey = .p256(pinnedP256PublicKey)
     }
 
     /// A pinned key in the `signing_key.pub` format: base64 of the raw 32 bytes.
@@ -45,26 +76,33 @@ public struct ManifestVerifier: Sendable {
         try self.init(pinnedPublicKey: Self.decodeBase64(text, what: Self.publicKeyFile))
     }
 
+    /// A pinned key in the `signing_key_p256.pub` format: base64 of the SPKI DER.
+    public init(p256PublicKeyFile text: String) throws {
+        try self.init(pinnedP256PublicKey: Self.decodeBase64(text, what: Self.p256PublicKeyFile))
+    }
+
+    /// The signature file this verifier reads.
+    public var signatureFileName: String {
+        if case .p256 = pinnedKey { return Self.p256SignatureFile }
+        return Self.signatureFile
+    }
+
+    /// The shipped key file that must equal the pinned key.
+    public var publicKeyFileName: String {
+        if case .p256 = pinnedKey { return Self.p256PublicKeyFile }
+        return Self.publicKeyFile
+    }
+
     /// Checks the signature, then parses.
     ///
     /// - Parameters:
     ///   - manifestBytes: the exact bytes of manifest.json (or the UTF-8 of enrolment's `manifest`)
-    ///   - signatureFile: the exact bytes of manifest.sig (surrounding whitespace tolerated)
+    ///   - signatureFile: the exact bytes of `signatureFileName` (surrounding whitespace tolerated)
     public func verify(manifestBytes: Data, signatureFile: Data) throws -> Manifest {
         let signature = try Self.decodeBase64(
-            String(decoding: signatureFile, as: UTF8.self), what: Self.signatureFile)
-        guard signature.count == Self.signatureBytes else {
-            throw ManifestError(
-                "\(Self.signatureFile): must hold a \(Self.signatureBytes)-byte Ed25519 signature, holds \(signature.count) bytes")
-        }
-        let key: Curve25519.Signing.PublicKey
-        do {
-            key = try Curve25519.Signing.PublicKey(rawRepresentation: pinnedPublicKey)
-        } catch {
-            throw ManifestError("the pinned key is not an Ed25519 public key")
-        }
-        guard key.isValidSignature(signature, for: manifestBytes) else {
-            throw ManifestError("\(Self.signatureFile): signature does not match \(Self.manifestFile) under the pinned key")
+            String(decoding: signatureFile, as: UTF8.self), what: signatureFileName)
+        guard try signatureMatches(signature, manifestBytes) else {
+            throw ManifestError("\(signatureFileName): signature does not match \(Self.manifestFile) under the pinned key")
         }
         let manifest: Manifest
         do {
@@ -82,24 +120,61 @@ public struct ManifestVerifier: Sendable {
         guard manifest.signature.algorithm == Self.signatureAlgorithm else {
             throw ManifestError("\(Self.manifestFile): unsupported signature algorithm \(manifest.signature.algorithm)")
         }
-        guard manifest.signature.publicKeySha256 == Hex.encode(SHA256.hash(data: pinnedPublicKey)) else {
-            throw ManifestError("\(Self.manifestFile): signature.public_key_sha256 names another key")
+        let fingerprint = Hex.encode(SHA256.hash(data: pinnedPublicKey))
+        switch pinnedKey {
+        case .ed25519:
+            guard manifest.signature.publicKeySha256 == fingerprint else {
+                throw ManifestError("\(Self.manifestFile): signature.public_key_sha256 names another key")
+            }
+        case .p256:
+            guard let p256 = manifest.signature.p256, p256.algorithm == Self.p256SignatureAlgorithm,
+                  p256.publicKeySha256 == fingerprint
+            else {
+                throw ManifestError("\(Self.manifestFile): signature.p256 does not name the pinned P-256 key")
+            }
         }
         return manifest
     }
 
-    /// Verifies an export directory (manifest.json, manifest.sig and, if present, signing_key.pub).
+    private func signatureMatches(_ signature: Data, _ manifestBytes: Data) throws -> Bool {
+        switch pinnedKey {
+        case .ed25519(let raw):
+            guard signature.count == Self.signatureBytes else {
+                throw ManifestError(
+                    "\(Self.signatureFile): must hold a \(Self.signatureBytes)-byte Ed25519 signature, holds \(signature.count) bytes")
+            }
+            guard let key = try? Curve25519.Signing.PublicKey(rawRepresentation: raw) else {
+                throw ManifestError("the pinned key is not an Ed25519 public key")
+            }
+            return key.isValidSignature(signature, for: manifestBytes)
+        case .p256(let der):
+            guard let key = try? P256.Signing.PublicKey(derRepresentation: der) else {
+                throw ManifestError("the pinned key is not an X.509 DER P-256 public key")
+            }
+            guard let parsed = try? P256.Signing.ECDSASignature(derRepresentation: signature) else {
+                return false
+            }
+            // CryptoKit hashes the data with SHA-256 itself, as SHA256withECDSA does on the signing side.
+            return key.isValidSignature(parsed, for: manifestBytes)
+        }
+    }
+
+    /// Verifies an export directory (manifest.json, the signature file and, if present, the shipped key).
     public func verifyDirectory(_ directory: URL) throws -> Manifest {
-        let shippedKey = directory.appendingPathComponent(Self.publicKeyFile)
+        let shippedKey = directory.appendingPathComponent(publicKeyFileName)
         if FileManager.default.fileExists(atPath: shippedKey.path) {
             let text = try String(decoding: Data(contentsOf: shippedKey), as: UTF8.self)
-            guard try Self.decodeBase64(text, what: Self.publicKeyFile) == pinnedPublicKey else {
-                throw ManifestError("\(Self.publicKeyFile): is not the pinned public key")
+            guard try Self.decodeBase64(text, what: publicKeyFileName) == pinnedPublicKey else {
+                throw ManifestError("\(publicKeyFileName): is not the pinned public key")
             }
+        }
+        let signature = directory.appendingPathComponent(signatureFileName)
+        guard FileManager.default.fileExists(atPath: signature.path) else {
+            throw ManifestError("\(signatureFileName): missing")
         }
         return try verify(
             manifestBytes: Data(contentsOf: directory.appendingPathComponent(Self.manifestFile)),
-            signatureFile: Data(contentsOf: directory.appendingPathComponent(Self.signatureFile)))
+            signatureFile: Data(contentsOf: signature))
     }
 
     // MARK: - Files

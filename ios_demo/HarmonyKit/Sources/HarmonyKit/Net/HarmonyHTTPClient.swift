@@ -24,6 +24,8 @@ public struct Endpoint: Sendable, Equatable {
     public static let ready = Endpoint(method: "GET", path: "/v2/health/ready")
     /// `POST /v2/models/{name}/infer`: inference with the default back-end version.
     public static let infer = Endpoint(method: "POST", path: "/v2/models/{name}/infer")
+    /// `GET /v2/models/{name}/versions/{version}`: a version's metadata, with its slot table in `parameters`.
+    public static let modelVersion = Endpoint(method: "GET", path: "/v2/models/{name}/versions/{version}")
     /// `POST /v2/models/{name}/versions/{version}/infer`: inference with one version.
     public static let inferVersion = Endpoint(method: "POST", path: "/v2/models/{name}/versions/{version}/infer")
 
@@ -68,7 +70,9 @@ public struct DeviceCredentials: Codable, Sendable, Equatable, CustomStringConve
     public var description: String { "DeviceCredentials(\(deviceID), token hidden)" }
 }
 
-/// The answer to `POST /v1/devices` (docs/PROTOCOL.md 2).
+/// The answer to `POST /v1/devices` (docs/PROTOCOL.md 2). `defaultVersion`, `labelEpoch`,
+/// `slotTable` and `interfaceShape` are nil while the server has no back-end loaded: the phone then
+/// answers locally and cannot upload yet (uploads name the label epoch).
 public struct Enrollment: Decodable, Sendable {
     public struct Limits: Decodable, Sendable {
         public let maxBodyBytes: Int
@@ -93,13 +97,25 @@ public struct Enrollment: Decodable, Sendable {
     public let serverPublicKey: Data
     public let sealVersion: Int
     public let modelName: String
-    public let defaultVersion: String
-    public let interfaceShape: [Int]
+    public let defaultVersion: String?
+    /// The label epoch of the default version: uploads name it.
+    public let labelEpoch: String?
+    /// The default version's slot table (lowercase hex tokens, slot i at index i).
+    public let slotTable: [String]?
+    public let interfaceShape: [Int]?
     /// The exact text of manifest.json, or nil; verify with `ManifestVerifier` before use.
     public let manifest: String?
-    /// The text of manifest.sig (base64 of the signature), or nil.
+    /// The text of manifest.sig (base64 of the Ed25519 signature), or nil.
     public let manifestSignature: String?
+    /// The text of manifest.p256.sig (base64 of the DER ECDSA P-256 signature), or nil.
+    public let manifestP256Signature: String?
     public let limits: Limits
+
+    /// The default version's slot table with its epoch, when the server has a back-end.
+    public var defaultSlotTable: SlotTable? {
+        guard let labelEpoch, let slotTable else { return nil }
+        return try? SlotTable(labelEpoch: labelEpoch, tokens: slotTable)
+    }
 
     enum CodingKeys: String, CodingKey {
         case deviceID = "device_id"
@@ -108,9 +124,12 @@ public struct Enrollment: Decodable, Sendable {
         case sealVersion = "seal_version"
         case modelName = "model_name"
         case defaultVersion = "default_version"
+        case labelEpoch = "label_epoch"
+        case slotTable = "slot_table"
         case interfaceShape = "interface_shape"
         case manifest
         case manifestSignature = "manifest_signature"
+        case manifestP256Signature = "manifest_p256_signature"
         case limits
     }
 
@@ -134,20 +153,27 @@ public struct UploadReceipt: Decodable, Sendable, Equatable {
     }
 }
 
-/// The back-end's answer for one row (docs/PROTOCOL.md 6.3).
+/// The back-end's answer for one row (docs/PROTOCOL.md 6.3), in slot space: the server never knows
+/// classes, only the slots it gave label tokens. `SlotDecoder` turns a slot into a class.
 public struct ServerPrediction: Sendable, Equatable {
+    /// The back-end version that answered; its slot table decodes `topSlot`.
     public let modelVersion: String
-    public let logits: [Float]
-    public let topClass: Int
-    /// Max softmax probability of the server logits.
+    public let slotScores: [Float]
+    public let topSlot: Int
+    /// Max softmax probability over the slots.
     public let confidence: Double
 
-    public init(modelVersion: String, logits: [Float], topClass: Int, confidence: Double) {
+    public init(modelVersion: String, slotScores: [Float], topSlot: Int, confidence: Double) {
         self.modelVersion = modelVersion
-        self.logits = logits
-        self.topClass = topClass
+        self.slotScores = slotScores
+        self.topSlot = topSlot
         self.confidence = confidence
     }
+}
+
+/// `GET /v2/models/{name}/versions/{version}`: only the part a phone reads.
+struct ModelMetadataResponse: Decodable {
+    let parameters: SlotTable?
 }
 
 struct InferResponse: Decodable {
@@ -222,10 +248,22 @@ public struct HarmonyHTTPClient: Sendable {
         return try Self.predictions(decode(InferResponse.self, from: response))
     }
 
+    /// A version's slot table (V2 model metadata `parameters`): needed when an inference answer
+    /// names a version this phone has no table for.
+    public func slotTable(version: String, device: DeviceCredentials) async throws -> SlotTable {
+        let endpoint = Endpoint.modelVersion
+        let response = try await send(endpoint, path: endpoint.resolvedPath(version: version), token: device.token)
+        guard let table = try decode(ModelMetadataResponse.self, from: response).parameters else {
+            throw ServerError(status: response.status, detail: "model metadata of version \(version) carries no slot table",
+                              retryAfter: nil)
+        }
+        return table
+    }
+
     /// The exact JSON body of `POST /v1/uploads`; the upload queue stores and resends these bytes.
-    public static func uploadBody(roundID: Int64, messageID: UUID, envelope: Data) -> Data {
+    public static func uploadBody(labelEpoch: String, messageID: UUID, envelope: Data) throws -> Data {
         let members = [
-            JSONText.string("round_id") + ":" + String(roundID),
+            JSONText.string("label_epoch") + ":" + JSONText.string(try LabelTokens.checkLabelEpoch(labelEpoch)),
             JSONText.string("message_id") + ":" + JSONText.string(messageID.lowercaseString),
             JSONText.string("envelope") + ":" + JSONText.string(envelope.base64EncodedString()),
         ]
@@ -301,22 +339,25 @@ public struct HarmonyHTTPClient: Sendable {
             }
             return found
         }
-        let logits = try output("logits")
-        let topClass = try output("top_class")
+        let scores = try output("slot_scores")
+        let topSlot = try output("top_slot")
         let confidence = try output("confidence")
-        guard logits.shape.count == 2 else {
-            throw ServerError(status: 200, detail: "logits shape \(logits.shape) is not [N, classes]", retryAfter: nil)
+        guard scores.shape.count == 2 else {
+            throw ServerError(status: 200, detail: "slot_scores shape \(scores.shape) is not [N, slots]", retryAfter: nil)
         }
-        let rows = logits.shape[0]
-        let classes = logits.shape[1]
-        guard logits.data.count == rows * classes, topClass.data.count == rows, confidence.data.count == rows else {
+        let rows = scores.shape[0]
+        let slots = scores.shape[1]
+        guard scores.data.count == rows * slots, topSlot.data.count == rows, confidence.data.count == rows else {
             throw ServerError(status: 200, detail: "inference outputs disagree on the number of rows", retryAfter: nil)
+        }
+        guard topSlot.data.allSatisfy({ $0 >= 0 && $0 < Double(slots) && $0 == $0.rounded() }) else {
+            throw ServerError(status: 200, detail: "a top_slot is not one of the \(slots) slots", retryAfter: nil)
         }
         return (0..<rows).map { row in
             ServerPrediction(
                 modelVersion: response.modelVersion,
-                logits: logits.data[(row * classes)..<((row + 1) * classes)].map { Float($0) },
-                topClass: Int(topClass.data[row]),
+                slotScores: scores.data[(row * slots)..<((row + 1) * slots)].map { Float($0) },
+                topSlot: Int(topSlot.data[row]),
                 confidence: confidence.data[row])
         }
     }

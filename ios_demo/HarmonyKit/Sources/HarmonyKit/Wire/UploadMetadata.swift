@@ -10,6 +10,7 @@ public struct UploadMetadata: Equatable, Sendable {
     /// The JSON keys, in the order pydantic writes them.
     public static let jsonKeys = [
         "label_tokens", "split_depths", "family", "tier", "model_version", "clip_norm", "noise_multiplier",
+        "label_dp_epsilon",
     ]
     /// The `tier` pattern of wire.py and docs/PROTOCOL.md.
     public static let tierPattern = "^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -26,6 +27,8 @@ public struct UploadMetadata: Equatable, Sendable {
     public let clipNorm: Double?
     /// sigma when Gaussian noise N(0, sigma^2 C_z^2) was added, else nil.
     public let noiseMultiplier: Double?
+    /// epsilon when the tokens went through randomized response, else nil.
+    public let labelDPEpsilon: Double?
 
     public init(
         labelTokens: [Data],
@@ -34,7 +37,8 @@ public struct UploadMetadata: Equatable, Sendable {
         tier: String,
         modelVersion: String,
         clipNorm: Double? = nil,
-        noiseMultiplier: Double? = nil
+        noiseMultiplier: Double? = nil,
+        labelDPEpsilon: Double? = nil
     ) throws {
         guard !labelTokens.isEmpty, labelTokens.count == splitDepths.count else {
             throw WireFormatError(
@@ -61,6 +65,9 @@ public struct UploadMetadata: Equatable, Sendable {
         if let noiseMultiplier, !(noiseMultiplier >= 0 && noiseMultiplier.isFinite) {
             throw WireFormatError("noise multiplier must be finite and >= 0")
         }
+        if let labelDPEpsilon, !(labelDPEpsilon > 0 && labelDPEpsilon.isFinite) {
+            throw WireFormatError("label DP epsilon must be finite and > 0")
+        }
         self.labelTokens = labelTokens
         self.splitDepths = splitDepths
         self.family = family
@@ -68,6 +75,7 @@ public struct UploadMetadata: Equatable, Sendable {
         self.modelVersion = modelVersion
         self.clipNorm = clipNorm
         self.noiseMultiplier = noiseMultiplier
+        self.labelDPEpsilon = labelDPEpsilon
     }
 
     /// The exact metadata JSON (compact, keys in `jsonKeys` order, absent optionals omitted).
@@ -85,6 +93,9 @@ public struct UploadMetadata: Equatable, Sendable {
         }
         if let noiseMultiplier {
             members.append(JSONText.string("noise_multiplier") + ":" + JSONText.number(noiseMultiplier))
+        }
+        if let labelDPEpsilon {
+            members.append(JSONText.string("label_dp_epsilon") + ":" + JSONText.number(labelDPEpsilon))
         }
         return "{" + members.joined(separator: ",") + "}"
     }

@@ -8,6 +8,8 @@ import org.harmonymobile.core.ConfirmedUploads
 import org.harmonymobile.core.FallbackServer
 import org.harmonymobile.core.FederationKey
 import org.harmonymobile.core.HarmonyClient
+import org.harmonymobile.core.SlotDecoder
+import org.harmonymobile.core.engine.SerializedEngine
 import org.harmonymobile.core.exit.ExitPolicy
 import org.harmonymobile.core.json.Json
 import org.harmonymobile.core.net.RetryPolicy
@@ -22,8 +24,10 @@ import org.harmonymobile.core.wire.FeatureTensor
 
 /**
  * Everything the screen uses, wired once a model is installed: the engine, the early-exit client, and,
- * when the device is enrolled, the fallback server and the confirmed-label upload queue.
- * All methods block; call them off the main thread.
+ * when the device is enrolled, the fallback server (whose slots are decoded with the federation
+ * secret) and the confirmed-label upload queue. All methods block; call them off the main thread.
+ * [close] may come from the main thread while an inference runs: the engine is a [SerializedEngine],
+ * so the close waits for it instead of destroying a module mid-forward.
  */
 class DemoSession(
     context: Context,
@@ -32,7 +36,8 @@ class DemoSession(
     credentials: DeviceCredentials?,
 ) : AutoCloseable {
 
-    private val engine = ExecuTorchEngine(model.file.absolutePath, model.tier)
+    private val engine = SerializedEngine(ExecuTorchEngine(model.file.absolutePath, model.tier))
+    private val federation: FederationKey = federationKey(context)
     private val server = HarmonyServerClient(
         RetryingTransport(
             UrlConnectionTransport(serverUrl, Duration.ofSeconds(3), Duration.ofSeconds(10)),
@@ -46,13 +51,24 @@ class DemoSession(
     private val fallback: FallbackServer? = credentials?.let { device ->
         FallbackServer { features: FeatureTensor -> server.infer(device, features, model.tier.name(), null)[0] }
     }
-    val client = HarmonyClient(engine, ExitPolicy(model.tier.threshold()), fallback)
-    val uploads: ConfirmedUploads? = credentials?.let { device ->
+
+    /** Seeded with the manifest's own slot table; answers from another back-end version fetch theirs. */
+    private val slots: SlotDecoder? = credentials?.let { device ->
+        SlotDecoder(federation, model.manifest.classNames()) { version -> server.slotTable(device, version) }.apply {
+            remember(model.manifest.backendModelVersion(), model.manifest.slotTable())
+        }
+    }
+    val client = HarmonyClient(engine, ExitPolicy(model.tier.threshold()), fallback, slots)
+
+    /** Uploads name the lineage's label epoch, which the verified manifest carries. */
+    val uploads: ConfirmedUploads? = credentials?.takeIf { model.manifest.labelEpoch() != null }?.let { device ->
         ConfirmedUploads(
             UploadQueue(File(context.filesDir, "upload-queue").toPath(), MAX_QUEUED, MAX_QUEUE_BYTES, UploadQueue.OverflowPolicy.REJECT_NEW),
             uploadServer,
             device,
-            federationKey(context),
+            federation,
+            model.manifest.labelEpoch(),
+            model.manifest.classNames(),
             model.tier.family(),
             model.tier.name(),
             model.tier.splitDepth(),
@@ -80,7 +96,7 @@ class DemoSession(
         fun federationKey(context: Context): FederationKey {
             val text = context.assets.open("provisioning.json").use { it.readBytes().toString(Charsets.UTF_8) }
             val provisioning = Json.parseObject(text)
-            return FederationKey(Hex.decode(provisioning.getString("federation_secret_hex")), provisioning.getLong("round_id"))
+            return FederationKey(Hex.decode(provisioning.getString("federation_secret_hex")))
         }
     }
 }

@@ -54,7 +54,10 @@ class MainActivity : AppCompatActivity() {
     }
 
     override fun onDestroy() {
+        // A classification may still be running on Dispatchers.Default: the session's engine is a
+        // SerializedEngine, so this waits for it (one forward pass) instead of destroying the module under it.
         session?.close()
+        session = null
         super.onDestroy()
     }
 
@@ -132,7 +135,7 @@ class MainActivity : AppCompatActivity() {
                 result.localLatencyNanos() / 1e6, if (local.exitLocally()) "exit" else "below threshold"),
         )
         result.server()?.let { server ->
-            lines += String.format(Locale.ROOT, "server: %s  p=%.3f  %.1f ms  (back-end %s)", name(server.topClass()),
+            lines += String.format(Locale.ROOT, "server: slot %d  p=%.3f  %.1f ms  (back-end %s)", server.topSlot(),
                 server.confidence(), result.serverLatencyNanos() / 1e6, server.modelVersion())
         }
         result.serverError()?.let { lines += "server: not used: $it" }
@@ -146,7 +149,11 @@ class MainActivity : AppCompatActivity() {
         val current = session ?: return
         val result = lastResult ?: return
         val uploads = current.uploads ?: run {
-            binding.statusText.text = "Enrol first: uploads need the server's sealing key"
+            binding.statusText.text = if (current.enrolled) {
+                "This export names no label epoch (re-export it): uploads cannot be tokened"
+            } else {
+                "Enrol first: uploads need the server's sealing key"
+            }
             return
         }
         val label = binding.labelSpinner.selectedItemPosition
@@ -198,12 +205,16 @@ class MainActivity : AppCompatActivity() {
                     val enrollment = DemoSession.enroll(url, adminToken, "${Build.MANUFACTURER} ${Build.MODEL}", current.model.tier.name())
                     // The server's manifest must verify under the same pinned key as the bundled one.
                     enrollment.manifestBytes()?.let { bytes ->
-                        val signature = enrollment.manifestSignatureFile()
-                            ?: throw IllegalStateException("the server's manifest has no signature")
-                        ManifestVerifier.forPublicKeyFile(BuildConfig.PINNED_MANIFEST_KEY).verify(bytes, signature)
+                        val signature = enrollment.manifestP256SignatureFile()
+                            ?: throw IllegalStateException("the server's manifest has no P-256 signature (manifest.p256.sig)")
+                        ManifestVerifier.forP256PublicKeyFile(BuildConfig.PINNED_MANIFEST_KEY).verify(bytes, signature)
                     }
                     credentials.save(enrollment.credentials())
-                    enrollment.deviceId()
+                    if (enrollment.defaultVersion() == null) {
+                        "${enrollment.deviceId()} (the server has no back-end yet: answers stay on the phone)"
+                    } else {
+                        enrollment.deviceId()
+                    }
                 }
             }
             binding.adminTokenEdit.text.clear()

@@ -13,7 +13,8 @@ import org.harmonymobile.core.tier.TierSelector
 
 /**
  * Installs the model this phone runs from the export bundled under `assets/export/`:
- * verify the manifest signature with the pinned key, pick the tier for this device, copy its `.pte`
+ * verify the manifest's ECDSA P-256 signature (manifest.p256.sig) with the pinned P-256 key, pick the
+ * tier for this device, copy its `.pte`
  * out of the APK into internal storage (ExecuTorch loads from a file path, not from an asset), and
  * check the copy's sha256 and size against the manifest before anything loads it.
  */
@@ -27,11 +28,16 @@ class ModelInstaller(private val context: Context) {
         val deviceClass: DeviceClass,
     )
 
+    /**
+     * @param pinnedKeyBase64 the export's signing_key_p256.pub: P-256, because `SHA256withECDSA` is in the
+     *   JCA of every Android release while Ed25519 is missing on many Android 13-15 phones
+     */
     fun install(device: DeviceCapabilities, pinnedKeyBase64: String): InstalledModel {
         if (pinnedKeyBase64.isBlank()) {
-            throw ManifestException("no pinned manifest key: set harmony.pinnedManifestKey in gradle.properties")
+            throw ManifestException(
+                "no pinned manifest key: run `harmony export-app android` or set harmony.pinnedManifestKey in gradle.properties")
         }
-        val manifest = ManifestVerifier.forPublicKeyFile(pinnedKeyBase64)
+        val manifest = ManifestVerifier.forP256PublicKeyFile(pinnedKeyBase64)
             .verify(readAsset(MANIFEST), readAsset(SIGNATURE))
         val tier = TierSelector.select(manifest.tiers(), device)
         val artifact = PREFERRED_QUANTIZATIONS.firstNotNullOfOrNull { tier.artifact("xnnpack", it).orElse(null) }
@@ -68,7 +74,7 @@ class ModelInstaller(private val context: Context) {
     private companion object {
         const val EXPORT_DIR = "export"
         const val MANIFEST = ManifestVerifier.MANIFEST_FILE
-        const val SIGNATURE = ManifestVerifier.SIGNATURE_FILE
+        const val SIGNATURE = ManifestVerifier.P256_SIGNATURE_FILE
 
         /** int8 first: smaller and faster on phones; fp32 when a tier was exported without int8. */
         val PREFERRED_QUANTIZATIONS = listOf("int8", "fp32")

@@ -12,7 +12,7 @@ import org.harmonymobile.core.wire.FeatureTensor;
  * @param confidence max softmax probability behind the answer
  * @param local the early-exit decision (always computed)
  * @param server the server's prediction, or null if the server was not asked or failed
- * @param serverError why the fallback failed, or null
+ * @param serverError why the fallback failed or could not name a class, or null
  * @param features the interface features (kept so a user-confirmed label can be uploaded)
  */
 public record Classification(
@@ -32,6 +32,8 @@ public record Classification(
         /** The exit head was not confident: the server back-end answered. */
         SERVER,
         /** Not confident, but the server failed or is not configured: the phone's own best guess. */
-        LOCAL_AFTER_SERVER_FAILURE
+        LOCAL_AFTER_SERVER_FAILURE,
+        /** Not confident; the server answered with a slot that names none of this phone's classes. */
+        LOCAL_SERVER_UNNAMED
     }
 }

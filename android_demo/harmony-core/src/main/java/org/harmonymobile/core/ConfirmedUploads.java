@@ -14,18 +14,21 @@ import org.harmonymobile.core.server.HarmonyServerClient;
 import org.harmonymobile.core.server.ServerException;
 import org.harmonymobile.core.wire.FeatureTensor;
 import org.harmonymobile.core.wire.UploadMetadata;
+import org.harmonymobile.core.util.Immutable;
 import org.harmonymobile.core.wire.UploadPlaintext;
 
 /**
- * Uploads of samples whose label the user confirmed: label -> token, features + token -> plaintext,
- * plaintext -> sealed envelope bound to (device, round, message id), stored in the durable queue,
- * and sent when the network allows. Only sealed bytes ever touch the disk.
+ * Uploads of samples whose label the user confirmed: class name -> token under the label epoch's key,
+ * features + token -> plaintext, plaintext -> sealed envelope bound to (device, label epoch, message
+ * id), stored in the durable queue, and sent when the network allows. Only sealed bytes ever touch
+ * the disk.
  */
 public final class ConfirmedUploads {
     private final UploadQueue queue;
     private final HarmonyServerClient server;
     private final DeviceCredentials device;
-    private final FederationKey federationKey;
+    private final String labelEpoch;
+    private final List<String> classNames;
     private final LabelTokens tokens;
     private final UploadSealer sealer;
     private final String family;
@@ -33,13 +36,19 @@ public final class ConfirmedUploads {
     private final int splitDepth;
     private final String modelVersion;
 
+    /**
+     * @param labelEpoch the epoch uploads name (the enrolment response's or the manifest's)
+     * @param classNames the verified manifest's class names; a confirmed class is an index into them
+     */
     public ConfirmedUploads(UploadQueue queue, HarmonyServerClient server, DeviceCredentials device,
-            FederationKey federationKey, String family, String tier, int splitDepth, String modelVersion) {
+            FederationKey federationKey, String labelEpoch, List<String> classNames, String family, String tier,
+            int splitDepth, String modelVersion) {
         this.queue = queue;
         this.server = server;
         this.device = device;
-        this.federationKey = federationKey;
-        this.tokens = LabelTokens.forRound(federationKey.secret(), federationKey.roundId());
+        this.labelEpoch = LabelTokens.checkLabelEpoch(labelEpoch);
+        this.classNames = Immutable.list(classNames);
+        this.tokens = federationKey.tokens(labelEpoch);
         this.sealer = new UploadSealer(device.serverPublicKey());
         this.family = family;
         this.tier = tier;
@@ -47,16 +56,19 @@ public final class ConfirmedUploads {
         this.modelVersion = modelVersion;
     }
 
-    /** Seals and queues the features of one sample (shape (1, C, S, S)) with its confirmed class. */
+    /** Seals and queues the features of one sample (shape (1, C, S, S)) with its confirmed class index. */
     public UploadQueue.EnqueueResult enqueue(FeatureTensor features, int confirmedClass)
             throws IOException, QueueFullException {
-        UploadMetadata metadata = UploadMetadata.of(
-                List.of(tokens.token(confirmedClass)), List.of(splitDepth), family, tier, modelVersion);
+        if (confirmedClass < 0 || confirmedClass >= classNames.size()) {
+            throw new IllegalArgumentException(
+                    "class " + confirmedClass + " is not one of the manifest's " + classNames.size() + " classes");
+        }
+        UploadMetadata metadata = UploadMetadata.of(List.of(tokens.token(classNames.get(confirmedClass))),
+                List.of(splitDepth), family, tier, modelVersion);
         byte[] plaintext = UploadPlaintext.encode(metadata, features);
-        long roundId = federationKey.roundId();
         return queue.enqueue(messageId -> {
-            AssociatedData ad = new AssociatedData(device.deviceId(), roundId, UUID.fromString(messageId));
-            return HarmonyServerClient.uploadBody(roundId, messageId, sealer.seal(plaintext, ad));
+            AssociatedData ad = new AssociatedData(device.deviceId(), labelEpoch, UUID.fromString(messageId));
+            return HarmonyServerClient.uploadBody(labelEpoch, messageId, sealer.seal(plaintext, ad));
         });
     }
 

@@ -1,60 +1,93 @@
 package org.harmonymobile.core.crypto;
 
-import java.nio.ByteBuffer;
 import java.nio.charset.StandardCharsets;
+import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.regex.Pattern;
 import javax.crypto.Mac;
+import org.harmonymobile.core.util.Hex;
 
 /**
- * Label tokens: what the server gets instead of a label (mirrors harmony_mobile/privacy/label_tokens.py).
+ * Label tokens and slot decoding (mirrors harmony_mobile/privacy/label_tokens.py):
  *
  * <pre>
- *   K_r = HKDF-SHA256(federation_secret, salt = none, info = "harmony/label-token/" + r, 32 bytes)
- *   t   = first 8 bytes of HMAC-SHA256(K_r, class id as 4-byte big-endian)
+ *   K_e = HKDF-SHA256(federation_secret, salt = none, info = "harmony/label-token/" + e, 32 bytes)
+ *   t   = first 8 bytes of HMAC-SHA256(K_e, UTF-8 class name)
  * </pre>
  *
- * Equal labels give equal tokens within a round on every phone; rounds are unlinkable; without the
- * federation secret (held only by phones) the server cannot map a token to a class.
+ * {@code e} is the label epoch of a model lineage. Equal class names give equal tokens on every
+ * phone within an epoch; epochs are unlinkable; without the federation secret (held only by phones)
+ * the server cannot map a token, or the slot it assigned to one, to a class.
  */
 public final class LabelTokens {
     public static final int TOKEN_BYTES = 8;
-    public static final int ROUND_KEY_BYTES = 32;
+    public static final int EPOCH_KEY_BYTES = 32;
     public static final String INFO_PREFIX = "harmony/label-token/";
     public static final int MIN_SECRET_BYTES = 16;
+    public static final Pattern LABEL_EPOCH = Pattern.compile("[A-Za-z0-9._-]{1,64}");
+    private static final Pattern HEX_TOKEN = Pattern.compile("[0-9a-f]{16}");
 
-    private final byte[] roundKey;
+    private final byte[] epochKey;
 
-    private LabelTokens(byte[] roundKey) {
-        this.roundKey = roundKey;
+    private LabelTokens(byte[] epochKey) {
+        this.epochKey = epochKey;
     }
 
-    /** The token generator of round (or key epoch) {@code roundId}. */
-    public static LabelTokens forRound(byte[] federationSecret, String roundId) {
-        return new LabelTokens(roundKey(federationSecret, roundId));
+    /** The token generator of label epoch {@code labelEpoch}. */
+    public static LabelTokens forEpoch(byte[] federationSecret, String labelEpoch) {
+        return new LabelTokens(epochKey(federationSecret, labelEpoch));
     }
 
-    public static LabelTokens forRound(byte[] federationSecret, long roundId) {
-        return forRound(federationSecret, Long.toString(roundId));
+    public static String checkLabelEpoch(String labelEpoch) {
+        if (labelEpoch == null || !LABEL_EPOCH.matcher(labelEpoch).matches()) {
+            throw new IllegalArgumentException(
+                    "a label epoch is 1-64 characters of [A-Za-z0-9._-], got \"" + labelEpoch + "\"");
+        }
+        return labelEpoch;
     }
 
-    public static byte[] roundKey(byte[] federationSecret, String roundId) {
+    public static byte[] epochKey(byte[] federationSecret, String labelEpoch) {
         if (federationSecret.length < MIN_SECRET_BYTES) {
             throw new IllegalArgumentException("the federation secret must be at least " + MIN_SECRET_BYTES + " bytes");
         }
-        byte[] info = (INFO_PREFIX + roundId).getBytes(StandardCharsets.UTF_8);
-        return Hkdf.derive(federationSecret, null, info, ROUND_KEY_BYTES);
+        byte[] info = (INFO_PREFIX + checkLabelEpoch(labelEpoch)).getBytes(StandardCharsets.US_ASCII);
+        return Hkdf.derive(federationSecret, null, info, EPOCH_KEY_BYTES);
     }
 
-    public byte[] token(int classId) {
-        if (classId < 0) {
-            throw new IllegalArgumentException("class ids are non-negative, got " + classId);
+    public byte[] token(String className) {
+        if (className == null || className.isEmpty()) {
+            throw new IllegalArgumentException("a class name is a non-empty string");
         }
-        Mac mac = Hkdf.hmac(roundKey);
-        byte[] full = mac.doFinal(ByteBuffer.allocate(4).putInt(classId).array());
-        return Arrays.copyOf(full, TOKEN_BYTES);
+        Mac mac = Hkdf.hmac(epochKey);
+        return Arrays.copyOf(mac.doFinal(className.getBytes(StandardCharsets.UTF_8)), TOKEN_BYTES);
     }
 
-    public byte[] roundKey() {
-        return roundKey.clone();
+    /**
+     * The class behind each slot: entry i is the name whose token is {@code slotTable.get(i)}, or null when
+     * none of {@code classNames} has that token (another epoch, or a class the manifest does not list).
+     *
+     * @param slotTable lowercase 16-hex-character tokens, slot i at index i
+     */
+    public List<String> slotClasses(List<String> classNames, List<String> slotTable) {
+        Map<String, String> byToken = new HashMap<>();
+        for (String name : classNames) {
+            byToken.put(Hex.encode(token(name)), name);
+        }
+        List<String> out = new ArrayList<>(slotTable.size());
+        for (int i = 0; i < slotTable.size(); i++) {
+            String token = slotTable.get(i);
+            if (token == null || !HEX_TOKEN.matcher(token).matches()) {
+                throw new IllegalArgumentException("slot " + i + ": a token is 16 lowercase hex characters, got " + token);
+            }
+            out.add(byToken.get(token));
+        }
+        return out;
+    }
+
+    public byte[] epochKey() {
+        return epochKey.clone();
     }
 }

@@ -5,11 +5,16 @@ import java.util.NoSuchElementException;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.server.SlotTable;
 import org.harmonymobile.core.util.Immutable;
 
 /**
  * The export manifest (export/manifest.py, format 1). Obtain one only through {@link ManifestVerifier},
- * which checks the Ed25519 signature over the exact bytes before anything is parsed.
+ * which checks a signature over the exact bytes before anything is parsed.
+ *
+ * @param p256PublicKeySha256 sha256 of the P-256 key's SPKI DER, or null for an Ed25519-only export
+ * @param labelEpoch the label epoch of the shipped back-end (null in exports made before slot tables)
+ * @param slotTable the shipped back-end's slot table (null likewise)
  */
 public record Manifest(
         int format,
@@ -19,6 +24,9 @@ public record Manifest(
         long[] interfaceShape,
         String backendModelVersion,
         String publicKeySha256,
+        String p256PublicKeySha256,
+        String labelEpoch,
+        SlotTable slotTable,
         List<TierEntry> tiers,
         List<FileEntry> files) {
     public static final int FORMAT = 1;
@@ -46,6 +54,9 @@ public record Manifest(
                 json.getLongArray("interface_shape"),
                 json.getObject("backend").getString("model_version"),
                 signature.getString("public_key_sha256"),
+                signature.has("p256") ? signature.getObject("p256").getString("public_key_sha256") : null,
+                json.optString("label_epoch", null),
+                SlotTable.fromJson(json),
                 Immutable.list(json.getObjectList("tiers").stream().map(TierEntry::from)),
                 Immutable.list(json.getObjectList("files").stream().map(FileEntry::from)));
     }

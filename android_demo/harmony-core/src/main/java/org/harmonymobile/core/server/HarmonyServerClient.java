@@ -8,6 +8,7 @@ import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import org.harmonymobile.core.crypto.LabelTokens;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
@@ -62,10 +63,26 @@ public final class HarmonyServerClient {
         return parse(response, HarmonyServerClient::predictions);
     }
 
+    /**
+     * {@code GET /v2/models/harmony-backend/versions/{v}}: the version's slot table from the metadata's
+     * {@code parameters}, needed when an inference answer names a version this phone has no table for.
+     */
+    public SlotTable slotTable(DeviceCredentials device, String version) throws IOException, ServerException {
+        HttpResponse response = send(HttpRequest.get(
+                "/v2/models/" + MODEL_NAME + "/versions/" + pathSegment(version), bearer(device.token())));
+        return parse(response, json -> {
+            SlotTable table = SlotTable.fromJson(json.optObject("parameters"));
+            if (table == null) {
+                throw new JsonException("model metadata of version " + version + " carries no slot table");
+            }
+            return table;
+        });
+    }
+
     /** The exact JSON body of {@code POST /v1/uploads}; it is what the upload queue stores and resends. */
-    public static byte[] uploadBody(long roundId, String messageId, byte[] envelope) {
+    public static byte[] uploadBody(String labelEpoch, String messageId, byte[] envelope) {
         Map<String, Object> body = new LinkedHashMap<>();
-        body.put("round_id", roundId);
+        body.put("label_epoch", LabelTokens.checkLabelEpoch(labelEpoch));
         body.put("message_id", messageId);
         body.put("envelope", Base64.getEncoder().encodeToString(envelope));
         return utf8(Json.write(body));
@@ -114,23 +131,29 @@ public final class HarmonyServerClient {
         for (JsonObject output : json.getObjectList("outputs")) {
             outputs.put(output.getString("name"), output);
         }
-        JsonObject logits = require(outputs, "logits");
-        long[] shape = logits.getLongArray("shape");
-        double[] logitData = logits.getDoubleArray("data");
-        long[] topClass = require(outputs, "top_class").getLongArray("data");
+        JsonObject scores = require(outputs, "slot_scores");
+        long[] shape = scores.getLongArray("shape");
+        if (shape.length != 2) {
+            throw new JsonException("slot_scores must have shape [N, S], got " + shape.length + " dimensions");
+        }
+        double[] scoreData = scores.getDoubleArray("data");
+        long[] topSlot = require(outputs, "top_slot").getLongArray("data");
         double[] confidence = require(outputs, "confidence").getDoubleArray("data");
         int rows = (int) shape[0];
-        int classes = (int) shape[1];
-        if (logitData.length != rows * classes || topClass.length != rows || confidence.length != rows) {
+        int slots = (int) shape[1];
+        if (scoreData.length != rows * slots || topSlot.length != rows || confidence.length != rows) {
             throw new JsonException("inference outputs disagree on the number of rows");
         }
         List<ServerPrediction> out = new ArrayList<>();
         for (int r = 0; r < rows; r++) {
-            float[] row = new float[classes];
-            for (int c = 0; c < classes; c++) {
-                row[c] = (float) logitData[r * classes + c];
+            float[] row = new float[slots];
+            for (int c = 0; c < slots; c++) {
+                row[c] = (float) scoreData[r * slots + c];
             }
-            out.add(new ServerPrediction(version, row, (int) topClass[r], confidence[r]));
+            if (topSlot[r] < 0 || topSlot[r] >= slots) {
+                throw new JsonException("top_slot " + topSlot[r] + " is not one of the " + slots + " slots");
+            }
+            out.add(new ServerPrediction(version, row, (int) topSlot[r], confidence[r]));
         }
         return out;
     }
@@ -141,6 +164,13 @@ public final class HarmonyServerClient {
             throw new JsonException("inference response lacks output \"" + name + "\"");
         }
         return output;
+    }
+
+    private static String pathSegment(String version) {
+        if (version == null || !version.matches("[A-Za-z0-9._-]{1,128}")) {
+            throw new IllegalArgumentException("a model version is 1-128 characters of [A-Za-z0-9._-], got " + version);
+        }
+        return version;
     }
 
     private static Map<String, String> bearer(String token) {

@@ -17,6 +17,7 @@ import org.harmonymobile.core.util.Immutable;
  *
  * @param clipNorm C_z when rows were L2-clipped, else null
  * @param noiseMultiplier sigma when Gaussian noise was added, else null
+ * @param labelDpEpsilon epsilon when the tokens went through randomized response, else null
  */
 public record UploadMetadata(
         List<byte[]> labelTokens,
@@ -25,7 +26,8 @@ public record UploadMetadata(
         String tier,
         String modelVersion,
         Double clipNorm,
-        Double noiseMultiplier) {
+        Double noiseMultiplier,
+        Double labelDpEpsilon) {
     private static final Pattern TIER = Pattern.compile("^[a-z0-9][a-z0-9_-]{0,63}$");
 
     public UploadMetadata {
@@ -58,13 +60,16 @@ public record UploadMetadata(
         if (noiseMultiplier != null && !(noiseMultiplier >= 0)) {
             throw new IllegalArgumentException("noise multiplier must be >= 0");
         }
+        if (labelDpEpsilon != null && !(labelDpEpsilon > 0 && !labelDpEpsilon.isInfinite())) {
+            throw new IllegalArgumentException("label DP epsilon must be finite and > 0");
+        }
         labelTokens = Immutable.list(labelTokens.stream().map(byte[]::clone));
         splitDepths = Immutable.list(splitDepths);
     }
 
     public static UploadMetadata of(
             List<byte[]> labelTokens, List<Integer> splitDepths, String family, String tier, String modelVersion) {
-        return new UploadMetadata(labelTokens, splitDepths, family, tier, modelVersion, null, null);
+        return new UploadMetadata(labelTokens, splitDepths, family, tier, modelVersion, null, null, null);
     }
 
     public String toJson() {
@@ -83,6 +88,9 @@ public record UploadMetadata(
         }
         if (noiseMultiplier != null) {
             json.put("noise_multiplier", noiseMultiplier);
+        }
+        if (labelDpEpsilon != null) {
+            json.put("label_dp_epsilon", labelDpEpsilon);
         }
         return Json.write(json);
     }

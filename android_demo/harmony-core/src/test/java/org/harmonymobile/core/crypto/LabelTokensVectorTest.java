@@ -12,34 +12,43 @@ import org.junit.jupiter.api.Test;
 
 class LabelTokensVectorTest {
     private final JsonObject vectors = Vectors.load("label_tokens.json");
+    private final byte[] secret = vectors.getHex("federation_secret");
 
     @Test
-    void roundKeysAndTokensEqualPython() {
-        byte[] secret = vectors.getHex("federation_secret");
+    void epochKeysAndClassNameTokensEqualPython() {
         int checked = 0;
-        for (JsonObject round : vectors.getObjectList("cases")) {
-            long roundId = round.getLong("round_id");
-            LabelTokens tokens = LabelTokens.forRound(secret, roundId);
-            assertEquals(round.getString("round_key"), Hex.encode(tokens.roundKey()), "round key of round " + roundId);
-            for (Map.Entry<String, Object> token : round.getObject("tokens").asMap().entrySet()) {
-                int classId = Integer.parseInt(token.getKey());
-                assertEquals(token.getValue(), Hex.encode(tokens.token(classId)), "round " + roundId + " class " + classId);
+        for (JsonObject epoch : vectors.getObjectList("cases")) {
+            String labelEpoch = epoch.getString("label_epoch");
+            LabelTokens tokens = LabelTokens.forEpoch(secret, labelEpoch);
+            assertEquals(epoch.getString("epoch_key"), Hex.encode(tokens.epochKey()), "epoch key of " + labelEpoch);
+            for (Map.Entry<String, Object> token : epoch.getObject("tokens").asMap().entrySet()) {
+                assertEquals(token.getValue(), Hex.encode(tokens.token(token.getKey())),
+                        "epoch " + labelEpoch + " class " + token.getKey());
                 checked++;
             }
         }
-        assertEquals(60, checked);
+        assertEquals(75, checked);
     }
 
     @Test
-    void roundsAreUnlinkableAndClassesDistinct() {
-        byte[] secret = vectors.getHex("federation_secret");
-        assertNotEquals(Hex.encode(LabelTokens.forRound(secret, 1).token(3)), Hex.encode(LabelTokens.forRound(secret, 2).token(3)));
-        assertNotEquals(Hex.encode(LabelTokens.forRound(secret, 1).token(3)), Hex.encode(LabelTokens.forRound(secret, 1).token(4)));
+    void invalidEpochsAreRejectedLikePython() {
+        for (String epoch : vectors.getStringList("invalid_epochs")) {
+            assertThrows(IllegalArgumentException.class, () -> LabelTokens.forEpoch(secret, epoch), epoch);
+        }
+        assertThrows(IllegalArgumentException.class, () -> LabelTokens.forEpoch(secret, null));
     }
 
     @Test
-    void rejectsShortSecretsAndNegativeClasses() {
-        assertThrows(IllegalArgumentException.class, () -> LabelTokens.forRound(new byte[15], 0));
-        assertThrows(IllegalArgumentException.class, () -> LabelTokens.forRound(new byte[16], 0).token(-1));
+    void epochsAreUnlinkableAndClassesDistinct() {
+        assertNotEquals(Hex.encode(LabelTokens.forEpoch(secret, "e1").token("3")),
+                Hex.encode(LabelTokens.forEpoch(secret, "e2").token("3")));
+        assertNotEquals(Hex.encode(LabelTokens.forEpoch(secret, "e1").token("3")),
+                Hex.encode(LabelTokens.forEpoch(secret, "e1").token("4")));
+    }
+
+    @Test
+    void rejectsShortSecretsAndEmptyNames() {
+        assertThrows(IllegalArgumentException.class, () -> LabelTokens.forEpoch(new byte[15], "e0"));
+        assertThrows(IllegalArgumentException.class, () -> LabelTokens.forEpoch(new byte[16], "e0").token(""));
     }
 }

@@ -15,6 +15,7 @@ import org.harmonymobile.core.Classification;
 import org.harmonymobile.core.ConfirmedUploads;
 import org.harmonymobile.core.FederationKey;
 import org.harmonymobile.core.HarmonyClient;
+import org.harmonymobile.core.SlotDecoder;
 import org.harmonymobile.core.crypto.Bytes;
 import org.harmonymobile.core.crypto.LabelTokens;
 import org.harmonymobile.core.engine.FrontEndOutput;
@@ -51,18 +52,20 @@ public final class InteropMain {
     private static final String TIER = "mid-android";
     private static final String FAMILY = "mobilenet";
     private static final int SPLIT_DEPTH = 2;
+    private static final List<String> DIGITS = List.of("0", "1", "2", "3", "4", "5", "6", "7", "8", "9");
 
     private InteropMain() {}
 
     public static void main(String[] args) throws Exception {
         if (args.length != 7) {
-            System.err.println("usage: InteropMain BASE_URL ADMIN_TOKEN PINNED_KEY_HEX SECRET_HEX ROUND_ID QUEUE_DIR OUT_JSON");
+            System.err.println("usage: InteropMain BASE_URL ADMIN_TOKEN PINNED_KEY_HEX PINNED_P256_KEY_HEX SECRET_HEX QUEUE_DIR OUT_JSON");
             System.exit(2);
         }
         String baseUrl = args[0];
         String adminToken = args[1];
         byte[] pinnedKey = Hex.decode(args[2]);
-        FederationKey federation = new FederationKey(Hex.decode(args[3]), Long.parseLong(args[4]));
+        byte[] pinnedP256Key = Hex.decode(args[3]);
+        FederationKey federation = new FederationKey(Hex.decode(args[4]));
         Path queueDir = Path.of(args[5]);
         Path out = Path.of(args[6]);
 
@@ -75,17 +78,27 @@ public final class InteropMain {
         report.put("device_id", device.deviceId());
         report.put("server_public_key", Hex.encode(device.serverPublicKey()));
         report.put("default_version", enrollment.defaultVersion());
+        report.put("label_epoch", enrollment.labelEpoch());
+        report.put("slot_table", enrollment.slotTable() == null ? null : enrollment.slotTable().tokens());
+        List<String> classNames = DIGITS;
         if (enrollment.manifestText() != null) {
             Manifest manifest = new ManifestVerifier(pinnedKey)
                     .verify(enrollment.manifestBytes(), enrollment.manifestSignatureFile());
             report.put("manifest_model_version", manifest.modelVersion());
             report.put("manifest_tiers", manifest.tiers().stream().map(t -> t.name()).toList());
+            classNames = manifest.classNames();
+        }
+        if (enrollment.manifestP256SignatureFile() != null) {
+            Manifest manifest = ManifestVerifier.p256(pinnedP256Key)
+                    .verify(enrollment.manifestBytes(), enrollment.manifestP256SignatureFile());
+            report.put("manifest_p256_model_version", manifest.modelVersion());
         }
 
         // Two confirmed-label uploads through the durable queue, sealed to the enrolment key.
         UploadQueue queue = new UploadQueue(queueDir, 32, 1 << 22, UploadQueue.OverflowPolicy.REJECT_NEW);
-        ConfirmedUploads uploads = new ConfirmedUploads(queue, server, device, federation, FAMILY, TIER, SPLIT_DEPTH, "interop-v1");
-        LabelTokens tokens = LabelTokens.forRound(federation.secret(), federation.roundId());
+        ConfirmedUploads uploads = new ConfirmedUploads(queue, server, device, federation, enrollment.labelEpoch(),
+                classNames, FAMILY, TIER, SPLIT_DEPTH, "interop-v1");
+        LabelTokens tokens = federation.tokens(enrollment.labelEpoch());
         int[] classes = {3, 8};
         List<Map<String, Object>> sent = new ArrayList<>();
         for (int i = 0; i < classes.length; i++) {
@@ -93,8 +106,8 @@ public final class InteropMain {
             String messageId = uploads.enqueue(features, classes[i]).upload().messageId();
             Map<String, Object> item = new LinkedHashMap<>();
             item.put("message_id", messageId);
-            item.put("class_id", classes[i]);
-            item.put("label_token", Hex.encode(tokens.token(classes[i])));
+            item.put("class_name", classNames.get(classes[i]));
+            item.put("label_token", Hex.encode(tokens.token(classNames.get(classes[i]))));
             item.put("split_depth", SPLIT_DEPTH);
             item.put("shape", List.of(1, 64, 8, 8));
             item.put("features_f32le_base64", Base64.getEncoder().encodeToString(littleEndian(features.data())));
@@ -106,7 +119,7 @@ public final class InteropMain {
                     new String(pending.get(i).body(), StandardCharsets.UTF_8)).getString("envelope"));
             sent.get(i).put("envelope_sha256", Hex.encode(Bytes.sha256(envelope)));
         }
-        report.put("round_id", federation.roundId());
+
         report.put("family", FAMILY);
         report.put("tier", TIER);
         report.put("model_version", "interop-v1");
@@ -130,8 +143,9 @@ public final class InteropMain {
             @Override
             public void close() {}
         };
+        SlotDecoder slots = new SlotDecoder(federation, classNames, version -> server.slotTable(device, version));
         HarmonyClient client = new HarmonyClient(uncertain, new ExitPolicy(0.9),
-                features -> server.infer(device, features, TIER, null).get(0));
+                features -> server.infer(device, features, TIER, null).get(0), slots);
         Classification answer = client.classify(new float[28 * 28]);
         Map<String, Object> inference = new LinkedHashMap<>();
         inference.put("source", answer.source().name());
@@ -140,7 +154,8 @@ public final class InteropMain {
         inference.put("server_error", answer.serverError());
         if (answer.server() != null) {
             inference.put("model_version", answer.server().modelVersion());
-            inference.put("logits", answer.server().logits());
+            inference.put("slot_scores", answer.server().slotScores());
+            inference.put("top_slot", answer.server().topSlot());
         }
         inference.put("features_f32le_base64", Base64.getEncoder().encodeToString(littleEndian(inferFeatures.data())));
         report.put("inference", inference);

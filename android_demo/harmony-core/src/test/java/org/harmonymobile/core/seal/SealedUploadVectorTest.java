@@ -31,7 +31,7 @@ class SealedUploadVectorTest {
         UploadSealer sealer = new UploadSealer(serverPublic);
         for (JsonObject c : cases) {
             AssociatedData ad = new AssociatedData(
-                    c.getString("device_id"), c.getLong("round_id"), UUID.fromString(c.getString("message_id")));
+                    c.getString("device_id"), c.getString("label_epoch"), UUID.fromString(c.getString("message_id")));
             assertEquals(c.getString("associated_data"), Hex.encode(ad.encode()), c.getString("name"));
             byte[] envelope = sealer.sealDeterministically(c.getHex("plaintext"), ad,
                     vectors.getHex("ephemeral_private_key"), vectors.getHex("nonce"));
@@ -41,7 +41,7 @@ class SealedUploadVectorTest {
 
     @Test
     void productionSealingUsesFreshKeysAndOpensWithTheServerKey() throws Exception {
-        AssociatedData ad = new AssociatedData("dev_1", 3, UUID.randomUUID());
+        AssociatedData ad = new AssociatedData("dev_1", "e3", UUID.randomUUID());
         byte[] plaintext = "features".getBytes();
         UploadSealer sealer = new UploadSealer(serverPublic);
         byte[] first = sealer.seal(plaintext, ad);
@@ -49,16 +49,18 @@ class SealedUploadVectorTest {
         assertNotEquals(Hex.encode(first), Hex.encode(second));
         assertEquals(UploadSealer.HEADER_BYTES + plaintext.length + UploadSealer.TAG_BYTES, first.length);
         assertArrayEquals(plaintext, TestEnvelopeOpener.open(serverPrivate, first, ad));
-        AssociatedData otherRound = new AssociatedData("dev_1", 4, ad.messageId());
-        assertThrows(javax.crypto.AEADBadTagException.class, () -> TestEnvelopeOpener.open(serverPrivate, first, otherRound));
+        AssociatedData otherEpoch = new AssociatedData("dev_1", "e4", ad.messageId());
+        assertThrows(javax.crypto.AEADBadTagException.class, () -> TestEnvelopeOpener.open(serverPrivate, first, otherEpoch));
     }
 
     @Test
     void associatedDataValidatesItsFields() {
         UUID id = UUID.randomUUID();
-        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("", 0, id));
-        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("x".repeat(256), 0, id));
-        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("d", -1, id));
+        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("", "e0", id));
+        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("x".repeat(256), "e0", id));
+        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("d", "", id));
+        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("d", "x".repeat(65), id));
+        assertThrows(IllegalArgumentException.class, () -> new AssociatedData("d", "e 1", id));
         assertThrows(IllegalArgumentException.class, () -> new UploadSealer(new byte[31]));
     }
 }

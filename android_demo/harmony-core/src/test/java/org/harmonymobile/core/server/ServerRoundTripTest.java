@@ -26,6 +26,7 @@ import java.util.UUID;
 import java.util.concurrent.atomic.AtomicInteger;
 import org.harmonymobile.core.ConfirmedUploads;
 import org.harmonymobile.core.FederationKey;
+import org.harmonymobile.core.SlotDecoder;
 import org.harmonymobile.core.Vectors;
 import org.harmonymobile.core.crypto.LabelTokens;
 import org.harmonymobile.core.json.Json;
@@ -51,12 +52,21 @@ import org.junit.jupiter.api.io.TempDir;
 class ServerRoundTripTest {
     private static final String ADMIN = "admin-secret";
     private static final String DEVICE_TOKEN = "device-token";
+    private static final String EPOCH = "mnist5k-2026-11";
+    private static final byte[] SECRET = Vectors.load("label_tokens.json").getHex("federation_secret");
+    private static final List<String> CLASS_NAMES = List.of("0", "1", "2", "3", "4", "5", "6", "7", "8", "9");
     private final JsonObject keys = Vectors.load("sealed_upload.json");
     private final byte[] serverPrivate = keys.getHex("server_private_key");
     private final Map<String, String> stored = Collections.synchronizedMap(new LinkedHashMap<>());
     private final List<byte[]> openedPlaintexts = Collections.synchronizedList(new ArrayList<>());
     private final AtomicInteger uploadRequests = new AtomicInteger();
     private volatile int failNextUploads;
+    private volatile boolean withBackend = true;
+    private final AtomicInteger metadataRequests = new AtomicInteger();
+    private final LabelTokens slotTokens = LabelTokens.forEpoch(SECRET, EPOCH);
+    /** The stand-in back-end's slots: slot 0 = class "7", slot 1 = class "3", slot 2 = a class this phone lacks. */
+    private final List<String> slotTable = List.of(
+            Hex.encode(slotTokens.token("7")), Hex.encode(slotTokens.token("3")), Hex.encode(slotTokens.token("kangaroo")));
     private HttpServer server;
 
     @TempDir
@@ -79,8 +89,10 @@ class ServerRoundTripTest {
             body.put("server_public_key", Base64.getEncoder().encodeToString(keys.getHex("server_public_key")));
             body.put("seal_version", 1);
             body.put("model_name", "harmony-backend");
-            body.put("default_version", "v1");
-            body.put("interface_shape", List.of(64, 8, 8));
+            body.put("default_version", withBackend ? "v1" : null);
+            body.put("label_epoch", withBackend ? EPOCH : null);
+            body.put("slot_table", withBackend ? slotTable : null);
+            body.put("interface_shape", withBackend ? List.of(64, 8, 8) : null);
             body.put("manifest", null);
             body.put("manifest_signature", null);
             body.put("limits", Map.of("max_body_bytes", 8388608, "max_request_rows", 64, "max_upload_rows", 256,
@@ -104,7 +116,7 @@ class ServerRoundTripTest {
                 return;
             }
             try {
-                AssociatedData ad = new AssociatedData("dev_pixel", request.getLong("round_id"), UUID.fromString(messageId));
+                AssociatedData ad = new AssociatedData("dev_pixel", request.getString("label_epoch"), UUID.fromString(messageId));
                 openedPlaintexts.add(TestEnvelopeOpener.open(serverPrivate, Base64.getDecoder().decode(envelope), ad));
             } catch (Exception e) {
                 respond(exchange, 400, "{\"detail\":\"envelope failed authentication\"}");
@@ -118,21 +130,33 @@ class ServerRoundTripTest {
             String tier = exchange.getRequestHeaders().getFirst("X-Harmony-Tier");
             assertEquals("application/octet-stream", exchange.getRequestHeaders().getFirst("Content-Type"));
             int rows = features.rows();
-            List<Double> logits = new ArrayList<>();
+            List<Double> scores = new ArrayList<>();
             List<Long> top = new ArrayList<>();
             List<Double> confidence = new ArrayList<>();
             for (int r = 0; r < rows; r++) {
-                for (int c = 0; c < 10; c++) {
-                    logits.add(c == 3 ? 5.0 : 0.0);
+                int slot = r % 3; // row r answers slot r mod 3
+                for (int c = 0; c < 3; c++) {
+                    scores.add(c == slot ? 5.0 : 0.0);
                 }
-                top.add(3L);
+                top.add((long) slot);
                 confidence.add(0.94);
             }
-            respond(exchange, 200, Json.write(Map.of("model_name", "harmony-backend", "model_version", "v1-" + tier,
+            respond(exchange, 200, Json.write(Map.of("model_name", "harmony-backend", "model_version", "v2-" + tier,
                     "outputs", List.of(
-                            Map.of("name", "logits", "datatype", "FP32", "shape", List.of(rows, 10), "data", logits),
-                            Map.of("name", "top_class", "datatype", "INT64", "shape", List.of(rows), "data", top),
+                            Map.of("name", "slot_scores", "datatype", "FP32", "shape", List.of(rows, 3), "data", scores),
+                            Map.of("name", "top_slot", "datatype", "INT64", "shape", List.of(rows), "data", top),
                             Map.of("name", "confidence", "datatype", "FP32", "shape", List.of(rows), "data", confidence)))));
+        });
+        server.createContext("/v2/models/harmony-backend/versions/", exchange -> {
+            metadataRequests.incrementAndGet();
+            String version = exchange.getRequestURI().getPath().substring("/v2/models/harmony-backend/versions/".length());
+            if (!version.startsWith("v2-")) {
+                respond(exchange, 404, "{\"detail\":\"unknown version\"}");
+                return;
+            }
+            respond(exchange, 200, Json.write(Map.of("name", "harmony-backend", "versions", List.of("v1", version),
+                    "platform", "pytorch", "inputs", List.of(), "outputs", List.of(),
+                    "parameters", Map.of("label_epoch", EPOCH, "slot_table", slotTable))));
         });
         server.start();
     }
@@ -170,6 +194,9 @@ class ServerRoundTripTest {
         assertArrayEquals(keys.getHex("server_public_key"), enrollment.serverPublicKey());
         assertEquals(null, enrollment.manifestText());
         assertEquals(256, enrollment.maxUploadRows());
+        assertEquals("v1", enrollment.defaultVersion());
+        assertEquals(new SlotTable(EPOCH, slotTable), enrollment.slotTable());
+        assertEquals(EPOCH, enrollment.labelEpoch());
         ServerException e = assertThrows(ServerException.class, () -> client().enroll("wrong", "pixel", null));
         assertEquals(401, e.status());
         assertEquals("bad admin token", e.detail());
@@ -181,18 +208,46 @@ class ServerRoundTripTest {
         FeatureTensor features = new FeatureTensor(new float[2 * 64 * 8 * 8], new int[] {2, 64, 8, 8});
         List<ServerPrediction> predictions = client().infer(device, features, "mid-android", null);
         assertEquals(2, predictions.size());
-        assertEquals(3, predictions.get(1).topClass());
-        assertEquals(5.0f, predictions.get(0).logits()[3]);
-        assertEquals("v1-mid-android", predictions.get(0).modelVersion());
+        assertEquals(1, predictions.get(1).topSlot());
+        assertEquals(5.0f, predictions.get(0).slotScores()[0]);
+        assertEquals(3, predictions.get(0).slotScores().length);
+        assertEquals("v2-mid-android", predictions.get(0).modelVersion());
+    }
+
+    @Test
+    void enrolmentWithoutABackendHasNullVersionEpochAndSlots() throws Exception {
+        withBackend = false;
+        Enrollment enrollment = client().enroll(ADMIN, "pixel", null);
+        assertEquals(null, enrollment.defaultVersion());
+        assertEquals(null, enrollment.labelEpoch());
+        assertEquals(null, enrollment.slotTable());
+        assertEquals(null, enrollment.interfaceShape());
+    }
+
+    @Test
+    void slotsOfAnotherVersionAreFetchedOnceThenDecodedToClasses() throws Exception {
+        Enrollment enrollment = client().enroll(ADMIN, "pixel", null);
+        DeviceCredentials device = enrollment.credentials();
+        SlotDecoder decoder = new SlotDecoder(new FederationKey(SECRET), CLASS_NAMES, v -> client().slotTable(device, v));
+        decoder.remember(enrollment.defaultVersion(), enrollment.slotTable()); // "v1"; answers come from "v2-..."
+        FeatureTensor features = new FeatureTensor(new float[3 * 64 * 8 * 8], new int[] {3, 64, 8, 8});
+        List<ServerPrediction> predictions = client().infer(device, features, "mid-android", null);
+        assertEquals(7, decoder.classIndex(predictions.get(0)));
+        assertEquals(3, decoder.classIndex(predictions.get(1)));
+        assertEquals(-1, decoder.classIndex(predictions.get(2))); // "kangaroo" is none of this phone's classes
+        assertEquals(1, metadataRequests.get());
+        ServerException missing = assertThrows(ServerException.class, () -> client().slotTable(device, "v9"));
+        assertEquals(404, missing.status());
+        assertThrows(IllegalArgumentException.class, () -> client().slotTable(device, "../admin"));
     }
 
     @Test
     void confirmedUploadsAreSealedQueuedRetriedAndStoredOnce() throws Exception {
         DeviceCredentials device = client().enroll(ADMIN, "pixel", "mid-android").credentials();
-        byte[] secret = Vectors.load("label_tokens.json").getHex("federation_secret");
-        FederationKey key = new FederationKey(secret, 12);
+        FederationKey key = new FederationKey(SECRET);
         UploadQueue queue = new UploadQueue(queueDir, 16, 1 << 20, UploadQueue.OverflowPolicy.REJECT_NEW);
-        ConfirmedUploads uploads = new ConfirmedUploads(queue, client(), device, key, "mobilenet", "mid-android", 2, "v1");
+        ConfirmedUploads uploads = new ConfirmedUploads(
+                queue, client(), device, key, EPOCH, CLASS_NAMES, "mobilenet", "mid-android", 2, "v1");
         float[] values = new float[64 * 8 * 8];
         values[5] = 1.5f;
         uploads.enqueue(new FeatureTensor(values, new int[] {1, 64, 8, 8}), 4);
@@ -206,7 +261,7 @@ class ServerRoundTripTest {
         assertEquals(2, stored.size());
         assertEquals(2, openedPlaintexts.size());
         String plaintext = new String(openedPlaintexts.get(0), StandardCharsets.ISO_8859_1);
-        String token = Hex.encode(LabelTokens.forRound(secret, 12).token(4));
+        String token = Hex.encode(LabelTokens.forEpoch(SECRET, EPOCH).token("4"));
         assertTrue(plaintext.startsWith("HMUP"));
         assertTrue(plaintext.contains("\"label_tokens\":[\"" + token + "\"]"), plaintext.substring(0, 120));
         assertTrue(plaintext.contains("\"split_depths\":[2]"));
@@ -217,8 +272,10 @@ class ServerRoundTripTest {
         DeviceCredentials device = client().enroll(ADMIN, "pixel", null).credentials();
         UploadQueue queue = new UploadQueue(queueDir, 16, 1 << 20, UploadQueue.OverflowPolicy.REJECT_NEW);
         ConfirmedUploads uploads = new ConfirmedUploads(queue, client(), device,
-                new FederationKey(new byte[16], 1), "cnn", "entry-android", 1, "v1");
+                new FederationKey(new byte[16]), "e1", CLASS_NAMES, "cnn", "entry-android", 1, "v1");
         uploads.enqueue(new FeatureTensor(new float[64 * 8 * 8], new int[] {1, 64, 8, 8}), 0);
+        assertThrows(IllegalArgumentException.class,
+                () -> uploads.enqueue(new FeatureTensor(new float[64 * 8 * 8], new int[] {1, 64, 8, 8}), 10));
         var pending = queue.pending().get(0);
         UploadReceipt first = client().upload(device, pending);
         UploadReceipt again = client().upload(device, pending);

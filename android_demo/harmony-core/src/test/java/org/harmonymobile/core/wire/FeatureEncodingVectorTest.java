@@ -33,10 +33,10 @@ class FeatureEncodingVectorTest {
     void uploadPlaintextsEqualPython() {
         for (JsonObject c : vectors.getObjectList("uploads")) {
             JsonObject meta = c.getObject("metadata");
-            LabelTokens tokens = LabelTokens.forRound(federationSecret, c.getLong("round_id"));
+            LabelTokens tokens = LabelTokens.forEpoch(federationSecret, c.getString("label_epoch"));
             List<byte[]> labelTokens = new ArrayList<>();
-            for (long classId : c.getLongArray("classes")) {
-                labelTokens.add(tokens.token((int) classId));
+            for (String className : c.getStringList("class_names")) {
+                labelTokens.add(tokens.token(className));
             }
             List<Integer> depths = new ArrayList<>();
             for (long depth : meta.getLongArray("split_depths")) {
@@ -45,7 +45,8 @@ class FeatureEncodingVectorTest {
             UploadMetadata metadata = new UploadMetadata(labelTokens, depths, meta.getString("family"),
                     meta.getString("tier"), meta.getString("model_version"),
                     meta.has("clip_norm") ? meta.getDouble("clip_norm") : null,
-                    meta.has("noise_multiplier") ? meta.getDouble("noise_multiplier") : null);
+                    meta.has("noise_multiplier") ? meta.getDouble("noise_multiplier") : null,
+                    meta.has("label_dp_epsilon") ? meta.getDouble("label_dp_epsilon") : null);
             assertEquals(c.getString("metadata_json"), metadata.toJson(), c.getString("name"));
             FeatureTensor features = new FeatureTensor(Vectors.floats(c, "values"), Vectors.ints(c, "shape"));
             assertEquals(c.getString("plaintext"), Hex.encode(UploadPlaintext.encode(metadata, features)), c.getString("name"));
