@@ -378,39 +378,65 @@ def export_app_command(
 
 @app.command()
 def serve(
-    data_dir: Annotated[Path, typer.Option(help="store, server key, back-end versions")] = Path("serve-data"),
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="store, server key, back-end versions [env HARMONY_DATA_DIR; serve-data]"),
+    ] = None,
     model_dir: Annotated[
         Path | None, typer.Option(help="export dir: backend/backend.pt imported, manifest.json served")
     ] = None,
     host: Annotated[str, typer.Option(help="bind address (put TLS in front)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    workers: Annotated[int, typer.Option(min=1, help="server processes sharing the port")] = 1,
     admin_token: Annotated[
-        str | None,
-        typer.Option(envvar="HARMONY_ADMIN_TOKEN", help="admin token (default: <data-dir>/admin_token)"),
+        str | None, typer.Option(help="admin token [env HARMONY_ADMIN_TOKEN; default <data-dir>/admin_token]")
     ] = None,
-    max_batch: Annotated[int, typer.Option(help="rows per inference micro-batch (1 = no batching)")] = 32,
-    max_wait_ms: Annotated[float, typer.Option(help="how long a micro-batch waits to fill")] = 2.0,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            help="postgresql://user:pass@host/db to share the store between replicas [default SQLite]"
+        ),
+    ] = None,
+    alignment: Annotated[
+        bool | None, typer.Option("--alignment/--no-alignment", help="run alignment rounds in this replica")
+    ] = None,
+    max_batch: Annotated[
+        int | None, typer.Option(help="rows per inference micro-batch (1 = no batching)")
+    ] = None,
+    max_wait_ms: Annotated[float | None, typer.Option(help="how long a micro-batch waits to fill")] = None,
+    max_connections: Annotated[
+        int | None, typer.Option(help="open connections per process; more get 503")
+    ] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
-    """Run the FastAPI fallback server (one uvicorn process; protocol in docs/PROTOCOL.md)."""
-    import uvicorn
+    """Run the FastAPI fallback server (protocol in docs/PROTOCOL.md). A flag left out keeps the value
+    of its HARMONY_* environment variable (e.g. HARMONY_MAX_BATCH), else the default."""
+    from pydantic import ValidationError
 
-    from harmony_mobile.server import Settings, create_app
+    from harmony_mobile.server.launch import resolve_settings, run
 
-    settings = Settings(
+    explicit = dict(
         data_dir=data_dir,
         model_dir=model_dir,
         admin_token=admin_token,
+        database_url=database_url,
+        run_alignment=alignment,
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
+        max_connections=max_connections,
         torch_threads=torch_threads,
     )
-    server_app = create_app(settings)
-    if admin_token is None:
-        console.print(f"admin token: {data_dir / 'admin_token'} (mode 0600)")
-    console.print(f"serving on http://{host}:{port}  (status page /, metrics /metrics)")
-    uvicorn.run(server_app, host=host, port=port, log_level=log_level, workers=1)
+    try:
+        settings = resolve_settings(explicit)
+    except ValidationError as error:
+        fail(f"invalid server settings: {error}")
+    if settings.admin_token is None:
+        console.print(f"admin token: {settings.data_dir / 'admin_token'} (mode 0600)")
+    console.print(
+        f"serving on http://{host}:{port} with {workers} process(es)  (status page /, metrics /metrics)"
+    )
+    run(settings, explicit, host, port, workers, log_level)
 
 
 @app.command()

@@ -619,7 +619,9 @@ def exit_threshold(value: float) -> float:
 
 
 def _detail(response: httpx.Response) -> str:
+    """The error sentence: `error` on /v2 routes (Open Inference Protocol), `detail` elsewhere."""
     try:
-        return str(response.json().get("detail", response.text))
+        body = response.json()
+        return str(body.get("error") or body.get("detail") or response.text)
     except ValueError:
         return response.text[:200]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, status
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, status
 from harmony_mobile.server.auth import AdminDep
 from harmony_mobile.server.registry import NoParentVersion, UnknownVersion
 from harmony_mobile.server.schemas import (
+    INT64_MAX,
     AlignmentParams,
     ErrorBody,
     RegistryResponse,
@@ -35,6 +38,10 @@ def _registry(store: Store) -> RegistryResponse:
 )
 def start_round(state: StateDep, _: AdminDep, params: AlignmentParams | None = None) -> RoundResponse:
     """Queue an alignment round over the stored uploads; poll GET .../rounds/{id} for progress."""
+    if not state.settings.run_alignment:
+        raise HTTPException(
+            409, "this replica does not run alignment rounds; send the request to the one that does"
+        )
     round_id = state.alignment.submit(params or AlignmentParams())
     return _round(state.store.round(round_id))
 
@@ -45,7 +52,11 @@ def list_rounds(store: StoreDep, _: AdminDep) -> list[RoundResponse]:
 
 
 @router.get("/alignment/rounds/{round_id}", response_model=RoundResponse, responses=ERRORS)
-def get_round(round_id: int, store: StoreDep, _: AdminDep) -> RoundResponse:
+def get_round(
+    round_id: Annotated[int, Path(ge=1, le=INT64_MAX, description="round id (ids start at 1)")],
+    store: StoreDep,
+    _: AdminDep,
+) -> RoundResponse:
     record = store.round(round_id)
     if record is None:
         raise HTTPException(404, f"unknown alignment round {round_id}")

@@ -66,6 +66,10 @@ class RoundCancelled(RuntimeError):
     pass
 
 
+class NotEnoughRows(ValueError):
+    """An expected outcome (too few stored rows), not a bug: logged without a traceback."""
+
+
 @dataclass
 class RoundResult:
     backend: torch.nn.Module | None  # None when the round was rejected before training
@@ -167,11 +171,13 @@ def run_alignment(
 ) -> RoundResult:
     """Slot CE + SupCon on `uploads` (the new rows), distillation to `teacher` on `replay`
     (module docstring). `uploads` are of the teacher's label epoch."""
+    if not uploads:
+        raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found 0")
     slot_table = teacher.slot_table.copy()  # new tokens of the epoch may take free slots
     data = SlotRows.build(uploads, slot_table, teacher.num_classes)
     n = data.rows
     if n < params.min_rows:
-        raise ValueError(f"alignment needs at least {params.min_rows} new stored rows, found {n}")
+        raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found {n}")
     generator = torch.Generator().manual_seed(params.seed)
     holdout, train = _split(n, params.holdout_fraction, generator)
     metrics: dict[str, float | int | str] = {
@@ -302,9 +308,11 @@ class AlignmentWorker:
         self.store, self.registry, self.server_key, self.metrics = store, registry, server_key, metrics
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harmony-alignment")
         self._stopping = threading.Event()
+        self._submitted: list[int] = []
 
     def submit(self, params: AlignmentParams) -> int:
         round_id = self.store.create_round(params.model_dump())
+        self._submitted.append(round_id)
         self._executor.submit(self._run, round_id, params)
         return round_id
 
@@ -312,7 +320,8 @@ class AlignmentWorker:
         """Cancel queued rounds and ask a running one to stop at its next step (it ends `interrupted`)."""
         self._stopping.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        self.store.interrupt_unfinished_rounds()
+        # Only this process's rounds: another replica's running round is none of its business.
+        self.store.interrupt_unfinished_rounds(self._submitted)
 
     def _run(self, round_id: int, params: AlignmentParams) -> None:
         teacher = self.registry.default()
@@ -342,6 +351,10 @@ class AlignmentWorker:
                 result.metrics["trained_through_upload_id"] = max(s.upload_id for s in stored)
         except RoundCancelled:
             self._finish(round_id, "interrupted", {}, error="the server stopped during this round")
+            return
+        except NotEnoughRows as error:
+            log.warning("alignment round %d failed: %s", round_id, error)
+            self._finish(round_id, "failed", {}, error=f"{type(error).__name__}: {error}")
             return
         except Exception as error:  # the message names the step, never feature values or tokens
             log.exception("alignment round %d failed", round_id)

@@ -3,6 +3,7 @@ metrics and routers into one FastAPI app whose state lives on `app.state.harmony
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -10,18 +11,21 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import torch
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
-from harmony_mobile.server import admin, devices, status, uploads, v2
+from fastapi import FastAPI
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from harmony_mobile.server import admin, devices, status, uploads, v2, v2_infer
 from harmony_mobile.server.alignment import AlignmentWorker
-from harmony_mobile.server.auth import RateLimiter
+from harmony_mobile.server.auth import RateLimiter, TokenCache
+from harmony_mobile.server.errors import install_error_handlers
 from harmony_mobile.server.inference import MicroBatcher
 from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
 from harmony_mobile.server.limits import BodySizeLimitMiddleware
 from harmony_mobile.server.metrics import MetricsMiddleware, ServerMetrics
+from harmony_mobile.server.protocol import GuardedHttpToolsProtocol
 from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ModelRegistry
 from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.spec import install_openapi
 from harmony_mobile.server.state import ServerState
 from harmony_mobile.server.store import Store
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -47,24 +51,33 @@ def _read_manifest(model_dir: Path | None) -> tuple[str | None, str | None]:
     return text, signature_file.read_text() if signature_file.is_file() else None
 
 
-def _known_tiers(manifest_text: str | None) -> frozenset[str]:
-    """Tier names used as metric labels: the manifest's tiers, else the built-in defaults."""
+def _manifest_fields(manifest_text: str | None) -> tuple[dict[str, str | None], str | None]:
+    """The manifest's tier -> family table and model version, else the built-in tiers and None.
+    The tier names are also the metric labels; a tier without a family entry maps to None."""
     if manifest_text is not None:
         try:
-            tiers = json.loads(manifest_text).get("tiers", [])
-            names = {t["name"] for t in tiers if isinstance(t, dict) and isinstance(t.get("name"), str)}
-            if names:
-                return frozenset(names)
+            manifest = json.loads(manifest_text)
+            tiers = manifest.get("tiers", [])
+            table = {
+                t["name"]: t.get("family") if isinstance(t.get("family"), str) else None
+                for t in tiers
+                if isinstance(t, dict) and isinstance(t.get("name"), str)
+            }
+            version = manifest.get("model_version")
+            if table:
+                return table, version if isinstance(version, str) else None
         except (json.JSONDecodeError, AttributeError):
             log.warning("manifest.json is not a JSON object with tiers; using the default tier names")
-    return frozenset(t.name for t in load_tiers().tiers)
+    return {t.name: t.family for t in load_tiers().tiers}, None
 
 
 def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(data_dir)
-    interrupted = store.interrupt_unfinished_rounds()
+    url = settings.database_url.get_secret_value() if settings.database_url else None
+    store = Store(data_dir, url)
+    # With replicas, only the one that runs rounds may decide that an unfinished round is dead.
+    interrupted = store.interrupt_unfinished_rounds() if settings.run_alignment else 0
     if interrupted:
         log.warning(
             "marked %d alignment round(s) interrupted: the previous process stopped during them", interrupted
@@ -77,6 +90,7 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
             log.warning("no back-end at %s", Path(settings.model_dir) / BACKEND_IN_MODEL_DIR)
     registry.load_default()
     manifest_text, manifest_signature = _read_manifest(settings.model_dir)
+    tier_families, manifest_version = _manifest_fields(manifest_text)
     p256_signature_file = Path(settings.model_dir or ".") / P256_SIGNATURE_FILE
     manifest_p256_signature = (
         p256_signature_file.read_text()
@@ -98,11 +112,30 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
         alignment=AlignmentWorker(store, registry, server_key, metrics),
         metrics=metrics,
         rate_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
+        token_cache=TokenCache(settings.auth_cache_seconds),
         manifest_text=manifest_text,
         manifest_signature=manifest_signature,
         manifest_p256_signature=manifest_p256_signature,
-        known_tiers=_known_tiers(manifest_text),
+        known_tiers=frozenset(tier_families),
+        tier_families=tier_families,
+        manifest_version=manifest_version,
     )
+
+
+async def _follow_default_version(state: ServerState) -> None:
+    """Replicas (and workers) share the store: serve the default version another process published
+    or an operator set there, within `default_refresh_seconds`."""
+    registry = state.registry
+    while True:
+        await asyncio.sleep(state.settings.default_refresh_seconds)
+        try:
+            current = registry.default()
+            stored = await run_in_threadpool(state.store.default_version)
+            if stored is not None and (current is None or current.version != stored):
+                await run_in_threadpool(registry.load_default)
+                log.info("now serving %s by default (changed in the shared store)", stored)
+        except Exception:  # a store outage must not end the loop; the next tick retries
+            log.warning("could not check the default version in the store", exc_info=True)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -114,9 +147,11 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
         state.batcher.start()
+        follower = asyncio.create_task(_follow_default_version(state))
         try:
             yield
         finally:
+            follower.cancel()
             state.batcher.stop()
             state.alignment.stop()
             state.store.close()
@@ -126,19 +161,24 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.harmony = state
 
-    @app.exception_handler(RequestValidationError)
-    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        # One readable sentence, like every other error (the apps show `detail` as a string).
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
-        return JSONResponse({"detail": f"invalid request: {problems}"}, status_code=422)
+    install_error_handlers(app)
+    install_openapi(app)
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    for module in (v2, devices, uploads, admin, status):
+    # v2_infer first: its /v2/models/stats must win over /v2/models/{name}
+    for module in (v2_infer, v2, devices, uploads, admin, status):
         app.include_router(module.router)
     # Added last = outermost: the metrics middleware also counts requests the body limit refuses.
-    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        body_timeout=settings.body_timeout_seconds,
+    )
+    GuardedHttpToolsProtocol.configure(
+        settings.header_timeout_seconds, settings.max_connections, settings.retry_after_seconds
+    )
     app.add_middleware(MetricsMiddleware, metrics=metrics)
     return app

@@ -15,6 +15,7 @@ from fastapi import Depends, HTTPException, status
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from harmony_mobile.server.state import StateDep
+from harmony_mobile.server.store import DeviceRecord
 
 bearer_scheme = HTTPBearer(auto_error=False, description="device token from enrolment, or the admin token")
 
@@ -23,6 +24,7 @@ bearer_scheme = HTTPBearer(auto_error=False, description="device token from enro
 class Principal:
     role: Literal["device", "admin"]
     device_id: str | None = None
+    tier: str | None = None  # the tier the device was enrolled with
 
 
 def new_device_token() -> str:
@@ -59,16 +61,62 @@ class RateLimiter:
             return (1.0 - tokens) / self.rate
 
 
+class TokenCache:
+    """Device look-ups by token hash, reused for `ttl` seconds: most requests then skip the store and
+    the thread-pool hop. Revocation in this process forgets the device at once; other replicas
+    see it when their entry expires (README: replicas)."""
+
+    def __init__(self, ttl: float):
+        self.ttl = ttl
+        self._entries: dict[str, tuple[DeviceRecord, float]] = {}
+
+    def get(self, token_hash: str) -> DeviceRecord | None:
+        entry = self._entries.get(token_hash)
+        if entry is None or entry[1] < time.monotonic():
+            return None
+        return entry[0]
+
+    def put(self, token_hash: str, device: DeviceRecord) -> None:
+        if self.ttl > 0:
+            if len(self._entries) > 100_000:  # bounded: drop everything rather than grow forever
+                self._entries.clear()
+            self._entries[token_hash] = (device, time.monotonic() + self.ttl)
+
+    def forget_device(self, device_id: str) -> None:
+        for token_hash in [h for h, (d, _) in self._entries.items() if d.id == device_id]:
+            self._entries.pop(token_hash, None)
+
+
+async def _device(state, token: str) -> DeviceRecord | None:
+    token_hash = hash_token(token)
+    device = state.token_cache.get(token_hash)
+    if device is None:
+        # the store may wait on an upload's fsync: never on the event loop
+        device = await run_in_threadpool(state.store.device_by_token_hash, token_hash)
+        if device is not None:
+            state.token_cache.put(token_hash, device)
+    return device
+
+
 async def authenticate(
     state: StateDep, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer_scheme)]
 ) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+    token = credentials.credentials if credentials and credentials.scheme.lower() == "bearer" else None
+    return await principal_for(state, token)
+
+
+async def authenticate_header(state, authorization: str | None) -> Principal:
+    """The same check from the raw header, for hot endpoints that skip dependency resolution."""
+    scheme, _, token = (authorization or "").partition(" ")
+    return await principal_for(state, token.strip() if scheme.lower() == "bearer" else None)
+
+
+async def principal_for(state, token: str | None) -> Principal:
+    if not token:
         raise _unauthorized("missing bearer token: send 'Authorization: Bearer <token>'")
-    token = credentials.credentials
     if hmac.compare_digest(token.encode(), state.admin_token.encode()):
         return Principal("admin")
-    # SQLite may wait on an upload's fsync: never on the event loop.
-    device = await run_in_threadpool(state.store.device_by_token_hash, hash_token(token))
+    device = await _device(state, token)
     if device is None:
         raise _unauthorized("unknown bearer token")
     if device.revoked_at is not None:
@@ -81,7 +129,7 @@ async def authenticate(
             f"device {device.id} exceeded {state.settings.rate_limit_per_second:g} requests/s",
             headers={"Retry-After": str(max(1, math.ceil(wait)))},
         )
-    return Principal("device", device.id)
+    return Principal("device", device.id, device.tier)
 
 
 PrincipalDep = Annotated[Principal, Depends(authenticate)]

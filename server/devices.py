@@ -17,8 +17,10 @@ ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422)}
 
 
 @router.post("/devices", status_code=status.HTTP_201_CREATED, response_model=EnrolResponse, responses=ERRORS)
-def enrol(body: EnrolRequest, state: StateDep, _: AdminDep) -> EnrolResponse:
-    """Enrol a device: a fresh id and bearer token, the server's sealing key and the current manifest."""
+def enrol(state: StateDep, _: AdminDep, body: EnrolRequest | None = None) -> EnrolResponse:
+    """Enrol a device: a fresh id and bearer token, the server's sealing key and the current manifest.
+    The body and both its fields are optional."""
+    body = body or EnrolRequest()
     token = new_device_token()
     device = state.store.add_device(f"dev_{secrets.token_hex(8)}", hash_token(token), body.name, body.tier)
     default = state.registry.default()
@@ -55,10 +57,11 @@ def list_devices(store: StoreDep, _: AdminDep) -> list[DeviceInfo]:
 
 
 @router.delete("/devices/{device_id}", status_code=status.HTTP_204_NO_CONTENT, responses=ERRORS)
-def revoke_device(device_id: str, store: StoreDep, _: AdminDep) -> Response:
+def revoke_device(device_id: str, state: StateDep, _: AdminDep) -> Response:
     """Revoke a device token; its next request is 401. Its stored uploads stay."""
-    if not store.revoke_device(device_id):
+    if not state.store.revoke_device(device_id):
         raise HTTPException(404, f"unknown device {device_id!r}")
+    state.token_cache.forget_device(device_id)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -14,7 +14,7 @@ import asyncio
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -35,11 +35,25 @@ class Prediction:
 
 
 @dataclass
+class VersionStats:
+    """Counters of one version in the shape of Triton's statistics extension (times in ns)."""
+
+    last_inference_ms: int = 0
+    inference_count: int = 0  # rows
+    execution_count: int = 0  # forward passes
+    success: list[int] = field(default_factory=lambda: [0, 0])  # [requests, ns enqueue -> result]
+    fail: list[int] = field(default_factory=lambda: [0, 0])
+    queue: list[int] = field(default_factory=lambda: [0, 0])
+    compute_infer: list[int] = field(default_factory=lambda: [0, 0])
+
+
+@dataclass
 class _Job:
     features: np.ndarray
     model: ServedModel
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    enqueued_ns: int = 0
 
     @property
     def rows(self) -> int:
@@ -66,7 +80,23 @@ class MicroBatcher:
         self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
         self._carry: _Job | None = None  # a job that did not fit the previous batch
         self._thread: threading.Thread | None = None
+        self._stats: dict[str, VersionStats] = {}
+        self._stats_lock = threading.Lock()
         metrics.watch_queue(self._queue.qsize)
+
+    def stats(self) -> dict[str, VersionStats]:
+        """A copy of the per-version counters (the worker keeps updating the originals)."""
+        with self._stats_lock:
+            return {
+                version: replace(
+                    s,
+                    success=[*s.success],
+                    fail=[*s.fail],
+                    queue=[*s.queue],
+                    compute_infer=[*s.compute_infer],
+                )
+                for version, s in self._stats.items()
+            }
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="harmony-inference", daemon=True)
@@ -80,7 +110,7 @@ class MicroBatcher:
 
     async def infer(self, features: np.ndarray, model: ServedModel) -> Prediction:
         loop = asyncio.get_running_loop()
-        job = _Job(features, model, loop.create_future(), loop)
+        job = _Job(features, model, loop.create_future(), loop, time.perf_counter_ns())
         try:
             self._queue.put_nowait(job)
         except queue.Full:
@@ -120,16 +150,19 @@ class MicroBatcher:
 
     def _execute(self, jobs: list[_Job]) -> None:
         model = jobs[0].model
+        started = time.perf_counter_ns()
         try:
             features = torch.from_numpy(np.concatenate([j.features for j in jobs]))
             slot_scores, top_slot, confidence = (t.numpy() for t in predict(model, features))
         except Exception as error:  # a bug must fail these requests, not kill the worker
+            self._count(model.version, jobs, started, failed=True)
             for job in jobs:
                 job.loop.call_soon_threadsafe(_resolve, job.future, None, error)
             return
         self.metrics.batches.inc()
         self.metrics.batch_rows.observe(features.shape[0])
         self.metrics.inferred_rows.inc(features.shape[0])
+        self._count(model.version, jobs, started, failed=False)
         start = 0
         for job in jobs:
             end = start + job.rows
@@ -138,3 +171,19 @@ class MicroBatcher:
             )
             job.loop.call_soon_threadsafe(_resolve, job.future, result, None)
             start = end
+
+    def _count(self, version: str, jobs: list[_Job], started: int, failed: bool) -> None:
+        finished = time.perf_counter_ns()
+        with self._stats_lock:
+            stats = self._stats.setdefault(version, VersionStats())
+            stats.execution_count += 1
+            stats.last_inference_ms = time.time_ns() // 1_000_000
+            stats.compute_infer[0] += len(jobs)
+            stats.compute_infer[1] += finished - started
+            outcome = stats.fail if failed else stats.success
+            for job in jobs:
+                stats.inference_count += 0 if failed else job.rows
+                stats.queue[0] += 1
+                stats.queue[1] += started - job.enqueued_ns
+                outcome[0] += 1
+                outcome[1] += finished - job.enqueued_ns

@@ -7,8 +7,11 @@ import time
 from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+# nginx's code for "client closed the request": the client left before any answer was sent.
+CLIENT_CLOSED = 499
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -90,16 +93,29 @@ class MetricsMiddleware:
             return
         started = time.perf_counter()
         status_code = 500
+        disconnected = responded = False
+
+        async def watching_receive() -> Message:
+            nonlocal disconnected
+            message = await receive()
+            if message["type"] == "http.disconnect" and not responded:
+                disconnected = True
+            return message
 
         async def send_with_status(message: Message) -> None:
-            nonlocal status_code
+            nonlocal status_code, responded
             if message["type"] == "http.response.start":
-                status_code = message["status"]
+                status_code, responded = message["status"], True
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_status)
+            await self.app(scope, watching_receive, send_with_status)
+        except ClientDisconnect:
+            # Not a server error: nobody is left to answer, so nothing is logged or re-raised.
+            disconnected = True
         finally:
+            if disconnected:  # whatever was "answered" after that reached nobody
+                status_code = CLIENT_CLOSED
             route = scope.get("route")
             route_name = getattr(route, "path", None) or "unmatched"
             method = scope["method"]

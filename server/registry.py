@@ -106,6 +106,7 @@ class ModelRegistry:
         sha = sha256_file(source)
         known = self.store.version_by_sha256(sha)
         if known is not None:
+            self._store_file(source, sha)  # another replica may have registered it first
             return known.version
         loaded = load_backend_file(source)  # validates the file before it enters the registry
         self._store_file(source, sha)
@@ -160,7 +161,7 @@ class ModelRegistry:
         record = self.store.version(version)
         if record is None:
             raise UnknownVersion(version, self.version_names())
-        loaded = load_backend_file(self.artifacts / f"{record.sha256}.pt")
+        loaded = load_backend_file(self._local_artifact(record.sha256))
         model = ServedModel(
             version,
             record.sha256,
@@ -220,23 +221,42 @@ class ModelRegistry:
             raise NoParentVersion(f"the default version {current!r} has no parent to roll back to")
         return self.set_default(record.parent)
 
+    def _local_artifact(self, sha: str) -> Path:
+        """artifacts/<sha256>.pt, fetched from the store when another replica published it."""
+        destination = self.artifacts / f"{sha}.pt"
+        if not destination.exists():
+            content = self.store.artifact(sha)
+            if content is None:
+                raise FileNotFoundError(
+                    f"back-end file {sha} is neither in {self.artifacts} nor in the store"
+                )
+            with tempfile.TemporaryDirectory(dir=self.artifacts) as scratch:
+                fetched = Path(scratch) / "fetched.pt"
+                fetched.write_bytes(content)
+                self._write_artifact(fetched, destination)
+        return destination
+
     def _store_file(self, source: Path, sha: str) -> Path:
-        """Copy into artifacts/<sha256>.pt durably: temp file, fsync, rename, fsync the directory."""
-        target = self.artifacts / f"{sha}.pt"
-        if target.exists():
-            return target
+        """Keep a back-end file in the store (shared by replicas) and in artifacts/<sha256>.pt."""
+        self.store.add_artifact(sha, source.read_bytes())
+        destination = self.artifacts / f"{sha}.pt"
+        if not destination.exists():
+            self._write_artifact(source, destination)
+        return destination
+
+    def _write_artifact(self, source: Path, destination: Path) -> None:
+        """Copy durably: temp file, fsync, rename, fsync the directory."""
         fd, temp = tempfile.mkstemp(dir=self.artifacts, suffix=".partial")
         try:
             with os.fdopen(fd, "wb") as out, open(source, "rb") as src:
                 shutil.copyfileobj(src, out)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(temp, target)
+            os.replace(temp, destination)
         except BaseException:
             Path(temp).unlink(missing_ok=True)
             raise
         _fsync_dir(self.artifacts)
-        return target
 
 
 def predict(model: ServedModel, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -7,17 +7,31 @@ bytes, and the server-side metadata names label *tokens* only (tests/test_server
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from harmony_mobile.privacy.label_tokens import LABEL_EPOCH_PATTERN
 
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
+INT64_MAX = 2**63 - 1
+
+
+def _number_not_text(value: object) -> object:
+    if isinstance(value, str | bytes | bool):
+        raise ValueError("must be a JSON number, not a string or a boolean")
+    return value
+
+
+# A JSON Schema integer: 3 and 3.0 are the same number (so the OpenAPI document is exact), "3" and
+# true are not numbers. Strict mode alone would refuse 3.0; lax mode alone would take "3".
+JsonInt = Annotated[int, Field(strict=False), BeforeValidator(_number_not_text)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """Request bodies: unknown keys refused, and no coercion ("3" is not an integer, 1.0 not a bool)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 # ---------------------------------------------------------------- errors and health
@@ -25,6 +39,12 @@ class _Strict(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: str = Field(description="one sentence saying exactly what was wrong")
+
+
+class V2ErrorBody(BaseModel):
+    """The Open Inference Protocol's error body, used on every /v2 route."""
+
+    error: str = Field(description="one sentence saying exactly what was wrong")
 
 
 class LiveResponse(BaseModel):
@@ -75,9 +95,13 @@ class ModelMetadata(BaseModel):
 
 class InferInput(_Strict):
     name: str = Field(description="must be 'features'")
-    shape: list[int] = Field(description="[N, 64, 8, 8]")
+    shape: list[JsonInt] = Field(description="[N, 64, 8, 8]")
     datatype: str = Field(description="must be 'FP32'")
-    data: list[Any] = Field(description="prod(shape) numbers, flat row-major (nested lists accepted)")
+    data: list[Any] | None = Field(
+        default=None,
+        description="prod(shape) numbers, flat row-major (nested lists accepted); absent when"
+        " parameters.binary_data_size says the values follow the JSON (binary tensor extension)",
+    )
     parameters: dict[str, Any] | None = None
 
 
@@ -88,7 +112,7 @@ class InferRequestedOutput(_Strict):
 
 class InferRequest(_Strict):
     id: str | None = Field(default=None, max_length=256)
-    inputs: list[InferInput]
+    inputs: list[InferInput] = Field(min_length=1, max_length=1, description="exactly one: 'features'")
     outputs: list[InferRequestedOutput] | None = None
     parameters: dict[str, Any] | None = Field(default=None, description="optional: {'tier': '<tier name>'}")
 
@@ -105,6 +129,43 @@ class InferResponse(BaseModel):
     model_version: str
     id: str | None = None
     outputs: list[InferOutput]
+
+
+class ModelConfig(BaseModel):
+    """Triton-style model configuration (GET /v2/models/{name}/config)."""
+
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: JsonInt = Field(description="rows per request (max_request_rows)")
+    input: list[dict[str, Any]]
+    output: list[dict[str, Any]]
+    dynamic_batching: dict[str, Any]
+    parameters: dict[str, Any]
+
+
+class ModelStatistics(BaseModel):
+    name: str
+    version: str
+    last_inference: int = Field(description="ms since the epoch of the last forward pass, 0 = never")
+    inference_count: int = Field(description="rows inferred")
+    execution_count: int = Field(description="forward passes (micro-batches)")
+    inference_stats: dict[str, dict[str, int]] = Field(description="{'success': {'count', 'ns'}, ...}")
+    batch_stats: list[dict[str, Any]]
+
+
+class StatisticsResponse(BaseModel):
+    model_stats: list[ModelStatistics]
+
+
+class RepositoryIndexRequest(_Strict):
+    ready: bool | None = None
+
+
+class RepositoryModel(BaseModel):
+    name: str
+    version: str
+    state: Literal["READY", "UNAVAILABLE"]
 
 
 # ---------------------------------------------------------------- devices
@@ -157,8 +218,18 @@ class UploadRequest(_Strict):
     label_epoch: str = Field(
         pattern=LABEL_EPOCH_PATTERN, description="label epoch whose key made every token inside"
     )
-    message_id: uuid.UUID = Field(description="fresh random UUID per upload; the idempotency key")
+    # strict=False: JSON carries a UUID as a string, which strict mode would refuse
+    message_id: uuid.UUID = Field(
+        strict=False, description="fresh random UUID per upload; the idempotency key"
+    )
     envelope: str = Field(min_length=1, description="base64 of the sealed envelope (docs/PROTOCOL.md 4.2)")
+
+    @field_validator("message_id")
+    @classmethod
+    def not_nil(cls, value: uuid.UUID) -> uuid.UUID:
+        if value.int == 0:
+            raise ValueError("the nil UUID is not a fresh message id; send a random (v4) UUID")
+        return value
 
 
 class UploadReceiptResponse(BaseModel):
@@ -176,8 +247,8 @@ class AlignmentParams(_Strict):
     """One alignment round (server/alignment.py): slot CE + SupCon on the new stored rows, distillation
     to the current version on the replay rows (features it was trained on), and a two-part publish check."""
 
-    steps: int = Field(default=60, ge=1, le=10_000, description="optimizer steps")
-    batch_size: int = Field(default=64, ge=4, le=1024, description="new rows per step (and replay rows)")
+    steps: JsonInt = Field(default=60, ge=1, le=10_000, description="optimizer steps")
+    batch_size: JsonInt = Field(default=64, ge=4, le=1024, description="new rows per step (and replay rows)")
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
     ce_weight: float = Field(
@@ -214,9 +285,9 @@ class AlignmentParams(_Strict):
         description="with no replay rows the slot mapping cannot be checked: reject the round (false:"
         " train without distillation and publish on held-out slot accuracy alone)",
     )
-    max_rows: int = Field(default=20_000, ge=8, description="newest stored rows used by the round")
-    min_rows: int = Field(default=16, ge=4, description="fewer new stored rows fail the round")
-    seed: int = 0
+    max_rows: JsonInt = Field(default=20_000, ge=8, description="newest stored rows used by the round")
+    min_rows: JsonInt = Field(default=16, ge=4, description="fewer new stored rows fail the round")
+    seed: JsonInt = Field(default=0, ge=0, le=INT64_MAX)
 
 
 RoundStatus = Literal["queued", "running", "published", "rejected", "failed", "interrupted"]

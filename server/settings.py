@@ -23,6 +23,23 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         default=None, description="admin bearer token; None = read or create <data-dir>/admin_token (0600)"
     )
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="postgresql://user:pass@host/db to share the store between replicas;"
+        " None = SQLite in <data-dir>/harmony.sqlite3",
+    )
+    run_alignment: bool = Field(
+        default=True,
+        description="this process runs alignment rounds (with replicas: exactly one of them should)",
+    )
+    auth_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="how long a device token lookup is reused; a revocation reaches other replicas within this",
+    )
+    default_refresh_seconds: float = Field(
+        default=2.0, gt=0, description="how often the default version is re-read from the (shared) store"
+    )
     model_name: str = MODEL_NAME
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="413 above this")
@@ -36,5 +53,15 @@ class Settings(BaseSettings):
 
     rate_limit_per_second: float = Field(default=50.0, gt=0, description="per-device token bucket refill")
     rate_limit_burst: int = Field(default=100, ge=1, description="per-device token bucket size")
+
+    header_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="a request's headers must arrive within this (408 and close)"
+    )
+    body_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="a request's whole body must arrive within this after its headers (408)",
+    )
+    max_connections: int = Field(default=1000, ge=1, description="open connections per process; more get 503")
 
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads on start")

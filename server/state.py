@@ -16,7 +16,7 @@ from harmony_mobile.server.store import Store
 
 if TYPE_CHECKING:
     from harmony_mobile.server.alignment import AlignmentWorker
-    from harmony_mobile.server.auth import RateLimiter
+    from harmony_mobile.server.auth import RateLimiter, TokenCache
     from harmony_mobile.server.inference import MicroBatcher
     from harmony_mobile.server.metrics import ServerMetrics
     from harmony_mobile.server.registry import ModelRegistry
@@ -33,10 +33,13 @@ class ServerState:
     alignment: AlignmentWorker
     metrics: ServerMetrics
     rate_limiter: RateLimiter
+    token_cache: TokenCache
     manifest_text: str | None
     manifest_signature: str | None
     manifest_p256_signature: str | None
     known_tiers: frozenset[str]
+    tier_families: dict[str, str | None]  # tier -> the front-end family it runs (None: not stated)
+    manifest_version: str | None
 
 
 async def get_state(request: Request) -> ServerState:

@@ -1,16 +1,19 @@
-"""Durable server state in SQLite (WAL) under the data directory.
+"""Durable server state behind one interface, on SQLAlchemy 2 with two backends:
 
-Uploads are committed (synchronous=FULL) before the endpoint answers 201, so an acknowledged
-upload survives a crash. Only the *sealed* envelope is stored: features and tokens exist in the
-clear only inside the alignment worker (docs/PRIVACY.md). One connection behind a lock is plenty
-for one server process; the scale-out path is PostgreSQL (DESIGN.md), not a cleverer SQLite.
+* embedded SQLite (the default): `<data-dir>/harmony.sqlite3`, WAL, synchronous=FULL, every write
+  transaction `BEGIN IMMEDIATE`, so concurrent writers queue instead of failing late;
+* PostgreSQL (`--database-url postgresql://...`, psycopg 3): what several server replicas behind a
+  load balancer share. Commits wait for the WAL flush (synchronous_commit on, the default).
+
+Uploads are committed before the endpoint answers 201, so an acknowledged upload survives a crash.
+Only the *sealed* envelope is stored: features and tokens exist in the clear only inside the
+alignment worker (docs/PRIVACY.md). Idempotency is the UNIQUE (device_id, message_id) constraint,
+so it holds across replicas, not only inside one process.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,62 +21,107 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Connection,
+    Float,
+    ForeignKey,
+    Integer,
+    LargeBinary,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import IntegrityError
+
 DB_FILE = "harmony.sqlite3"
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS devices (
-    id          TEXT PRIMARY KEY,
-    token_hash  TEXT NOT NULL UNIQUE,
-    name        TEXT,
-    tier        TEXT,
-    created_at  TEXT NOT NULL,
-    revoked_at  TEXT
-);
-CREATE TABLE IF NOT EXISTS uploads (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
-    device_id        TEXT NOT NULL REFERENCES devices(id),
-    message_id       TEXT NOT NULL,
-    label_epoch      TEXT NOT NULL,
-    envelope         BLOB NOT NULL,
-    envelope_sha256  TEXT NOT NULL,
-    rows             INTEGER NOT NULL,
-    tier             TEXT NOT NULL,
-    family           TEXT NOT NULL,
-    model_version    TEXT NOT NULL,
-    clip_norm        REAL,
-    noise_multiplier REAL,
-    label_dp_epsilon REAL,
-    received_at      TEXT NOT NULL,
-    UNIQUE (device_id, message_id)
-);
-CREATE TABLE IF NOT EXISTS alignment_rounds (
-    id             INTEGER PRIMARY KEY AUTOINCREMENT,
-    status         TEXT NOT NULL,
-    params         TEXT NOT NULL,
-    parent_version TEXT,
-    new_version    TEXT,
-    progress       REAL NOT NULL DEFAULT 0,
-    metrics        TEXT NOT NULL DEFAULT '{}',
-    error          TEXT,
-    created_at     TEXT NOT NULL,
-    started_at     TEXT,
-    finished_at    TEXT
-);
-CREATE TABLE IF NOT EXISTS model_versions (
-    version    TEXT PRIMARY KEY,
-    sha256     TEXT NOT NULL,
-    parent     TEXT,
-    source     TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    metrics    TEXT NOT NULL DEFAULT '{}'
-);
-CREATE TABLE IF NOT EXISTS registry_state (
-    key   TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-"""
-
+INT64_MAX = 2**63 - 1
 UNFINISHED_ROUND_STATES = ("queued", "running")
+SCHEMA_LOCK_ID = 0x4841524D  # pg_advisory_xact_lock key: replicas starting together create tables once
+
+# SQLite needs INTEGER (not BIGINT) for an auto-increment primary key; both hold int64.
+ID = BigInteger().with_variant(Integer, "sqlite")
+
+metadata = MetaData()
+devices = Table(
+    "devices",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("token_hash", Text, nullable=False, unique=True),
+    Column("name", Text),
+    Column("tier", Text),
+    Column("created_at", Text, nullable=False),
+    Column("revoked_at", Text),
+)
+uploads = Table(
+    "uploads",
+    metadata,
+    Column("id", ID, primary_key=True, autoincrement=True),
+    Column("device_id", Text, ForeignKey("devices.id"), nullable=False),
+    Column("message_id", Text, nullable=False),
+    Column("label_epoch", Text, nullable=False),
+    Column("envelope", LargeBinary, nullable=False),
+    Column("envelope_sha256", Text, nullable=False),
+    Column("rows", Integer, nullable=False),
+    Column("tier", Text, nullable=False),
+    Column("family", Text, nullable=False),
+    Column("model_version", Text, nullable=False),
+    Column("clip_norm", Float),
+    Column("noise_multiplier", Float),
+    Column("label_dp_epsilon", Float),
+    Column("received_at", Text, nullable=False),
+    UniqueConstraint("device_id", "message_id"),
+    sqlite_autoincrement=True,
+)
+alignment_rounds = Table(
+    "alignment_rounds",
+    metadata,
+    Column("id", ID, primary_key=True, autoincrement=True),
+    Column("status", Text, nullable=False),
+    Column("params", Text, nullable=False),
+    Column("parent_version", Text),
+    Column("new_version", Text),
+    Column("progress", Float, nullable=False, server_default="0"),
+    Column("metrics", Text, nullable=False, server_default="{}"),
+    Column("error", Text),
+    Column("created_at", Text, nullable=False),
+    Column("started_at", Text),
+    Column("finished_at", Text),
+    sqlite_autoincrement=True,
+)
+model_versions = Table(
+    "model_versions",
+    metadata,
+    Column("version", Text, primary_key=True),
+    Column("sha256", Text, nullable=False),
+    Column("parent", Text),
+    Column("source", Text, nullable=False),
+    Column("created_at", Text, nullable=False),
+    Column("metrics", Text, nullable=False, server_default="{}"),
+)
+model_artifacts = Table(
+    "model_artifacts",
+    metadata,
+    Column("sha256", Text, primary_key=True),
+    Column("content", LargeBinary, nullable=False),
+)
+registry_state = Table(
+    "registry_state",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("value", Text, nullable=False),
+)
 
 
 def utc_now() -> str:
@@ -150,36 +198,68 @@ class VersionRecord:
     metrics: dict[str, Any]
 
 
+def database_url(data_dir: Path, url: str | None) -> str:
+    """`postgresql://` means psycopg 3 (SQLAlchemy's default PostgreSQL driver is psycopg2)."""
+    if url is None:
+        return f"sqlite:///{Path(data_dir) / DB_FILE}"
+    parsed = make_url(url)
+    if parsed.drivername in ("postgresql", "postgres"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ValueError(
+            f"unsupported database {parsed.get_backend_name()!r}: use sqlite:// or postgresql://"
+        )
+    return parsed.render_as_string(hide_password=False)
+
+
+def _sqlite_engine(url: str) -> Engine:
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 5.0})
+
+    @event.listens_for(engine, "connect")
+    def _configure(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy issues BEGIN itself (below)
+        for pragma in ("journal_mode=WAL", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=5000"):
+            dbapi_connection.execute(f"PRAGMA {pragma}")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection: Connection) -> None:
+        # A writer takes the write lock up front: a deferred BEGIN that upgrades later can deadlock.
+        immediate = connection.get_execution_options().get("write", False)
+        connection.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+    return engine
+
+
+def make_engine(data_dir: Path, url: str | None) -> Engine:
+    resolved = database_url(data_dir, url)
+    if resolved.startswith("sqlite"):
+        return _sqlite_engine(resolved)
+    return create_engine(resolved, pool_pre_ping=True, pool_size=8, max_overflow=8)
+
+
 class Store:
-    def __init__(self, data_dir: Path):
-        self.path = Path(data_dir) / DB_FILE
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # an acknowledged upload must survive power loss
-        self._db.execute("PRAGMA foreign_keys=ON")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
+    def __init__(self, data_dir: Path, database_url: str | None = None):
+        self.engine = make_engine(data_dir, database_url)
+        self.backend = self.engine.dialect.name  # "sqlite" or "postgresql"
+        self.path = Path(data_dir) / DB_FILE if self.backend == "sqlite" else None
+        self._writer = self.engine.execution_options(write=True)
+        with self._transaction() as db:
+            if self.backend == "postgresql":
+                db.execute(select(func.pg_advisory_xact_lock(SCHEMA_LOCK_ID)))
+            metadata.create_all(db)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self.engine.dispose()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _transaction(self) -> Iterator[Connection]:
+        """One write transaction, committed on exit (rolled back on an exception)."""
+        with self._writer.begin() as db:
+            yield db
 
-    def _query(self, sql: str, params: tuple = ()) -> list[sqlite3.Row]:
-        with self._lock:
-            return self._db.execute(sql, params).fetchall()
+    def _rows(self, statement) -> list[dict[str, Any]]:
+        with self.engine.connect() as db:
+            return [dict(row._mapping) for row in db.execute(statement)]
 
     # ---------------------------------------------------------------- devices
 
@@ -187,66 +267,60 @@ class Store:
         created = utc_now()
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO devices (id, token_hash, name, tier, created_at) VALUES (?, ?, ?, ?, ?)",
-                (device_id, token_hash, name, tier, created),
+                insert(devices).values(
+                    id=device_id, token_hash=token_hash, name=name, tier=tier, created_at=created
+                )
             )
         return DeviceRecord(device_id, name, tier, created, None)
 
+    _DEVICE_COLUMNS = (
+        devices.c.id,
+        devices.c.name,
+        devices.c.tier,
+        devices.c.created_at,
+        devices.c.revoked_at,
+    )
+
     def device_by_token_hash(self, token_hash: str) -> DeviceRecord | None:
-        rows = self._query(
-            "SELECT id, name, tier, created_at, revoked_at FROM devices WHERE token_hash = ?", (token_hash,)
-        )
-        return DeviceRecord(**dict(rows[0])) if rows else None
+        rows = self._rows(select(*self._DEVICE_COLUMNS).where(devices.c.token_hash == token_hash))
+        return DeviceRecord(**rows[0]) if rows else None
 
     def devices(self) -> list[DeviceRecord]:
-        rows = self._query("SELECT id, name, tier, created_at, revoked_at FROM devices ORDER BY created_at")
-        return [DeviceRecord(**dict(r)) for r in rows]
+        rows = self._rows(select(*self._DEVICE_COLUMNS).order_by(devices.c.created_at))
+        return [DeviceRecord(**r) for r in rows]
 
     def revoke_device(self, device_id: str) -> bool:
         with self._transaction() as db:
-            cursor = db.execute(
-                "UPDATE devices SET revoked_at = COALESCE(revoked_at, ?) WHERE id = ?", (utc_now(), device_id)
+            result = db.execute(
+                update(devices)
+                .where(devices.c.id == device_id)
+                .values(revoked_at=func.coalesce(devices.c.revoked_at, utc_now()))
             )
-            return cursor.rowcount == 1
+            return result.rowcount == 1
 
     # ---------------------------------------------------------------- uploads
 
     def find_upload(self, device_id: str, message_id: str) -> UploadReceipt | None:
-        rows = self._query(
-            "SELECT id AS upload_id, message_id, rows, received_at, envelope_sha256 FROM uploads "
-            "WHERE device_id = ? AND message_id = ?",
-            (device_id, message_id),
+        rows = self._rows(
+            select(
+                uploads.c.id.label("upload_id"),
+                uploads.c.message_id,
+                uploads.c.rows,
+                uploads.c.received_at,
+                uploads.c.envelope_sha256,
+            ).where(uploads.c.device_id == device_id, uploads.c.message_id == message_id)
         )
-        return UploadReceipt(**dict(rows[0])) if rows else None
+        return UploadReceipt(**rows[0]) if rows else None
 
     def add_upload(self, upload: NewUpload) -> tuple[UploadReceipt, bool]:
         """Insert once per (device, message id); returns (receipt, inserted). Committed on return."""
         received = utc_now()
         try:
             with self._transaction() as db:
-                cursor = db.execute(
-                    "INSERT INTO uploads (device_id, message_id, label_epoch, envelope, envelope_sha256, rows, tier,"
-                    " family, model_version, clip_norm, noise_multiplier, label_dp_epsilon, received_at)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        upload.device_id,
-                        upload.message_id,
-                        upload.label_epoch,
-                        upload.envelope,
-                        upload.envelope_sha256,
-                        upload.rows,
-                        upload.tier,
-                        upload.family,
-                        upload.model_version,
-                        upload.clip_norm,
-                        upload.noise_multiplier,
-                        upload.label_dp_epsilon,
-                        received,
-                    ),
-                )
-                upload_id = cursor.lastrowid
-        except sqlite3.IntegrityError:
-            # A concurrent replay of the same message id won the race: report the stored one.
+                result = db.execute(insert(uploads).values(**upload.__dict__, received_at=received))
+                upload_id = int(result.inserted_primary_key[0])
+        except IntegrityError:
+            # A concurrent replay of the same message id (here or on another replica) won the race.
             existing = self.find_upload(upload.device_id, upload.message_id)
             if existing is None:
                 raise
@@ -256,55 +330,62 @@ class Store:
         ), True
 
     def upload_stats(self) -> dict[str, int]:
-        row = self._query("SELECT COUNT(*) AS uploads, COALESCE(SUM(rows), 0) AS rows FROM uploads")[0]
-        return {"uploads": row["uploads"], "rows": row["rows"]}
+        row = self._rows(select(func.count().label("uploads"), func.coalesce(func.sum(uploads.c.rows), 0)))[0]
+        values = list(row.values())
+        return {"uploads": int(values[0]), "rows": int(values[1])}
 
     def envelopes(
         self, limit_rows: int | None = None, label_epoch: str | None = None
     ) -> list[StoredEnvelope]:
         """Stored envelopes (of one label epoch, if given), newest first, until `limit_rows` feature rows
-        are covered (read lazily, so a large store is not loaded whole)."""
+        are covered (streamed, so a large store is not loaded whole)."""
         result, covered = [], 0
-        where, args = ("WHERE label_epoch = ?", (label_epoch,)) if label_epoch is not None else ("", ())
-        with self._lock:
-            cursor = self._db.execute(
-                f"SELECT id, device_id, message_id, label_epoch, envelope, rows FROM uploads {where} ORDER BY id DESC",
-                args,
-            )
-            for r in cursor:
+        statement = select(
+            uploads.c.id,
+            uploads.c.device_id,
+            uploads.c.message_id,
+            uploads.c.label_epoch,
+            uploads.c.envelope,
+            uploads.c.rows,
+        ).order_by(uploads.c.id.desc())
+        if label_epoch is not None:
+            statement = statement.where(uploads.c.label_epoch == label_epoch)
+        with self.engine.connect() as db:
+            for r in db.execution_options(stream_results=True, yield_per=256).execute(statement):
                 if limit_rows is not None and covered >= limit_rows:
                     break
                 result.append(
-                    StoredEnvelope(r["id"], r["device_id"], r["message_id"], r["label_epoch"], r["envelope"])
+                    StoredEnvelope(r.id, r.device_id, r.message_id, r.label_epoch, bytes(r.envelope))
                 )
-                covered += r["rows"]
-            cursor.close()
+                covered += r.rows
         return result
 
     # ---------------------------------------------------------------- alignment rounds
 
     def create_round(self, params: dict[str, Any]) -> int:
         with self._transaction() as db:
-            cursor = db.execute(
-                "INSERT INTO alignment_rounds (status, params, created_at) VALUES ('queued', ?, ?)",
-                (json.dumps(params), utc_now()),
+            result = db.execute(
+                insert(alignment_rounds).values(
+                    status="queued", params=json.dumps(params), created_at=utc_now()
+                )
             )
-            return int(cursor.lastrowid)
+            return int(result.inserted_primary_key[0])
 
     def start_round(self, round_id: int, parent_version: str) -> bool:
         with self._transaction() as db:
-            cursor = db.execute(
-                "UPDATE alignment_rounds SET status = 'running', started_at = ?, parent_version = ?"
-                " WHERE id = ? AND status = 'queued'",
-                (utc_now(), parent_version, round_id),
+            result = db.execute(
+                update(alignment_rounds)
+                .where(alignment_rounds.c.id == round_id, alignment_rounds.c.status == "queued")
+                .values(status="running", started_at=utc_now(), parent_version=parent_version)
             )
-            return cursor.rowcount == 1
+            return result.rowcount == 1
 
     def update_round_progress(self, round_id: int, progress: float, metrics: dict[str, Any]) -> None:
         with self._transaction() as db:
             db.execute(
-                "UPDATE alignment_rounds SET progress = ?, metrics = ? WHERE id = ? AND status = 'running'",
-                (progress, json.dumps(metrics), round_id),
+                update(alignment_rounds)
+                .where(alignment_rounds.c.id == round_id, alignment_rounds.c.status == "running")
+                .values(progress=progress, metrics=json.dumps(metrics))
             )
 
     def finish_round(
@@ -317,41 +398,60 @@ class Store:
     ) -> bool:
         """Only a round still queued/running can finish: a worker that outlived a restart (which marked
         its round interrupted) must not overwrite that verdict."""
+        values: dict[str, Any] = dict(
+            status=status,
+            metrics=json.dumps(metrics),
+            new_version=new_version,
+            error=error,
+            finished_at=utc_now(),
+        )
+        if status in ("published", "rejected"):
+            values["progress"] = 1.0
         with self._transaction() as db:
-            cursor = db.execute(
-                "UPDATE alignment_rounds SET status = ?, metrics = ?, new_version = ?, error = ?, finished_at = ?,"
-                " progress = CASE WHEN ? = 'published' OR ? = 'rejected' THEN 1.0 ELSE progress END"
-                " WHERE id = ? AND status IN ('queued', 'running')",
-                (status, json.dumps(metrics), new_version, error, utc_now(), status, status, round_id),
+            result = db.execute(
+                update(alignment_rounds)
+                .where(
+                    alignment_rounds.c.id == round_id, alignment_rounds.c.status.in_(UNFINISHED_ROUND_STATES)
+                )
+                .values(**values)
             )
-            return cursor.rowcount == 1
+            return result.rowcount == 1
 
-    def interrupt_unfinished_rounds(self) -> int:
-        """On start: a round left queued/running belonged to a process that died."""
+    def interrupt_unfinished_rounds(self, round_ids: list[int] | None = None) -> int:
+        """On start (all rounds): a round left queued/running belonged to a process that died.
+        On shutdown (`round_ids`): the rounds this process ran."""
+        unfinished = alignment_rounds.c.status.in_(UNFINISHED_ROUND_STATES)
+        if round_ids is not None:
+            unfinished = unfinished & alignment_rounds.c.id.in_(round_ids)
         with self._transaction() as db:
-            cursor = db.execute(
-                "UPDATE alignment_rounds SET status = 'interrupted', finished_at = ?,"
-                " error = 'the server stopped while this round was queued or running'"
-                " WHERE status IN ('queued', 'running')",
-                (utc_now(),),
+            result = db.execute(
+                update(alignment_rounds)
+                .where(unfinished)
+                .values(
+                    status="interrupted",
+                    finished_at=utc_now(),
+                    error="the server stopped while this round was queued or running",
+                )
             )
-            return cursor.rowcount
+            return result.rowcount
 
     def round(self, round_id: int) -> RoundRecord | None:
-        rows = self._query("SELECT * FROM alignment_rounds WHERE id = ?", (round_id,))
+        if not 0 <= round_id <= INT64_MAX:  # no such row, and the driver would refuse to bind it
+            return None
+        rows = self._rows(select(alignment_rounds).where(alignment_rounds.c.id == round_id))
         return self._round(rows[0]) if rows else None
 
     def rounds(self, limit: int = 50) -> list[RoundRecord]:
-        rows = self._query("SELECT * FROM alignment_rounds ORDER BY id DESC LIMIT ?", (limit,))
+        rows = self._rows(select(alignment_rounds).order_by(alignment_rounds.c.id.desc()).limit(limit))
         return [self._round(r) for r in rows]
 
     def round_counts(self) -> dict[str, int]:
-        rows = self._query("SELECT status, COUNT(*) AS n FROM alignment_rounds GROUP BY status")
-        return {r["status"]: r["n"] for r in rows}
+        statement = select(alignment_rounds.c.status, func.count()).group_by(alignment_rounds.c.status)
+        with self.engine.connect() as db:
+            return {status: int(n) for status, n in db.execute(statement)}
 
     @staticmethod
-    def _round(row: sqlite3.Row) -> RoundRecord:
-        data = dict(row)
+    def _round(data: dict[str, Any]) -> RoundRecord:
         data["params"] = json.loads(data["params"])
         data["metrics"] = json.loads(data["metrics"])
         return RoundRecord(**data)
@@ -361,52 +461,58 @@ class Store:
     def add_version(self, record: VersionRecord, make_default: bool) -> None:
         with self._transaction() as db:
             db.execute(
-                "INSERT INTO model_versions (version, sha256, parent, source, created_at, metrics)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    record.version,
-                    record.sha256,
-                    record.parent,
-                    record.source,
-                    record.created_at,
-                    json.dumps(record.metrics),
-                ),
+                insert(model_versions).values(**{**record.__dict__, "metrics": json.dumps(record.metrics)})
             )
             if make_default:
                 self._set_default(db, record.version)
 
     def versions(self) -> list[VersionRecord]:
-        rows = self._query("SELECT * FROM model_versions ORDER BY created_at, version")
+        rows = self._rows(
+            select(model_versions).order_by(model_versions.c.created_at, model_versions.c.version)
+        )
         return [self._version(r) for r in rows]
 
     def version(self, version: str) -> VersionRecord | None:
-        rows = self._query("SELECT * FROM model_versions WHERE version = ?", (version,))
+        rows = self._rows(select(model_versions).where(model_versions.c.version == version))
         return self._version(rows[0]) if rows else None
 
     def version_by_sha256(self, sha256: str) -> VersionRecord | None:
-        rows = self._query(
-            "SELECT * FROM model_versions WHERE sha256 = ? ORDER BY created_at LIMIT 1", (sha256,)
+        rows = self._rows(
+            select(model_versions)
+            .where(model_versions.c.sha256 == sha256)
+            .order_by(model_versions.c.created_at)
+            .limit(1)
         )
         return self._version(rows[0]) if rows else None
 
+    def add_artifact(self, sha256: str, content: bytes) -> None:
+        """A back-end file by content address, so every replica can load every version (idempotent)."""
+        dialect_insert = pg_insert if self.backend == "postgresql" else sqlite_insert
+        with self._transaction() as db:
+            db.execute(
+                dialect_insert(model_artifacts)
+                .values(sha256=sha256, content=content)
+                .on_conflict_do_nothing()
+            )
+
+    def artifact(self, sha256: str) -> bytes | None:
+        rows = self._rows(select(model_artifacts.c.content).where(model_artifacts.c.sha256 == sha256))
+        return bytes(rows[0]["content"]) if rows else None
+
     def default_version(self) -> str | None:
-        rows = self._query("SELECT value FROM registry_state WHERE key = 'default_version'")
+        rows = self._rows(select(registry_state.c.value).where(registry_state.c.key == "default_version"))
         return rows[0]["value"] if rows else None
 
     def set_default_version(self, version: str) -> None:
         with self._transaction() as db:
             self._set_default(db, version)
 
-    @staticmethod
-    def _set_default(db: sqlite3.Connection, version: str) -> None:
-        db.execute(
-            "INSERT INTO registry_state (key, value) VALUES ('default_version', ?)"
-            " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            (version,),
-        )
+    def _set_default(self, db: Connection, version: str) -> None:
+        dialect_insert = pg_insert if self.backend == "postgresql" else sqlite_insert
+        statement = dialect_insert(registry_state).values(key="default_version", value=version)
+        db.execute(statement.on_conflict_do_update(index_elements=["key"], set_={"value": version}))
 
     @staticmethod
-    def _version(row: sqlite3.Row) -> VersionRecord:
-        data = dict(row)
+    def _version(data: dict[str, Any]) -> VersionRecord:
         data["metrics"] = json.loads(data["metrics"])
         return VersionRecord(**data)

@@ -22,8 +22,8 @@ from harmony_mobile.server.state import StateDep
 from harmony_mobile.server.store import NewUpload, StoredEnvelope, UploadReceipt
 
 from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.federation.wire import UploadPayload, WireFormatError, decode_upload
-from harmony_mobile.models import InterfaceSpec
+from harmony_mobile.federation.wire import UploadMetadata, UploadPayload, WireFormatError, decode_upload
+from harmony_mobile.models import FAMILIES, InterfaceSpec
 from harmony_mobile.privacy.sealing import AssociatedData, SealError, open_sealed
 
 log = logging.getLogger("harmony_mobile.server.uploads")
@@ -62,6 +62,42 @@ def check_payload(payload: UploadPayload, interface_shape: tuple[int, ...], max_
         )
     if not np.isfinite(payload.features).all():
         raise UploadRejected(422, "upload features contain NaN or Inf")
+
+
+def check_provenance(
+    meta: UploadMetadata,
+    enrolled_tier: str | None,
+    tier_families: dict[str, str | None],
+    known_versions: set[str],
+) -> None:
+    """The metadata must name what this server knows: a registered model version (a phone's own
+    personalized build of it may add "+<local build>"), the device's enrolled tier, and that tier's family."""
+    base_version = meta.model_version.split("+", 1)[0]
+    if base_version not in known_versions:
+        raise UploadRejected(
+            422,
+            f"model_version {meta.model_version!r} is not a registered version"
+            f" (known: {', '.join(sorted(known_versions)) or 'none'})",
+        )
+    if enrolled_tier is not None and meta.tier != enrolled_tier:
+        raise UploadRejected(
+            422, f"upload tier {meta.tier!r} is not the tier {enrolled_tier!r} this device was enrolled with"
+        )
+    if meta.tier not in tier_families:
+        raise UploadRejected(422, f"unknown tier {meta.tier!r}; known: {', '.join(sorted(tier_families))}")
+    family = tier_families[meta.tier]
+    allowed = (family,) if family is not None else FAMILIES
+    if meta.family not in allowed:
+        raise UploadRejected(
+            422, f"family {meta.family!r} does not match tier {meta.tier!r} (expected {' or '.join(allowed)})"
+        )
+
+
+def _known_versions(state) -> set[str]:
+    versions = set(state.registry.version_names())
+    if state.manifest_version is not None:
+        versions.add(state.manifest_version)
+    return versions
 
 
 def stored_to_feature_upload(server_key: X25519PrivateKey, stored: StoredEnvelope) -> FeatureUpload:
@@ -113,6 +149,7 @@ def upload(
         # Without a loaded back-end, hold uploads to the project's interface shape (64x8x8).
         interface_shape = default.interface_shape if default else InterfaceSpec().shape
         check_payload(payload, interface_shape, state.settings.max_upload_rows)
+        check_provenance(payload.metadata, principal.tier, state.tier_families, _known_versions(state))
     except UploadRejected as error:
         state.metrics.uploads.labels("rejected").inc()
         log.info("upload rejected: device=%s message=%s status=%d", device_id, message_id, error.status_code)

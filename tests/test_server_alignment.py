@@ -18,6 +18,7 @@ from harmony_mobile.server.alignment import SlotRows, slot_accuracy
 from harmony_mobile.federation.messages import FeatureUpload
 from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.run_dir import load_backend_file
+from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (
     ADMIN,
     INTERFACE,
@@ -25,6 +26,7 @@ from tests.test_server_support import (
     bearer,
     class_features,
     enrol,
+    error_message,
     json_infer_body,
     make_model_dir,
     make_settings,
@@ -69,10 +71,12 @@ def fitted_model_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def server(tmp_path, fitted_model_dir):
+def server(request, tmp_path, fitted_model_dir):
+    """SQLite unless a test parametrizes it (indirect) with "postgresql"."""
     model_dir = tmp_path / "model"
     shutil.copytree(fitted_model_dir, model_dir)
-    settings = make_settings(tmp_path, model_dir)
+    url = database_url_for(getattr(request, "param", "sqlite"), request)
+    settings = make_settings(tmp_path, model_dir, database_url=url)
     with TestClient(create_app(settings)) as client:
         device = enrol(client)
         store_uploads(client, device)
@@ -80,6 +84,7 @@ def server(tmp_path, fitted_model_dir):
         yield client, device, settings
 
 
+@pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
 def test_round_publishes_a_new_default_version(server):
     client, device, _ = server
     old_version, old_logits = infer_version(client, device)
@@ -155,11 +160,7 @@ def test_round_fixes_rows_the_current_version_gets_wrong_and_keeps_the_replay_ma
     (the earlier code) kept them wrong and the round was rejected."""
     client, device, _ = server
     body = sealed_upload(
-        device,
-        LABEL_EPOCH,
-        np.full(40, DRIFTED_CLASS),
-        features=drifted_features(40, seed=5),
-        tier="drifted-phone",
+        device, LABEL_EPOCH, np.full(40, DRIFTED_CLASS), features=drifted_features(40, seed=5)
     )
     assert client.post("/v1/uploads", json=body, headers=bearer(device["token"])).status_code == 201
     unseen = drifted_features(100, seed=77)  # never uploaded
@@ -224,7 +225,7 @@ def test_next_round_replays_the_rows_the_current_version_was_trained_on(server):
 def test_round_params_are_validated(server):
     client, _, _ = server
     response = client.post(ROUNDS, json={"steps": 0}, headers=ADMIN)
-    assert response.status_code == 422 and "body.steps" in response.json()["detail"]
+    assert response.status_code == 422 and "body.steps" in error_message(response)
     assert client.get(f"{ROUNDS}/999", headers=ADMIN).status_code == 404
 
 
@@ -282,6 +283,7 @@ def block_round_at_step(monkeypatch, step: int):
     return reached, release
 
 
+@pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
 def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(server, monkeypatch):
     client, device, settings = server
     reached, release = block_round_at_step(monkeypatch, step=3)
@@ -375,6 +377,7 @@ def test_hot_swap_inference_answers_during_the_round_and_switches_after(server, 
     assert old.json()["model_version"] == "v1"
 
 
+@pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
 def test_registry_set_default_and_rollback(server):
     client, device, settings = server
     assert (
@@ -384,14 +387,14 @@ def test_registry_set_default_and_rollback(server):
     assert client.post("/v1/registry/rollback", headers=ADMIN).json()["default"] == "v1"
     assert infer_version(client, device)[0] == "v1"
     conflict = client.post("/v1/registry/rollback", headers=ADMIN)
-    assert conflict.status_code == 409 and "no parent" in conflict.json()["detail"]
+    assert conflict.status_code == 409 and "no parent" in error_message(conflict)
     assert (
         client.put("/v1/registry/default", json={"version": "v1-r1"}, headers=ADMIN).json()["default"]
         == "v1-r1"
     )
     assert infer_version(client, device)[0] == "v1-r1"
     missing = client.put("/v1/registry/default", json={"version": "v404"}, headers=ADMIN)
-    assert missing.status_code == 404 and "no back-end version 'v404'" in missing.json()["detail"]
+    assert missing.status_code == 404 and "no back-end version 'v404'" in error_message(missing)
     assert client.get("/v1/registry/versions", headers=bearer(device["token"])).status_code == 403
     # the default survives a restart; re-importing the same model dir changes nothing
     with TestClient(create_app(settings)) as restarted:

@@ -24,6 +24,7 @@ from tests.test_server_support import (
     class_features,
     class_slot_table,
     enrol,
+    error_message,
     json_infer_body,
     make_model_dir,
     make_settings,
@@ -80,7 +81,7 @@ def test_not_ready_without_a_backend(tmp_path):
         assert device["default_version"] is None and device["manifest"] is None
         assert device["label_epoch"] is None and device["slot_table"] is None
         no_model = client.post(INFER, json=json_infer_body(features()), headers=bearer(device["token"]))
-        assert no_model.status_code == 503 and "no back-end" in no_model.json()["detail"]
+        assert no_model.status_code == 503 and "no back-end" in error_message(no_model)
 
 
 def test_model_metadata_in_kserve_shape(client, auth):
@@ -109,7 +110,7 @@ def test_model_metadata_in_kserve_shape(client, auth):
 )
 def test_unknown_model_or_version_is_404(client, auth, path, message):
     response = client.get(path, headers=auth)
-    assert response.status_code == 404 and message in response.json()["detail"]
+    assert response.status_code == 404 and message in error_message(response)
 
 
 # ---------------------------------------------------------------- inference
@@ -179,21 +180,24 @@ def bad_input(**changes) -> dict:
         (bad_input(datatype="FP16"), "datatype 'FP16'; this model accepts 'FP32' only"),
         (bad_input(datatype="INT8"), "datatype 'INT8'"),
         (bad_input(data=[0.0] * 4095), "holds 4095 values; shape [1, 64, 8, 8] needs 4096"),
-        (bad_input(data=["a"] * 4096), "data must be numbers"),
+        (bad_input(data=["a"] * 4096), "data must be finite numbers"),
+        (bad_input(data=[10**400] + [0.0] * 4095), "data must be finite numbers"),  # OverflowError
+        (bad_input(data=[1e38] * 4096), "so large that the model output overflows"),
         (bad_input(name="pixels"), "unknown input 'pixels'"),
         (
             bad_input(shape=[9, 64, 8, 8], data=[0.0] * 9 * 4096),
             "has 9 rows; the limit is 1..8",
         ),
-        ({"inputs": []}, "expected exactly one input named 'features', got 0"),
-        ({"inputs": [bad_input()["inputs"][0]] * 2}, "got 2"),
+        ({"inputs": []}, "inputs: List should have at least 1 item"),
+        ({"inputs": [bad_input()["inputs"][0]] * 2}, "inputs: List should have at most 1 item"),
+        (bad_input(shape=["1", 64, 8, 8]), "shape.0: Value error, must be a JSON number"),
         ({"tensors": []}, "inputs: Field required"),
     ],
 )
 def test_bad_json_input_is_422_with_exact_message(client, auth, body, message):
     response = client.post(INFER, json=body, headers=auth)
     assert response.status_code == 422
-    assert message in response.json()["detail"]
+    assert message in error_message(response)
 
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity"])
@@ -201,7 +205,7 @@ def test_non_finite_json_values_are_422(client, auth, value):
     raw = json.dumps(bad_input()).replace("0.0", value, 1)  # JSON has no NaN; Python-style clients send it
     response = client.post(INFER, content=raw, headers={**auth, "content-type": "application/json"})
     assert response.status_code == 422
-    assert "contains NaN or Inf (first at flat index 0" in response.json()["detail"]
+    assert "contains NaN or Inf (first at flat index 0" in error_message(response)
 
 
 def test_non_finite_binary_values_are_422(client, auth):
@@ -209,7 +213,7 @@ def test_non_finite_binary_values_are_422(client, auth):
     x[0, 5, 2, 1] = np.inf
     response = client.post(INFER, content=encode_tensor(x), headers={**auth, **BINARY})
     assert response.status_code == 422
-    assert f"flat index {5 * 64 + 2 * 8 + 1}, value inf" in response.json()["detail"]
+    assert f"flat index {5 * 64 + 2 * 8 + 1}, value inf" in error_message(response)
 
 
 @pytest.mark.parametrize(
@@ -230,20 +234,20 @@ def test_non_finite_binary_values_are_422(client, auth):
 def test_bad_binary_input(client, auth, body, status, message):
     response = client.post(INFER, content=body, headers={**auth, **BINARY})
     assert response.status_code == status
-    assert message in response.json()["detail"]
+    assert message in error_message(response)
 
 
 def test_unknown_content_type_is_415(client, auth):
     response = client.post(INFER, content=b"1,2,3", headers={**auth, "content-type": "text/csv"})
-    assert response.status_code == 415 and "'text/csv' is not accepted" in response.json()["detail"]
+    assert response.status_code == 415 and "'text/csv' is not accepted" in error_message(response)
 
 
 def test_infer_on_unknown_version_or_model_is_404(client, auth):
     x = json_infer_body(features(1))
     response = client.post("/v2/models/harmony-backend/versions/v7/infer", json=x, headers=auth)
-    assert response.status_code == 404 and "no back-end version 'v7'" in response.json()["detail"]
+    assert response.status_code == 404 and "no back-end version 'v7'" in error_message(response)
     response = client.post("/v2/models/other/infer", json=x, headers=auth)
-    assert response.status_code == 404 and "unknown model 'other'" in response.json()["detail"]
+    assert response.status_code == 404 and "unknown model 'other'" in error_message(response)
 
 
 # ---------------------------------------------------------------- auth and devices
@@ -253,9 +257,9 @@ def test_auth_failures(client, device):
     x = json_infer_body(features(1))
     missing = client.post(INFER, json=x)
     assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
-    assert "missing bearer token" in missing.json()["detail"]
+    assert "missing bearer token" in error_message(missing)
     wrong = client.post(INFER, json=x, headers=bearer("not-a-token"))
-    assert wrong.status_code == 401 and wrong.json()["detail"] == "unknown bearer token"
+    assert wrong.status_code == 401 and error_message(wrong) == "unknown bearer token"
     basic = client.post(INFER, json=x, headers={"Authorization": "Basic dXNlcjpwYXNz"})
     assert basic.status_code == 401
     # a device token on admin endpoints is 403, the admin token on the device-only upload is 403
@@ -263,13 +267,13 @@ def test_auth_failures(client, device):
         response = getattr(client, method)(
             path, headers=bearer(device["token"]), **({"json": {}} if method == "post" else {})
         )
-        assert response.status_code == 403 and "admin token" in response.json()["detail"]
+        assert response.status_code == 403 and "admin token" in error_message(response)
     upload = client.post(
         "/v1/uploads",
         json={"label_epoch": "e-1", "message_id": "00000000-0000-0000-0000-000000000001", "envelope": "AA=="},
         headers=ADMIN,
     )
-    assert upload.status_code == 403 and "device token" in upload.json()["detail"]
+    assert upload.status_code == 403 and "device token" in error_message(upload)
     # the admin may use inference (operations, load tests)
     assert client.post(INFER, json=x, headers=ADMIN).status_code == 200
 
@@ -287,15 +291,15 @@ def test_enrolment_list_and_revocation(client):
     assert client.post(INFER, json=json_infer_body(features(1)), headers=token_auth).status_code == 200
     assert client.delete(f"/v1/devices/{device['device_id']}", headers=ADMIN).status_code == 204
     revoked = client.post(INFER, json=json_infer_body(features(1)), headers=token_auth)
-    assert revoked.status_code == 401 and "was revoked" in revoked.json()["detail"]
+    assert revoked.status_code == 401 and "was revoked" in error_message(revoked)
     assert client.delete("/v1/devices/dev_unknown", headers=ADMIN).status_code == 404
 
 
 def test_enrolment_validation(client):
     response = client.post("/v1/devices", json={"tier": "Not A Tier!"}, headers=ADMIN)
-    assert response.status_code == 422 and response.json()["detail"].startswith("invalid request: body.tier")
+    assert response.status_code == 422 and error_message(response).startswith("invalid request: body.tier")
     response = client.post("/v1/devices", json={"labels": [1]}, headers=ADMIN)
-    assert response.status_code == 422 and "Extra inputs are not permitted" in response.json()["detail"]
+    assert response.status_code == 422 and "Extra inputs are not permitted" in error_message(response)
 
 
 def test_tokens_are_stored_hashed(client, device):
@@ -352,7 +356,7 @@ def test_rate_limit_per_device(tmp_path, model_dir):
         assert [client.get(path, headers=bearer(first["token"])).status_code for _ in range(2)] == [200, 200]
         limited = client.get(path, headers=bearer(first["token"]))
         assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
-        assert "exceeded" in limited.json()["detail"]
+        assert "exceeded" in error_message(limited)
         assert client.get(path, headers=bearer(second["token"])).status_code == 200  # per device
         assert client.get("/v1/devices", headers=ADMIN).status_code == 200  # the admin is not limited
 
@@ -363,8 +367,7 @@ def test_body_limit_on_content_length_and_on_streamed_bytes(tmp_path, model_dir)
         declared = client.post(INFER, content=encode_tensor(features(1)), headers={**auth, **BINARY})
         assert declared.status_code == 413
         assert (
-            declared.json()["detail"]
-            == "request body is 16408 bytes; the limit is 4096 bytes (max_body_bytes)"
+            error_message(declared) == "request body is 16408 bytes; the limit is 4096 bytes (max_body_bytes)"
         )
 
         def chunks():  # no Content-Length: chunked transfer, counted as it streams
@@ -373,7 +376,7 @@ def test_body_limit_on_content_length_and_on_streamed_bytes(tmp_path, model_dir)
                 yield body[i : i + 1000]
 
         streamed = client.post(INFER, content=chunks(), headers={**auth, **BINARY})
-        assert streamed.status_code == 413 and "the limit is 4096 bytes" in streamed.json()["detail"]
+        assert streamed.status_code == 413 and "the limit is 4096 bytes" in error_message(streamed)
         small = client.post(INFER, content=b"HMFT", headers={**auth, **BINARY})
         assert small.status_code == 400  # under the limit: reaches the decoder
 
@@ -382,10 +385,11 @@ def test_full_queue_is_503_with_retry_after(tmp_path, model_dir):
     """One request occupies the worker, one waits in the queue (size 1), the third is refused."""
     app = create_app(make_settings(tmp_path, model_dir, queue_size=1, max_batch=1, retry_after_seconds=2))
     state = app.state.harmony
-    release = threading.Event()
+    release, busy = threading.Event(), threading.Event()
     execute = state.batcher._execute
 
     def slow_execute(jobs):
+        busy.set()
         release.wait(10)
         execute(jobs)
 
@@ -398,9 +402,11 @@ def test_full_queue_is_503_with_retry_after(tmp_path, model_dir):
             body = encode_tensor(features(1))
             headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", **BINARY}
             first = asyncio.create_task(client.post(INFER, content=body, headers=headers))
-            while state.batcher._queue.qsize():  # the worker took the first job
+            # Wait for the worker to hold the first job. Polling the queue size alone raced: it is
+            # also 0 before the first request has reached the queue, so on a busy machine the
+            # "refused" request could land in the queue instead.
+            while not busy.is_set():
                 await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)
             second = asyncio.create_task(client.post(INFER, content=body, headers=headers))
             while not state.batcher._queue.qsize():
                 await asyncio.sleep(0.01)
@@ -415,7 +421,7 @@ def test_full_queue_is_503_with_retry_after(tmp_path, model_dir):
         state.batcher.stop()
         state.store.close()
     assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
-    assert "inference queue is full (1 requests waiting)" in refused.json()["detail"]
+    assert "inference queue is full (1 requests waiting)" in error_message(refused)
     assert first.status_code == 200 and second.status_code == 200
 
 
@@ -470,6 +476,23 @@ def test_metrics_and_status_page(client, auth):
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "harmony fallback server" in page.text and "v1" in page.text and "inferred rows" in page.text
+
+
+@pytest.mark.parametrize(
+    "method,path,allow",
+    [
+        ("put", "/v1/devices", "GET, POST"),
+        ("put", "/v1/devices/dev_x", "DELETE"),
+        ("post", "/v2/health/live", "GET"),
+        ("get", "/v2/models/harmony-backend/infer", "POST"),
+        ("delete", "/v1/uploads", "POST"),
+        ("patch", "/metrics", "GET"),
+    ],
+)
+def test_wrong_method_is_405_with_every_allowed_method(client, method, path, allow):
+    response = client.request(method.upper(), path, headers=ADMIN)
+    assert response.status_code == 405 and response.headers["allow"] == allow
+    assert f"allowed: {allow}" in error_message(response)
 
 
 def test_unknown_route_is_404(client):

@@ -18,7 +18,7 @@ import pytest
 import torch
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from harmony_mobile.server import admin, create_app, devices, schemas, status, uploads, v2
+from harmony_mobile.server import admin, create_app, devices, schemas, status, uploads, v2, v2_infer
 from pydantic import BaseModel
 
 from harmony_mobile.federation.messages import SERVER_BOUND
@@ -80,7 +80,7 @@ def test_no_request_or_response_model_has_a_label_field():
 
 def test_no_route_and_no_server_function_takes_a_label(tmp_path):
     app = create_app(make_settings(tmp_path, None))
-    routers = [app.router] + [module.router for module in (v2, devices, uploads, admin, status)]
+    routers = [app.router] + [module.router for module in (v2, v2_infer, devices, uploads, admin, status)]
     routes = [r for router in routers for r in router.routes if isinstance(r, APIRoute)]
     assert len(routes) > 15
     for route in routes:

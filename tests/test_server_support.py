@@ -13,7 +13,7 @@ from harmony_mobile.server import Settings
 
 from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.federation.wire import UploadMetadata, encode_upload
-from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead, load_tiers
 from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
 from harmony_mobile.privacy.sealing import AssociatedData, seal
 from harmony_mobile.run_dir import save_backend
@@ -24,6 +24,7 @@ FEDERATION_SECRET = b"federation-secret-held-by-phones"
 LABEL_EPOCH = "e-server-tests"
 INTERFACE = InterfaceSpec()
 NUM_CLASSES = 10
+TIER_FAMILIES = {t.name: t.family for t in load_tiers().tiers}
 CLASS_NAMES = tuple(f"class-{c}" for c in range(NUM_CLASSES))
 
 
@@ -113,12 +114,13 @@ def sealed_upload(
     features = class_features(classes, seed) if features is None else features
     key = epoch_key(FEDERATION_SECRET, label_epoch)
     tokens = class_tokens(key, [CLASS_NAMES[int(c)] for c in classes])
+    tier = metadata_changes.get("tier") or device.get("tier") or "mid-android"
     fields = dict(
         label_tokens=tuple(t.hex() for t in tokens),
         split_depths=tuple(1 + int(c) % 3 for c in classes),
-        family="mobilenet",
-        tier=device.get("tier", "mid-android") or "mid-android",
-        model_version="fe-1",
+        family=TIER_FAMILIES.get(tier, "mobilenet"),
+        tier=tier,
+        model_version="v1",
     )
     fields.update(metadata_changes)
     plaintext = encode_upload(UploadMetadata(**fields), features)
@@ -147,3 +149,12 @@ def json_infer_body(features: np.ndarray, **extra) -> dict:
         ],
         **extra,
     }
+
+
+def error_message(response) -> str:
+    """The one sentence of an error body, checking its key: `error` on /v2 routes (Open Inference
+    Protocol), `detail` elsewhere."""
+    key = "error" if response.url.path.startswith("/v2") else "detail"
+    body = response.json()
+    assert set(body) == {key}, body
+    return body[key]

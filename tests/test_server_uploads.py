@@ -4,6 +4,7 @@ tampered, mis-bound or malformed is refused with nothing stored."""
 from __future__ import annotations
 
 import base64
+import json
 import uuid
 
 import numpy as np
@@ -16,11 +17,13 @@ from harmony_mobile.server.uploads import stored_to_feature_upload
 
 from harmony_mobile.federation.wire import UploadMetadata, encode_upload
 from harmony_mobile.privacy.sealing import AssociatedData, seal
+from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (
     ADMIN,
     LABEL_EPOCH,
     bearer,
     enrol,
+    error_message,
     make_model_dir,
     make_settings,
     sealed_upload,
@@ -30,10 +33,13 @@ torch.set_num_threads(1)
 UPLOADS = "/v1/uploads"
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory):
+@pytest.fixture(scope="module", params=STORE_BACKENDS)
+def client(request, tmp_path_factory):
+    """Every upload test runs on both store backends: SQLite and PostgreSQL."""
     root = tmp_path_factory.mktemp("uploads")
-    with TestClient(create_app(make_settings(root, make_model_dir(root), max_upload_rows=16))) as client:
+    url = database_url_for(request.param, request)
+    settings = make_settings(root, make_model_dir(root), max_upload_rows=16, database_url=url)
+    with TestClient(create_app(settings)) as client:
         yield client
 
 
@@ -62,7 +68,8 @@ def test_upload_is_stored_sealed_and_opens_to_a_feature_upload(client, device):
     assert stored_count(client) == before + 1
     # durable: a second, independent connection sees the committed row
     state = client.app.state.harmony
-    other = Store(state.settings.data_dir)
+    url = state.settings.database_url
+    other = Store(state.settings.data_dir, url.get_secret_value() if url else None)
     try:
         stored = [e for e in other.envelopes() if e.message_id == body["message_id"]]
     finally:
@@ -95,9 +102,7 @@ def test_reused_message_id_with_other_data_is_409(client, device):
     )
     count = stored_count(client)
     conflict = post(client, device, sealed_upload(device, LABEL_EPOCH, [3], message_id=message_id))
-    assert (
-        conflict.status_code == 409 and "already used for a different envelope" in conflict.json()["detail"]
-    )
+    assert conflict.status_code == 409 and "already used for a different envelope" in error_message(conflict)
     assert stored_count(client) == count
 
 
@@ -124,7 +129,7 @@ def test_tampered_envelope_is_400_and_stores_nothing(client, device, index):
     body = sealed_upload(device, LABEL_EPOCH, [1, 2])
     count = stored_count(client)
     response = post(client, device, {**body, "envelope": flip(body["envelope"], index)})
-    assert response.status_code == 400 and "sealed envelope rejected" in response.json()["detail"]
+    assert response.status_code == 400 and "sealed envelope rejected" in error_message(response)
     assert stored_count(client) == count
     assert post(client, device, body).status_code == 201  # the untouched original still goes through
 
@@ -140,7 +145,7 @@ def test_envelope_bound_to_other_metadata_is_400(client, device, field):
     else:  # another enrolled device replays a captured envelope under its own token
         device = enrol(client, "thief")
     response = post(client, device, body)
-    assert response.status_code == 400 and "failed authentication" in response.json()["detail"]
+    assert response.status_code == 400 and "failed authentication" in error_message(response)
     assert stored_count(client) == count
 
 
@@ -199,7 +204,7 @@ def meta(rows: int) -> UploadMetadata:
 def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, status, message):
     count = stored_count(client)
     response = post(client, device, raw_envelope(device, plaintext))
-    assert response.status_code == status and message in response.json()["detail"]
+    assert response.status_code == status and message in error_message(response)
     assert stored_count(client) == count
 
 
@@ -211,6 +216,24 @@ def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, 
             400,
             "not valid base64",
         ),
+        (
+            {"label_epoch": "bad epoch!", "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
+            422,
+            "body.label_epoch",
+        ),
+        ({"label_epoch": 3, "message_id": str(uuid.uuid4()), "envelope": "AAAA"}, 422, "body.label_epoch"),
+        (
+            {"label_epoch": "e" * 65, "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
+            422,
+            "body.label_epoch",
+        ),
+        ({"label_epoch": "e-1", "message_id": "not-a-uuid", "envelope": "AAAA"}, 422, "body.message_id"),
+        (
+            {"label_epoch": "e-1", "message_id": str(uuid.UUID(int=0)), "envelope": "AAAA"},
+            422,
+            "the nil UUID is not a fresh message id",
+        ),
+        ({"label_epoch": "e-1", "message_id": str(uuid.uuid4())}, 422, "body.envelope: Field required"),
         (
             {"label_epoch": "bad epoch!", "message_id": str(uuid.uuid4()), "envelope": "AAAA"},
             422,
@@ -233,7 +256,7 @@ def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, 
 def test_bad_request_bodies(client, device, body, status, message):
     count = stored_count(client)
     response = post(client, device, body)
-    assert response.status_code == status and message in response.json()["detail"]
+    assert response.status_code == status and message in error_message(response)
     assert stored_count(client) == count
 
 
@@ -253,12 +276,59 @@ def test_upload_counters(client, device):
     assert client.get("/v1/devices", headers=ADMIN).status_code == 200
 
 
-def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
-    """A server without a back-end still collects uploads, held to the project's 64x8x8 interface."""
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"model_version": "v9"}, "model_version 'v9' is not a registered version (known: v1)"),
+        ({"model_version": "v9+local-1"}, "model_version 'v9+local-1' is not a registered version"),
+        ({"tier": "flagship", "family": "resnet"}, "upload tier 'flagship' is not the tier 'mid-android'"),
+        ({"family": "cnn"}, "family 'cnn' does not match tier 'mid-android' (expected mobilenet)"),
+    ],
+)
+def test_upload_metadata_must_match_the_registry_and_the_enrolled_device(client, device, changes, message):
+    count = stored_count(client)
+    response = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], **changes))
+    assert response.status_code == 422 and message in error_message(response)
+    assert stored_count(client) == count
+
+
+def test_a_personalized_build_of_a_registered_version_is_accepted(client, device):
+    response = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], model_version="v1+local-1"))
+    assert response.status_code == 201
+
+
+def test_a_device_enrolled_without_tier_may_upload_any_known_tier(client):
+    response = client.post("/v1/devices", json={"name": "no-tier"}, headers=ADMIN)
+    device = response.json()
+    assert (
+        post(
+            client, device, sealed_upload(device, LABEL_EPOCH, [1], tier="flagship", family="resnet")
+        ).status_code
+        == 201
+    )
+    unknown = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], tier="toaster", family="cnn"))
+    assert unknown.status_code == 422 and "unknown tier 'toaster'" in error_message(unknown)
+
+
+def test_without_any_registered_version_uploads_are_refused(tmp_path):
     with TestClient(create_app(make_settings(tmp_path, None))) as client:
+        device = enrol(client)
+        response = post(client, device, sealed_upload(device, LABEL_EPOCH, [1, 2]))
+        assert response.status_code == 422 and "(known: none)" in error_message(response)
+        assert stored_count(client) == 0
+
+
+def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
+    """A server with a manifest but no back-end still collects uploads of the manifest's version,
+    held to the project's 64x8x8 interface."""
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    manifest = {"model_version": "v1", "tiers": [{"name": "mid-android", "family": "mobilenet"}]}
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
         device = enrol(client)
         assert post(client, device, sealed_upload(device, LABEL_EPOCH, [1, 2])).status_code == 201
         wrong = raw_envelope(device, encode_upload(meta(1), np.zeros((1, 32, 8, 8), np.float32)))
         response = post(client, device, wrong)
-        assert response.status_code == 422 and "expected [N, 64, 8, 8]" in response.json()["detail"]
+        assert response.status_code == 422 and "expected [N, 64, 8, 8]" in error_message(response)
         assert stored_count(client) == 1

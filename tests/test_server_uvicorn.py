@@ -70,8 +70,9 @@ def test_real_uvicorn_process(tmp_path):
             outputs = {o["name"]: o for o in binary.json()["outputs"]}
             assert outputs["slot_scores"]["shape"] == [3, 10] and len(outputs["top_slot"]["data"]) == 3
 
-            body = sealed_upload(device, LABEL_EPOCH, [1, 5, 9])
-            assert client.post("/v1/uploads", json=body, headers=auth).status_code == 201
+            body = sealed_upload(device, LABEL_EPOCH, [1, 5, 9], tier="entry-android")
+            stored = client.post("/v1/uploads", json=body, headers=auth)
+            assert stored.status_code == 201, stored.text
             assert client.post("/v1/uploads", json=body, headers=auth).json()["duplicate"] is True
 
             too_big = client.post(

@@ -1,0 +1,93 @@
+"""Error bodies and the exception handlers that produce them (docs/PROTOCOL.md section 8).
+
+Every error is JSON with one readable sentence: `{"error": ...}` on the KServe V2 routes (`/v2...`,
+the key the Open Inference Protocol and its clients read) and `{"detail": ...}` everywhere else.
+No exception escapes to uvicorn: an unexpected one is answered with a JSON 500 and logged once.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+from starlette.routing import Route, compile_path
+
+log = logging.getLogger("harmony_mobile.server")
+
+V2_PREFIX = "/v2"
+
+
+def error_key(path: str) -> str:
+    return "error" if path == V2_PREFIX or path.startswith(V2_PREFIX + "/") else "detail"
+
+
+def error_response(path: str, status_code: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({error_key(path): message}, status_code=status_code, headers=headers)
+
+
+def validation_message(errors: list[dict]) -> str:
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors)
+    return f"invalid request: {problems}"
+
+
+def _method_table(app: FastAPI) -> list[tuple[re.Pattern, frozenset[str]]]:
+    """(path regex, methods) of every route. Built from the OpenAPI paths plus the top-level plain
+    routes (/metrics, /docs...): FastAPI nests included routers, so app.routes is not flat."""
+    table = getattr(app.state, "method_table", None)
+    if table is None:
+        methods: dict[str, set[str]] = {}
+        for path, item in app.openapi()["paths"].items():
+            methods.setdefault(path, set()).update(m.upper() for m in item)
+        for route in app.router.routes:
+            if isinstance(route, Route) and route.methods:
+                methods.setdefault(route.path, set()).update(route.methods)
+        table = [(compile_path(path)[0], frozenset(allowed)) for path, allowed in methods.items()]
+        app.state.method_table = table
+    return table
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """Every method some route serves at this path (Starlette's own 405 names one route's only)."""
+    found: set[str] = set()
+    for pattern, methods in _method_table(app):
+        if pattern.match(path):
+            found |= methods
+    return sorted(found)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        headers = dict(error.headers or {})
+        message = error.detail if isinstance(error.detail, str) else str(error.detail)
+        if error.status_code == 405:
+            allow = allowed_methods(request.app, request.url.path)
+            headers["Allow"] = ", ".join(allow)
+            message = f"method {request.method} is not allowed here; allowed: {', '.join(allow)}"
+        elif error.status_code == 404 and message == "Not Found":
+            message = f"no route {request.url.path!r}; see docs/PROTOCOL.md"
+        return error_response(request.url.path, error.status_code, message, headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        # One readable sentence, like every other error (the apps show it as a string).
+        return error_response(request.url.path, 422, validation_message(error.errors()))
+
+    @app.exception_handler(OperationalError)
+    async def store_unavailable(request: Request, error: OperationalError) -> JSONResponse:
+        # The database is down, unreachable or locked past its timeout: a retry can succeed.
+        log.warning("store unavailable on %s %s: %s", request.method, request.url.path, error.orig)
+        retry = str(request.app.state.harmony.settings.retry_after_seconds)
+        return error_response(
+            request.url.path, 503, "the store is unavailable; retry later", headers={"Retry-After": retry}
+        )
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, error: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return error_response(request.url.path, 500, f"internal error ({type(error).__name__})")

@@ -1,0 +1,67 @@
+"""Run the server under uvicorn: one process, or `workers` processes sharing the port.
+
+Settings come from the command line *only where the user gave a flag*; everything else is read from
+the environment (HARMONY_*), then from the defaults in server/settings.py. With several workers
+each process builds its own app from the environment (`app_from_environment`), so the flags given
+are exported to it first.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from harmony_mobile.server.app import create_app
+from harmony_mobile.server.protocol import GuardedHttpToolsProtocol
+from harmony_mobile.server.settings import Settings
+
+DEFAULT_DATA_DIR = "serve-data"
+ENV_PREFIX = "HARMONY_"
+
+
+def resolve_settings(explicit: dict[str, Any]) -> Settings:
+    """Settings from the flags the user set (None = not set), the environment, then the defaults."""
+    given = {name: value for name, value in explicit.items() if value is not None}
+    if "data_dir" not in given and f"{ENV_PREFIX}DATA_DIR" not in os.environ:
+        given["data_dir"] = DEFAULT_DATA_DIR
+    return Settings(**given)
+
+
+def export_to_environment(settings: Settings, explicit: dict[str, Any]) -> None:
+    """Worker processes read their settings from the environment: hand them the flags given here."""
+    for name in settings.model_fields_set | {n for n, v in explicit.items() if v is not None}:
+        value = getattr(settings, name)
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        os.environ[f"{ENV_PREFIX}{name.upper()}"] = (
+            str(value).lower() if isinstance(value, bool) else str(value)
+        )
+
+
+def app_from_environment() -> FastAPI:
+    """uvicorn factory for worker processes."""
+    return create_app(Settings())
+
+
+def run(
+    settings: Settings, explicit: dict[str, Any], host: str, port: int, workers: int, log_level: str
+) -> None:
+    common = dict(
+        host=host,
+        port=port,
+        log_level=log_level,
+        http=GuardedHttpToolsProtocol,
+        timeout_keep_alive=5,
+        # uvicorn's own limit answers in plain text; ours (protocol.py) answers JSON and counts first
+        limit_concurrency=None,
+        access_log=False,
+    )
+    if workers == 1:
+        uvicorn.run(create_app(settings), workers=1, **common)
+        return
+    export_to_environment(settings, explicit)
+    uvicorn.run("harmony_mobile.server.launch:app_from_environment", factory=True, workers=workers, **common)

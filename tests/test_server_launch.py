@@ -1,0 +1,65 @@
+"""`harmony serve` settings: a flag wins, else its HARMONY_* environment variable, else the default;
+with several workers the flags given reach the worker processes through the environment."""
+
+from __future__ import annotations
+
+import harmony_mobile.server.launch as launch
+import pytest
+from harmony_mobile.server.settings import Settings
+from typer.testing import CliRunner
+
+from harmony_mobile.cli import app
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch, "run", lambda settings, explicit, *rest: calls.append((settings, rest)))
+    for name in ("HARMONY_MAX_BATCH", "HARMONY_MAX_WAIT_MS", "HARMONY_DATA_DIR", "HARMONY_RUN_ALIGNMENT"):
+        monkeypatch.delenv(name, raising=False)
+    return calls
+
+
+def test_environment_settings_are_respected(captured, monkeypatch, tmp_path):
+    monkeypatch.setenv("HARMONY_MAX_BATCH", "7")
+    monkeypatch.setenv("HARMONY_MAX_WAIT_MS", "0.5")
+    monkeypatch.setenv("HARMONY_DATA_DIR", str(tmp_path / "from-env"))
+    monkeypatch.setenv("HARMONY_RUN_ALIGNMENT", "false")
+    result = CliRunner().invoke(app, ["serve", "--workers", "3"])
+    assert result.exit_code == 0, result.output
+    [(settings, (host, port, workers, log_level))] = captured
+    assert settings.max_batch == 7 and settings.max_wait_ms == 0.5 and settings.run_alignment is False
+    assert settings.data_dir == tmp_path / "from-env" and workers == 3
+
+
+def test_a_flag_wins_over_the_environment(captured, monkeypatch, tmp_path):
+    monkeypatch.setenv("HARMONY_MAX_BATCH", "7")
+    result = CliRunner().invoke(app, ["serve", "--max-batch", "3", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    settings = captured[0][0]
+    assert settings.max_batch == 3 and settings.max_wait_ms == Settings.model_fields["max_wait_ms"].default
+
+
+def test_defaults_without_flags_or_environment(captured, monkeypatch):
+    result = CliRunner().invoke(app, ["serve"])
+    assert result.exit_code == 0, result.output
+    settings = captured[0][0]
+    assert str(settings.data_dir) == launch.DEFAULT_DATA_DIR and settings.max_batch == 32
+
+
+def test_invalid_environment_value_is_a_clear_error(captured, monkeypatch, tmp_path):
+    monkeypatch.setenv("HARMONY_MAX_BATCH", "zero")
+    result = CliRunner().invoke(app, ["serve", "--data-dir", str(tmp_path)])
+    assert result.exit_code == 2 and "max_batch" in result.output and not captured
+
+
+def test_workers_get_the_flags_through_the_environment(monkeypatch, tmp_path):
+    for name in ("HARMONY_MAX_BATCH", "HARMONY_DATA_DIR", "HARMONY_ADMIN_TOKEN"):
+        monkeypatch.setenv(name, "recorded")  # so monkeypatch restores it after the export below
+        monkeypatch.delenv(name)
+    explicit = {"data_dir": tmp_path, "max_batch": 5, "admin_token": "secret-token", "max_wait_ms": None}
+    settings = launch.resolve_settings(explicit)
+    launch.export_to_environment(settings, explicit)
+    in_worker = Settings()
+    assert in_worker.max_batch == 5 and in_worker.data_dir == tmp_path
+    assert in_worker.admin_token.get_secret_value() == "secret-token"

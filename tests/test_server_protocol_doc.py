@@ -1,0 +1,60 @@
+"""docs/PROTOCOL.md and the server agree on every status code: the per-route table in section 8
+is exactly what the app's OpenAPI document says each route can answer, route for route."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from fastapi.routing import APIRoute
+from harmony_mobile.server import admin, create_app, devices, uploads, v2, v2_infer
+
+from tests.test_server_support import make_settings
+
+PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
+ROW = re.compile(r"^\| `(?P<method>[A-Z]+) (?P<path>\S+)` \| (?P<statuses>[0-9, ]+) \|$")
+
+
+def documented() -> dict[tuple[str, str], set[str]]:
+    text = PROTOCOL.read_text()
+    table = text.split("<!-- status-table:start -->")[1].split("<!-- status-table:end -->")[0]
+    rows = {}
+    for line in table.strip().splitlines()[2:]:
+        match = ROW.match(line)
+        assert match, f"malformed status table row: {line!r}"
+        rows[(match["method"], match["path"])] = set(match["statuses"].replace(" ", "").split(","))
+    return rows
+
+
+def test_status_table_matches_the_app(tmp_path):
+    app = create_app(make_settings(tmp_path, None))
+    try:
+        schema = app.openapi()
+    finally:
+        app.state.harmony.store.close()
+    routers = [module.router for module in (v2, v2_infer, devices, uploads, admin)]
+    served = {
+        (method, route.path)
+        for router in routers
+        for route in router.routes
+        if isinstance(route, APIRoute) and route.include_in_schema
+        for method in route.methods
+    }
+    from_app = {
+        (method.upper(), path): set(operation["responses"])
+        for path, item in schema["paths"].items()
+        for method, operation in item.items()
+    }
+    assert set(from_app) == served  # the document covers every route the app serves
+    table = documented()
+    assert set(table) == served, set(table) ^ served
+    for route, statuses in from_app.items():
+        assert table[route] == statuses, route
+
+
+def test_every_status_in_the_table_has_a_meaning_row():
+    text = PROTOCOL.read_text()
+    section = text.split("## 8. Status codes")[1].split("<!-- status-table:start -->")[0]
+    explained = set(re.findall(r"^\| (\d{3}) \|", section, flags=re.M))
+    used = set().union(*documented().values())
+    assert used <= explained, used - explained

@@ -1,0 +1,161 @@
+"""The store on both backends (SQLite in the data dir, and a throwaway PostgreSQL): durability
+across a SIGKILL, idempotency under concurrent replays, alignment round bookkeeping, the registry."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+from harmony_mobile.server.store import INT64_MAX, NewUpload, Store, VersionRecord, database_url, utc_now
+
+
+def new_upload(
+    device_id: str, message_id: str, envelope: bytes = b"sealed", label_epoch: str = "e-store-tests"
+) -> NewUpload:
+    return NewUpload(
+        device_id=device_id,
+        message_id=message_id,
+        label_epoch=label_epoch,
+        envelope=envelope,
+        envelope_sha256=hashlib.sha256(envelope).hexdigest(),
+        rows=3,
+        tier="mid-android",
+        family="mobilenet",
+        model_version="v1",
+        clip_norm=None,
+        noise_multiplier=0.5,
+        label_dp_epsilon=2.0,
+    )
+
+
+@pytest.fixture
+def store(tmp_path, database_url):
+    store = Store(tmp_path, database_url)
+    store.add_device("dev_a", "hash-a", "phone", "mid-android")
+    yield store
+    store.close()
+
+
+def test_upload_round_trips_and_a_second_connection_sees_the_commit(store, tmp_path, database_url):
+    receipt, inserted = store.add_upload(new_upload("dev_a", str(uuid.uuid4()), b"\x00\xffenvelope"))
+    assert inserted and receipt.rows == 3
+    other = Store(tmp_path, database_url)
+    try:
+        [stored] = other.envelopes()
+        assert stored.envelope == b"\x00\xffenvelope" and stored.label_epoch == "e-store-tests"
+        assert other.upload_stats() == {"uploads": 1, "rows": 3}
+    finally:
+        other.close()
+
+
+def test_envelopes_of_one_label_epoch(store):
+    store.add_upload(new_upload("dev_a", str(uuid.uuid4()), b"first", label_epoch="e-1"))
+    store.add_upload(new_upload("dev_a", str(uuid.uuid4()), b"second", label_epoch="e-2"))
+    store.add_upload(new_upload("dev_a", str(uuid.uuid4()), b"third", label_epoch="e-1"))
+    assert [s.envelope for s in store.envelopes(label_epoch="e-1")] == [b"third", b"first"]
+    assert [s.envelope for s in store.envelopes(label_epoch="e-2")] == [b"second"]
+    assert store.envelopes(label_epoch="e-3") == [] and len(store.envelopes()) == 3
+
+
+def test_concurrent_replays_store_one_upload(store):
+    message_id = str(uuid.uuid4())
+    results, barrier = [], threading.Barrier(8)
+
+    def replay():
+        barrier.wait()
+        results.append(store.add_upload(new_upload("dev_a", message_id)))
+
+    threads = [threading.Thread(target=replay) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(inserted for _, inserted in results) == 1
+    assert len({receipt.upload_id for receipt, _ in results}) == 1
+    assert store.upload_stats()["uploads"] == 1
+
+
+def test_same_message_id_on_two_devices_is_two_uploads(store):
+    store.add_device("dev_b", "hash-b", None, None)
+    message_id = str(uuid.uuid4())
+    assert store.add_upload(new_upload("dev_a", message_id))[1]
+    assert store.add_upload(new_upload("dev_b", message_id))[1]
+    assert store.find_upload("dev_b", message_id) is not None
+
+
+def test_devices_and_revocation(store):
+    assert store.device_by_token_hash("hash-a").tier == "mid-android"
+    assert store.revoke_device("dev_a") and not store.revoke_device("dev_nobody")
+    first = store.device_by_token_hash("hash-a").revoked_at
+    assert first is not None and store.revoke_device("dev_a")
+    assert store.device_by_token_hash("hash-a").revoked_at == first  # the first revocation time stays
+
+
+def test_round_bookkeeping(store):
+    first, second = store.create_round({"steps": 1}), store.create_round({"steps": 2})
+    assert store.start_round(first, "v1") and not store.start_round(first, "v1")
+    store.update_round_progress(first, 0.5, {"loss": 1.0})
+    assert store.round(first).progress == 0.5 and store.round(first).metrics == {"loss": 1.0}
+    # shutdown interrupts only the rounds this process ran; the other stays queued
+    assert store.interrupt_unfinished_rounds([first]) == 1
+    assert store.round(first).status == "interrupted" and store.round(second).status == "queued"
+    assert not store.finish_round(first, "published", {})  # an interrupted round stays interrupted
+    assert store.finish_round(second, "rejected", {"why": "x"}) and store.round(second).progress == 1.0
+    assert store.round_counts() == {"interrupted": 1, "rejected": 1}
+    assert [r.id for r in store.rounds()] == [second, first]
+    for outside in (0, -1, INT64_MAX, INT64_MAX + 1, 10**400):
+        assert store.round(outside) is None
+
+
+def test_versions_and_default(store):
+    assert store.default_version() is None
+    store.add_version(VersionRecord("v1", "a" * 64, None, "import", utc_now(), {"k": 1}), make_default=True)
+    store.add_version(VersionRecord("v1-r1", "b" * 64, "v1", "alignment", utc_now(), {}), make_default=True)
+    assert store.default_version() == "v1-r1"
+    store.set_default_version("v1")
+    assert store.default_version() == "v1" and store.version("v1").metrics == {"k": 1}
+    assert store.version_by_sha256("b" * 64).parent == "v1"
+    assert [v.version for v in store.versions()] == ["v1", "v1-r1"]
+
+
+def test_database_urls(tmp_path):
+    assert database_url(tmp_path, None) == f"sqlite:///{tmp_path / 'harmony.sqlite3'}"
+    assert database_url(tmp_path, "postgresql://u:p@h/db") == "postgresql+psycopg://u:p@h/db"
+    with pytest.raises(ValueError, match="unsupported database 'mysql'"):
+        database_url(tmp_path, "mysql://h/db")
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, uuid
+    from tests.test_server_store import new_upload
+    from harmony_mobile.server.store import Store
+    store = Store(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    while True:
+        message_id = str(uuid.uuid4())
+        store.add_upload(new_upload("dev_a", message_id))
+        print(message_id, flush=True)  # acknowledged only after the commit returned
+    """
+)
+
+
+def test_acknowledged_uploads_survive_sigkill(store, tmp_path, database_url):
+    command = [sys.executable, "-c", WRITER, str(tmp_path)] + ([database_url] if database_url else [])
+    writer = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    acknowledged = []
+    deadline = time.monotonic() + 60
+    while len(acknowledged) < 40 and time.monotonic() < deadline:
+        acknowledged.append(writer.stdout.readline().strip())
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    assert len(acknowledged) == 40
+    stored = {e.message_id for e in store.envelopes()}
+    assert set(acknowledged) <= stored
