@@ -37,8 +37,8 @@ import httpx
 import numpy as np
 import torch
 
-from harmony_mobile.federation.wire import encode_tensor
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import save_backend
 
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"

@@ -57,7 +57,7 @@ from harmony_mobile.export.keys import (
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from harmony_mobile.privacy.label_tokens import LABEL_EPOCH_PATTERN
+from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
 
 MANIFEST_FORMAT = 1
 MANIFEST_FILE = "manifest.json"

@@ -45,18 +45,18 @@ import torch
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from harmony_mobile.federation.slots import TOKEN_HEX_PATTERN
-from harmony_mobile.federation.wire import UploadMetadata, encode_tensor, encode_upload
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.privacy.label_dp import randomized_response
-from harmony_mobile.privacy.label_tokens import (
+from harmony_mobile.privacy.options import UploadPrivacy
+from harmony_mobile.protocol.label_tokens import (
     check_label_epoch,
     class_tokens,
     epoch_key,
     slot_classes,
 )
-from harmony_mobile.privacy.options import UploadPrivacy
-from harmony_mobile.privacy.sealing import AssociatedData, seal
+from harmony_mobile.protocol.sealing import AssociatedData, seal
+from harmony_mobile.protocol.slots import TOKEN_HEX_PATTERN
+from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
 
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"

@@ -24,9 +24,9 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, FamilyModel, FrontEnd, InterfaceSpec, ProjectionHead, Tier, TierSet
-from harmony_mobile.privacy.label_tokens import epoch_key, slot_classes
+from harmony_mobile.protocol.label_tokens import epoch_key, slot_classes
+from harmony_mobile.protocol.slots import SlotTable
 
 RUN_FORMAT = 2  # 2: slot-space back-end (label epoch, slot table, federation secret file)
 SECRET_FILE = "federation_secret"
@@ -53,7 +53,7 @@ class RunInfo(BaseModel):
     projection_dim: int = 128
     tiers: TierSet
     model_version: str
-    label_epoch: str  # tokens of this lineage are keyed by it (privacy/label_tokens.py)
+    label_epoch: str  # tokens of this lineage are keyed by it (protocol/label_tokens.py)
     seed: int
     privacy: dict[str, Any] = {}  # upload protections and their accounting (privacy/feature_noise.py)
     train_config: dict[str, Any] = {}
@@ -105,7 +105,7 @@ def save_backend(
     """Write g and h with what a reader needs to rebuild them (the server loads this same file).
 
     `slot_table` says which label token each output of g stands for, under its label epoch; the
-    server serves it, a phone decodes slots with it (federation/slots.py).
+    server serves it, a phone decodes slots with it (protocol/slots.py).
 
     `replay` (N, *interface) is the back-end's replay set: features without labels or tokens that
     the server's alignment rounds distill on (harmony_mobile/federation/replay.py); stored as float16."""

@@ -25,11 +25,11 @@ from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
-from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
 from harmony_mobile.privacy.feature_noise import feature_privacy_report
 from harmony_mobile.privacy.label_dp import keep_probability
 from harmony_mobile.privacy.options import UploadPrivacy
+from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import (
     SECRET_FILE,
     ClientArtifact,

@@ -54,9 +54,9 @@ from harmony_mobile.server.schemas import AlignmentParams
 from harmony_mobile.server.store import Store
 from harmony_mobile.server.uploads import stored_to_feature_upload
 
-from harmony_mobile.algorithms.losses import distillation_loss, supcon_loss
-from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.federation.slots import SlotTable, SlotTableFull
+from harmony_mobile.models.losses import distillation_loss, supcon_loss
+from harmony_mobile.protocol.messages import FeatureUpload
+from harmony_mobile.protocol.slots import SlotTable, SlotTableFull
 
 log = logging.getLogger("harmony_mobile.server.alignment")
 PROGRESS_UPDATES = 10

@@ -10,7 +10,7 @@ from harmony_mobile.server.auth import AdminDep, AnyPrincipalDep, hash_token, ne
 from harmony_mobile.server.schemas import DeviceInfo, EnrolRequest, EnrolResponse, ErrorBody, Limits
 from harmony_mobile.server.state import StateDep, StoreDep
 
-from harmony_mobile.privacy.sealing import ENVELOPE_VERSION, public_key_bytes
+from harmony_mobile.protocol.sealing import ENVELOPE_VERSION, public_key_bytes
 
 router = APIRouter(prefix="/v1", tags=["devices"])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422)}

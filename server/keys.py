@@ -8,7 +8,7 @@ from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from harmony_mobile.privacy.sealing import private_key_bytes
+from harmony_mobile.protocol.sealing import private_key_bytes
 
 SERVER_KEY_FILE = "server_key.x25519"
 ADMIN_TOKEN_FILE = "admin_token"

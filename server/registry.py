@@ -26,8 +26,8 @@ from pathlib import Path
 import torch
 from harmony_mobile.server.store import Store, VersionRecord, utc_now
 
-from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, ProjectionHead
+from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import load_backend_file, save_backend
 
 ARTIFACTS_DIR = "artifacts"

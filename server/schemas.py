@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from harmony_mobile.privacy.label_tokens import LABEL_EPOCH_PATTERN
+from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
 
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
 INT64_MAX = 2**63 - 1

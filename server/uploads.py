@@ -21,10 +21,10 @@ from harmony_mobile.server.schemas import ErrorBody, UploadReceiptResponse, Uplo
 from harmony_mobile.server.state import StateDep
 from harmony_mobile.server.store import NewUpload, StoredEnvelope, UploadReceipt
 
-from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.federation.wire import UploadMetadata, UploadPayload, WireFormatError, decode_upload
 from harmony_mobile.models import FAMILIES, InterfaceSpec
-from harmony_mobile.privacy.sealing import AssociatedData, SealError, open_sealed
+from harmony_mobile.protocol.messages import FeatureUpload
+from harmony_mobile.protocol.sealing import AssociatedData, SealError, open_sealed
+from harmony_mobile.protocol.wire import UploadMetadata, UploadPayload, WireFormatError, decode_upload
 
 log = logging.getLogger("harmony_mobile.server.uploads")
 router = APIRouter(prefix="/v1", tags=["uploads"])

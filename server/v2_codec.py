@@ -24,7 +24,7 @@ import numpy as np
 from harmony_mobile.server.schemas import InferRequest
 from pydantic import ValidationError
 
-from harmony_mobile.federation.wire import WireFormatError, decode_tensor
+from harmony_mobile.protocol.wire import WireFormatError, decode_tensor
 
 INPUT_NAME = "features"
 JSON_TYPE = "application/json"

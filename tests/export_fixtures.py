@@ -23,9 +23,9 @@ from harmony_mobile.export.manifest import (
 )
 
 from harmony_mobile.data import DatasetError, ImageDataset, load_dataset
-from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, ProjectionHead, Tier, TierSet, load_tiers
-from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import (
     SECRET_FILE,
     ClientArtifact,

@@ -45,7 +45,7 @@ from harmony_mobile.export.manifest import (
 )
 
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
-from harmony_mobile.privacy.label_tokens import class_token, epoch_key
+from harmony_mobile.protocol.label_tokens import class_token, epoch_key
 from harmony_mobile.run_dir import load_backend_file, save_backend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def _model_dir(path: Path) -> tuple[Path, bytes]:
     from cryptography.hazmat.primitives.asymmetric import ec
     from harmony_mobile.export.keys import p256_public_key_der
 
-    from harmony_mobile.federation.slots import SlotTable
+    from harmony_mobile.protocol.slots import SlotTable
 
     torch.manual_seed(0)
     backend = Backend(InterfaceSpec(64, 8), 10)

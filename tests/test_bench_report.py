@@ -313,7 +313,7 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
     from harmony_mobile.data.partition import make_partition
     from harmony_mobile.evaluation import ServedBackend, evaluate
     from harmony_mobile.models import Backend, InterfaceSpec, load_tiers
-    from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
+    from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
     from harmony_mobile.training import TrainConfig, build_clients
 
     dataset = load_dataset("digits")

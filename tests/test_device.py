@@ -32,7 +32,7 @@ from harmony_mobile.device import (
     load_manifest,
     normalize,
 )
-from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 from tests.export_fixtures import FIXTURE_EPOCH, FIXTURE_SECRET, make_run_dir
 from tests.test_server_support import ADMIN, enrol, make_settings
 

@@ -11,12 +11,12 @@ import shutil
 import pytest
 import torch
 
-from harmony_mobile.federation import messages
 from harmony_mobile.flower import split
 from harmony_mobile.flower.client_app import make_client_app
 from harmony_mobile.flower.records import RecordError, message_to_record, record_to_message
 from harmony_mobile.flower.run import FlowerRunError, check_supported, train_on_grid
 from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.protocol import messages
 from harmony_mobile.run_dir import SECRET_FILE, RunDir
 from harmony_mobile.training import TrainConfig, train
 from tests.flower_fixtures import LoopbackGrid

@@ -41,7 +41,7 @@ from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, run_rounds
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, load_tiers
 from harmony_mobile.privacy.label_dp import keep_probability
-from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 from harmony_mobile.training import TrainConfig, build_clients, initial_family_weights
 
 torch.set_num_threads(1)

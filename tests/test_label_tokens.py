@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harmony_mobile.privacy.label_tokens import (
+from harmony_mobile.protocol.label_tokens import (
     TOKEN_BYTES,
     check_label_epoch,
     class_token,

@@ -3,7 +3,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from harmony_mobile.algorithms.losses import cross_family_supcon, distillation_loss, supcon_loss
+from harmony_mobile.models.losses import cross_family_supcon, distillation_loss, supcon_loss
 
 
 def test_supcon_matches_a_hand_computed_batch():

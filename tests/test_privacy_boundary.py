@@ -11,13 +11,13 @@ import typing
 
 import torch
 
-from harmony_mobile.federation import messages
 from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import run_rounds
+from harmony_mobile.protocol import messages
 from tests.test_training import tiny_federation
 
 LABEL_WORDS = ("label", "target", "class_id", "y_true", "ground_truth")
-TOKEN_FIELD = "label_tokens"  # the one allowed name: keyed HMACs, see privacy/label_tokens.py
+TOKEN_FIELD = "label_tokens"  # the one allowed name: keyed HMACs, see protocol/label_tokens.py
 EPOCH_FIELD = "label_epoch"  # the name of the key epoch, the same string for every row of a lineage
 
 

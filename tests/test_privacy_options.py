@@ -9,7 +9,6 @@ import torch
 from dp_accounting import rdp
 
 from harmony_mobile.algorithms.base import split_step
-from harmony_mobile.federation.slots import SlotTable, SlotTableFull
 from harmony_mobile.privacy.feature_noise import (
     clip_rows,
     feature_privacy_report,
@@ -18,6 +17,7 @@ from harmony_mobile.privacy.feature_noise import (
 )
 from harmony_mobile.privacy.label_dp import keep_probability, randomized_response
 from harmony_mobile.privacy.options import UploadPrivacy
+from harmony_mobile.protocol.slots import SlotTable, SlotTableFull
 from harmony_mobile.training import TrainConfig, privacy_report
 from tests.test_training import tiny_federation
 

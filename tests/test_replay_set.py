@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from harmony_mobile.federation.replay import MIN_ROWS_PER_CLIENT, collect_replay, replay_features
-from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import load_backend_file, save_backend
 from tests.test_training import tiny_federation
 

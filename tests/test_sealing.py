@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-from harmony_mobile.privacy.sealing import (
+from harmony_mobile.protocol.sealing import (
     HEADER_BYTES,
     TAG_BYTES,
     AssociatedData,

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
 from harmony_mobile.server.alignment import SlotRows, slot_accuracy
 
-from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.federation.slots import SlotTable
+from harmony_mobile.protocol.messages import FeatureUpload
+from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import load_backend_file
 from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (

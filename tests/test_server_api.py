@@ -14,7 +14,7 @@ import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
 
-from harmony_mobile.federation.wire import encode_tensor
+from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import load_backend_file
 from tests.test_server_support import (
     ADMIN,

@@ -21,9 +21,9 @@ from fastapi.testclient import TestClient
 from harmony_mobile.server import admin, create_app, devices, schemas, status, uploads, v2, v2_infer
 from pydantic import BaseModel
 
-from harmony_mobile.federation.messages import SERVER_BOUND
-from harmony_mobile.federation.wire import UploadMetadata
-from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.messages import SERVER_BOUND
+from harmony_mobile.protocol.wire import UploadMetadata
 from tests.test_server_support import (
     ADMIN,
     CLASS_NAMES,

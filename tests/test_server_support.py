@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from harmony_mobile.server import Settings
 
-from harmony_mobile.federation.slots import SlotTable
-from harmony_mobile.federation.wire import UploadMetadata, encode_upload
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead, load_tiers
-from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key
-from harmony_mobile.privacy.sealing import AssociatedData, seal
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.sealing import AssociatedData, seal
+from harmony_mobile.protocol.slots import SlotTable
+from harmony_mobile.protocol.wire import UploadMetadata, encode_upload
 from harmony_mobile.run_dir import save_backend
 
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"

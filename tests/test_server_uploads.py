@@ -15,8 +15,8 @@ from harmony_mobile.server import create_app
 from harmony_mobile.server.store import Store
 from harmony_mobile.server.uploads import stored_to_feature_upload
 
-from harmony_mobile.federation.wire import UploadMetadata, encode_upload
-from harmony_mobile.privacy.sealing import AssociatedData, seal
+from harmony_mobile.protocol.sealing import AssociatedData, seal
+from harmony_mobile.protocol.wire import UploadMetadata, encode_upload
 from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.test_server_support import (
     ADMIN,
@@ -150,7 +150,7 @@ def test_envelope_bound_to_other_metadata_is_400(client, device, field):
 
 
 def test_envelope_sealed_to_another_key_is_400(client, device):
-    from harmony_mobile.privacy.sealing import generate_private_key, public_key_bytes
+    from harmony_mobile.protocol.sealing import generate_private_key, public_key_bytes
 
     other_key = public_key_bytes(generate_private_key())
     body = sealed_upload(

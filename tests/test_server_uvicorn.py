@@ -12,7 +12,7 @@ import time
 import httpx
 import numpy as np
 
-from harmony_mobile.federation.wire import encode_tensor
+from harmony_mobile.protocol.wire import encode_tensor
 from tests.test_server_support import (
     ADMIN,
     ADMIN_TOKEN,

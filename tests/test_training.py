@@ -10,7 +10,6 @@ from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
-from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import SplitServer, aggregate_by_parameter
 from harmony_mobile.federation.simulation import Federation, run_rounds
 from harmony_mobile.models import (
@@ -21,6 +20,7 @@ from harmony_mobile.models import (
     load_tiers,
     parameter_names,
 )
+from harmony_mobile.protocol.messages import ClientUpdate
 from harmony_mobile.run_dir import RunDir, RunDirError
 from harmony_mobile.training import TrainConfig, build_clients, initial_family_weights, train
 

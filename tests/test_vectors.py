@@ -19,8 +19,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from harmony_mobile.export.manifest import ManifestError, verify_manifest
 
-from harmony_mobile.federation.wire import decode_upload
-from harmony_mobile.privacy import sealing
+from harmony_mobile.protocol import sealing
+from harmony_mobile.protocol.wire import decode_upload
 
 ROOT = Path(__file__).resolve().parents[1]
 VECTORS = ROOT / "tests" / "vectors"

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis.extra import numpy as hnp
 
-from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.federation.wire import (
+from harmony_mobile.protocol.messages import FeatureUpload
+from harmony_mobile.protocol.wire import (
     UploadMetadata,
     WireFormatError,
     decode_tensor,

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer
 from harmony_mobile.models import FamilyModel
+from harmony_mobile.protocol.messages import ClientUpdate
 
 
 class Algorithm(Protocol):

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.protocol.messages import ClientUpdate
 
 
 class CentralizedConfig(BaseModel):

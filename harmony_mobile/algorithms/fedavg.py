@@ -14,8 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from harmony_mobile.algorithms.base import client_update
 from harmony_mobile.algorithms.local import full_model_step
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
+from harmony_mobile.protocol.messages import ClientUpdate
 
 
 class FedAvgConfig(BaseModel):

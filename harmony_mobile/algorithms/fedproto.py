@@ -28,8 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.algorithms.base import calibrate_client
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.protocol.messages import ClientUpdate
 
 FLOAT_BYTES = 4
 TOKEN_BYTES = 8

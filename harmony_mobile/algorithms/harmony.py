@@ -39,9 +39,9 @@ from harmony_mobile.algorithms.base import (
     split_step,
 )
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
 from harmony_mobile.models import FamilyModel
+from harmony_mobile.protocol.messages import ClientUpdate
 
 
 class HarmonyConfig(BaseModel):

@@ -26,8 +26,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.algorithms.base import calibrate_client, client_update, personalize_split, split_step
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ClientUpdate
 from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
+from harmony_mobile.protocol.messages import ClientUpdate
 
 
 class SplitGPConfig(BaseModel):

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harmony_mobile.federation.messages import Broadcast, FeatureUpload
 from harmony_mobile.models import FamilyModel, Tier, parameter_names
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.privacy.label_dp import randomized_response
-from harmony_mobile.privacy.label_tokens import class_tokens, epoch_key, slot_classes
 from harmony_mobile.privacy.options import UploadPrivacy
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key, slot_classes
+from harmony_mobile.protocol.messages import Broadcast, FeatureUpload
 
 # HKDF once per (secret, epoch), not once per upload
 cached_epoch_key = functools.lru_cache(maxsize=64)(epoch_key)

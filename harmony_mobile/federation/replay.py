@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import ReplayFeatures
+from harmony_mobile.protocol.messages import ReplayFeatures
 
 REPLAY_ROWS = 512  # the whole set (8 KiB a row in float16 at 64x8x8: 4 MiB), split evenly over clients
 MIN_ROWS_PER_CLIENT = 8

@@ -1,7 +1,7 @@
 """The server side of split training: back-end g, projection head h, the slot table, nothing else.
 
 Every entry point takes a message from messages.py. The server never sees a label: each uploaded
-row carries a label token, the server maps it to a slot of its slot table (federation/slots.py)
+row carries a label token, the server maps it to a slot of its slot table (protocol/slots.py)
 and computes the cross-entropy of g's slot logits itself, with the softmax restricted to the slots
 the uploading client has uploaded so far (known from its tokens alone). It adds the supervised
 contrastive term (positives = equal tokens) and returns only dL/dz. No logit and no gradient
@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, Field
 
-from harmony_mobile.algorithms.losses import cross_family_supcon, supcon_loss
-from harmony_mobile.federation.messages import ClientUpdate, FeatureUpload, InterfaceGradients
-from harmony_mobile.federation.slots import SlotTable
 from harmony_mobile.models import Backend, ProjectionHead
-from harmony_mobile.privacy.label_tokens import tokens_to_groups
+from harmony_mobile.models.losses import cross_family_supcon, supcon_loss
+from harmony_mobile.protocol.label_tokens import tokens_to_groups
+from harmony_mobile.protocol.messages import ClientUpdate, FeatureUpload, InterfaceGradients
+from harmony_mobile.protocol.slots import SlotTable
 
 
 class ServerConfig(BaseModel):

@@ -20,8 +20,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harmony_mobile.algorithms.base import Algorithm
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import Broadcast
 from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.protocol.messages import Broadcast
 
 
 @dataclass

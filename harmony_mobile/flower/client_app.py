@@ -29,7 +29,6 @@ from flwr.clientapp import ClientApp
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.messages import Broadcast
 from harmony_mobile.flower import split
 from harmony_mobile.flower.records import (
     message_to_record,
@@ -39,6 +38,7 @@ from harmony_mobile.flower.records import (
 )
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.models import FamilyModel, InterfaceSpec, load_tiers
+from harmony_mobile.protocol.messages import Broadcast
 from harmony_mobile.run_dir import SECRET_FILE
 from harmony_mobile.training import TrainConfig, client_partition, upload_privacy
 

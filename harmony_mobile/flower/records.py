@@ -1,4 +1,4 @@
-"""The training messages of federation/messages.py as Flower records, and back.
+"""The training messages of protocol/messages.py as Flower records, and back.
 
 One generic mapping for every message dataclass, so a field added to a message travels without
 a change here: a tensor field goes to an ArrayRecord under its own name, a tensor dict (weights)
@@ -15,7 +15,7 @@ import typing
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from harmony_mobile.federation import messages
+from harmony_mobile.protocol import messages
 
 MESSAGE_TYPES = {cls.__name__: cls for cls in (*messages.SERVER_BOUND, *messages.CLIENT_BOUND)}
 TYPE_RECORD = "message"
@@ -38,10 +38,10 @@ def record_to_tensor_dict(record: ArrayRecord) -> dict[str, torch.Tensor]:
 
 
 def message_to_record(message) -> RecordDict:
-    """Any message dataclass of federation/messages.py as a RecordDict."""
+    """Any message dataclass of protocol/messages.py as a RecordDict."""
     name = type(message).__name__
     if name not in MESSAGE_TYPES:
-        raise RecordError(f"{name} is not a message of federation/messages.py")
+        raise RecordError(f"{name} is not a message of protocol/messages.py")
     records: dict = {TYPE_RECORD: ConfigRecord({"type": name})}
     fields, empty, lone_tensors = {}, [], []
     for field in dataclasses.fields(message):
@@ -77,7 +77,7 @@ def record_to_message(record: RecordDict, expected: type | None = None):
     name = record.config_records[TYPE_RECORD]["type"]
     cls = MESSAGE_TYPES.get(str(name))
     if cls is None or (expected is not None and cls is not expected):
-        wanted = expected.__name__ if expected else "a message of federation/messages.py"
+        wanted = expected.__name__ if expected else "a message of protocol/messages.py"
         raise RecordError(f"expected {wanted}, got {name!r}")
     fields = dict(record.config_records[FIELDS_RECORD])
     lone_tensors = [n for n in fields.pop(TENSOR_FIELDS_RECORD) if n]

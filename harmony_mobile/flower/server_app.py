@@ -23,7 +23,6 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from harmony_mobile.federation.messages import Broadcast, ClientUpdate
 from harmony_mobile.flower import split
 from harmony_mobile.flower.client_app import CLIENT_STATE, LINEAGE_RECORD, RNG_RECORD, rng_record
 from harmony_mobile.flower.records import (
@@ -32,6 +31,7 @@ from harmony_mobile.flower.records import (
     record_to_tensor_dict,
 )
 from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.protocol.messages import Broadcast, ClientUpdate
 
 log = logging.getLogger(__name__)
 TRANSPORT_LOG = "flower_rounds.jsonl"  # per round: replies, missing clients, bytes each way, seconds

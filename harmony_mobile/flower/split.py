@@ -24,8 +24,8 @@ import hashlib
 
 from flwr.app import ConfigRecord, RecordDict
 
-from harmony_mobile.federation.messages import FeatureUpload, InterfaceGradients
 from harmony_mobile.flower.records import message_to_record, record_to_message
+from harmony_mobile.protocol.messages import FeatureUpload, InterfaceGradients
 
 TURN_PREFIX = "turn."  # context.state keys of the current turn
 STEP_RECORD = "split-step"  # ConfigRecord of a split-step request: update flag and upload digest

@@ -1,7 +1,7 @@
 """Golden vectors shared by the Python code, harmony-core (Java) and HarmonyKit (Swift).
 
 Every number here is computed by the project's own Python functions (export/manifest.py,
-privacy/sealing.py, privacy/label_tokens.py, federation/wire.py, algorithms/base.py), from fixed
+protocol/sealing.py, protocol/label_tokens.py, protocol/wire.py, algorithms/base.py), from fixed
 keys, nonces and inputs, so the phone implementations can assert byte equality against them.
 
     .venv/bin/python tests/vectors/generate.py          # rewrite tests/vectors/*.json
@@ -49,7 +49,6 @@ from harmony_mobile.export.manifest import (
 )
 
 from harmony_mobile.algorithms.base import exit_confidence
-from harmony_mobile.federation.wire import UploadMetadata, encode_tensor, encode_upload
 from harmony_mobile.models.tier_selection import (
     DeviceCapabilities,
     NoRunnableTier,
@@ -57,8 +56,9 @@ from harmony_mobile.models.tier_selection import (
     device_class,
     select_tier,
 )
-from harmony_mobile.privacy import sealing
-from harmony_mobile.privacy.label_tokens import class_token, epoch_key, slot_classes
+from harmony_mobile.protocol import sealing
+from harmony_mobile.protocol.label_tokens import class_token, epoch_key, slot_classes
+from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
 
 VECTORS_DIR = Path(__file__).resolve().parent
 GENERATOR = "tests/vectors/generate.py"
@@ -211,7 +211,7 @@ def label_token_vectors() -> dict:
             }
         )
     return _document(
-        "Label tokens (privacy/label_tokens.py): epoch_key = HKDF-SHA256(secret, no salt, "
+        "Label tokens (protocol/label_tokens.py): epoch_key = HKDF-SHA256(secret, no salt, "
         "'harmony/label-token/' + label_epoch, 32); token = HMAC-SHA256(epoch_key, UTF-8 class name)[:8]. "
         "A label epoch matches ^[A-Za-z0-9._-]{1,64}$; every `invalid_epochs` entry must be rejected.",
         federation_secret=FEDERATION_SECRET.hex(),
@@ -258,7 +258,7 @@ def slot_mapping_vectors() -> dict:
         _slot_case("empty table (no back-end trained yet)", "0", digits, []),
     ]
     return _document(
-        "Slot decoding on the phone (privacy/label_tokens.py slot_classes): the token of every class name "
+        "Slot decoding on the phone (protocol/label_tokens.py slot_classes): the token of every class name "
         "under epoch_key(federation_secret, label_epoch) is looked up in `slot_table` (hex tokens, slot i at "
         "index i); `slot_classes[i]` is the class of slot i or null when no class name has that token. "
         "A class with no slot appears in no entry.",
@@ -379,7 +379,7 @@ def feature_encoding_vectors() -> dict:
         ),
     ]
     return _document(
-        "HMFT feature tensors and HMUP upload plaintexts (federation/wire.py, docs/PROTOCOL.md 4.4 and 5). "
+        "HMFT feature tensors and HMUP upload plaintexts (protocol/wire.py, docs/PROTOCOL.md 4.4 and 5). "
         "Upload label tokens are those of label_tokens.json (same federation secret) for `class_names` in "
         "`label_epoch`; metadata_json is the exact metadata bytes.",
         tensors=tensors,
@@ -432,7 +432,7 @@ def sealed_upload_vectors() -> dict:
         ),
     ]
     return _document(
-        "Sealed uploads (privacy/sealing.py, docs/PROTOCOL.md 4.2-4.3) with a FIXED ephemeral key and nonce "
+        "Sealed uploads (protocol/sealing.py, docs/PROTOCOL.md 4.2-4.3) with a FIXED ephemeral key and nonce "
         "(reproducibility only: production draws both fresh per upload). The third plaintext is an HMUP "
         "upload of one (1, 64, 8, 8) row with values (i - 2048) / 512, class '4' in label epoch 'e7'. "
         "Associated data v2: 'harmony/upload-ad/v2' || u16le(len device_id) || device_id UTF-8 || "

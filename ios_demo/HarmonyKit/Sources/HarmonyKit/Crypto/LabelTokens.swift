@@ -1,7 +1,7 @@
 import CryptoKit
 import Foundation
 
-/// Label tokens and slot decoding (docs/PROTOCOL.md 3, harmony_mobile/privacy/label_tokens.py):
+/// Label tokens and slot decoding (docs/PROTOCOL.md 3, protocol/label_tokens.py):
 ///
 ///     K_e = HKDF-SHA256(ikm = federation_secret, salt = none (32 zero bytes),
 ///                       info = "harmony/label-token/" + e, length = 32)

@@ -51,7 +51,7 @@ public struct AssociatedData: Sendable, Equatable {
 }
 
 /// Seals an upload plaintext to the server's X25519 key (docs/PROTOCOL.md 4.2,
-/// harmony_mobile/privacy/sealing.py) with CryptoKit:
+/// protocol/sealing.py) with CryptoKit:
 ///
 ///     shared   = X25519(e, S_pub)                      fresh ephemeral key pair (e, E_pub) per upload
 ///     key      = HKDF-SHA256(shared, salt = E_pub || S_pub, info = "harmony/upload-seal/v1", 32)

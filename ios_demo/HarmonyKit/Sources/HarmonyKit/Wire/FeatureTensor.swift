@@ -10,7 +10,7 @@ public struct WireFormatError: Error, CustomStringConvertible, Sendable {
 }
 
 /// A float32 tensor and its "HMFT" binary form (docs/PROTOCOL.md section 5,
-/// harmony_mobile/federation/wire.py), all integers little-endian:
+/// protocol/wire.py), all integers little-endian:
 ///
 ///     "HMFT" | version 1 | dtype 1 (float32) | ndim 1...6 | reserved 0 | ndim x u32 dims | float32 data
 ///

@@ -4,7 +4,7 @@ import Foundation
 /// class id: label tokens only.
 ///
 /// Serialized compactly with the keys in the order of the Python model
-/// (`UploadMetadata.model_dump_json(exclude_none=True)` in harmony_mobile/federation/wire.py), so
+/// (`UploadMetadata.model_dump_json(exclude_none=True)` in protocol/wire.py), so
 /// Swift, Java and Python produce the same bytes (checked against tests/vectors/feature_encoding.json).
 public struct UploadMetadata: Equatable, Sendable {
     /// The JSON keys, in the order pydantic writes them.

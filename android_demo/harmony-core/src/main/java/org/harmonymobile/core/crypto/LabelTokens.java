@@ -11,7 +11,7 @@ import javax.crypto.Mac;
 import org.harmonymobile.core.util.Hex;
 
 /**
- * Label tokens and slot decoding (mirrors harmony_mobile/privacy/label_tokens.py):
+ * Label tokens and slot decoding (mirrors protocol/label_tokens.py):
  *
  * <pre>
  *   K_e = HKDF-SHA256(federation_secret, salt = none, info = "harmony/label-token/" + e, 32 bytes)

@@ -21,7 +21,7 @@ import org.harmonymobile.core.crypto.CryptoUnavailableException;
 import org.harmonymobile.core.crypto.Hkdf;
 
 /**
- * Seals an upload to the server's X25519 key (docs/PROTOCOL.md 4.2, harmony_mobile/privacy/sealing.py):
+ * Seals an upload to the server's X25519 key (docs/PROTOCOL.md 4.2, protocol/sealing.py):
  *
  * <pre>
  *   shared   = X25519(e, S_pub)                     fresh ephemeral key pair (e, E_pub) per upload

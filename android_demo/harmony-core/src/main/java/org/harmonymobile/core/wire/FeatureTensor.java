@@ -5,7 +5,7 @@ import java.nio.ByteOrder;
 import java.util.Arrays;
 
 /**
- * A float32 tensor and its "HMFT" binary form (docs/PROTOCOL.md section 5, harmony_mobile/federation/wire.py):
+ * A float32 tensor and its "HMFT" binary form (docs/PROTOCOL.md section 5, protocol/wire.py):
  *
  * <pre>
  *   "HMFT" | version 1 | dtype 1 (float32) | ndim (1..6) | reserved 0 | ndim x u32le dims | float32le data

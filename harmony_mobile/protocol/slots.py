@@ -1,6 +1,6 @@
 """The server's slot table: which output of the back-end g stands for which label token.
 
-Within one label epoch a token is a secret relabeling of one class (privacy/label_tokens.py). The
+Within one label epoch a token is a secret relabeling of one class (protocol/label_tokens.py). The
 server gives each token it sees a slot, in order of first appearance, up to the number of outputs
 of g (= the number of classes), and trains g over slots. It never learns which class a slot is;
 a phone does, by computing the token of every class name it knows (`slot_classes`).
@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 import torch
 
-from harmony_mobile.privacy.label_tokens import TOKEN_BYTES, check_label_epoch
+from harmony_mobile.protocol.label_tokens import TOKEN_BYTES, check_label_epoch
 
 TOKEN_HEX_PATTERN = re.compile(rf"^[0-9a-f]{{{2 * TOKEN_BYTES}}}$")
 

@@ -2,7 +2,7 @@
 
 Server-side code receives only these types. None of them has a field that can hold a label or a
 function of one other than a label *token* (a keyed HMAC of the class name under the lineage's
-label epoch, see privacy/label_tokens.py): the server sees features, tokens, split depths,
+label epoch, see protocol/label_tokens.py): the server sees features, tokens, split depths,
 family, tier, model version and the label epoch. It computes its own cross-entropy in slot space
 (federation/server.py) and sends back only dL/dz. tests/test_privacy_boundary.py and
 tests/test_label_adversary.py fail if a field or a server entry point changes that.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from harmony_mobile.privacy.label_tokens import check_label_epoch
+from harmony_mobile.protocol.label_tokens import check_label_epoch
 
 
 @dataclass(frozen=True)

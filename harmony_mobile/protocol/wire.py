@@ -35,8 +35,8 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from harmony_mobile.federation.messages import FeatureUpload
-from harmony_mobile.privacy.label_tokens import TOKEN_BYTES
+from harmony_mobile.protocol.label_tokens import TOKEN_BYTES
+from harmony_mobile.protocol.messages import FeatureUpload
 
 TENSOR_MAGIC = b"HMFT"
 TENSOR_VERSION = 1

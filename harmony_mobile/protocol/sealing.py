@@ -29,7 +29,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from harmony_mobile.privacy.label_tokens import check_label_epoch
+from harmony_mobile.protocol.label_tokens import check_label_epoch
 
 ENVELOPE_MAGIC = b"HMSE"
 ENVELOPE_VERSION = 1
