@@ -430,7 +430,7 @@ class Phone:
     def use_local_front_end(self, program: FrontEndProgram, *, threshold: float, model_version: str) -> None:
         """On-device personalization replaced the front-end: answer with `program` from now on, exit
         when its confidence reaches `threshold` (tau recalibrated for it on the phone's own held-out
-        samples, ALGORITHM.md: Inference), and stamp uploads with `model_version`."""
+        samples, docs/ALGORITHM.md: Inference), and stamp uploads with `model_version`."""
         self.threshold = exit_threshold(threshold)
         self.program = program
         self.model_version = model_version

@@ -1,4 +1,4 @@
-"""The baselines of ALGORITHM.md on the shared Algorithm protocol: each one's defining mechanism,
+"""The baselines of docs/ALGORITHM.md on the shared Algorithm protocol: each one's defining mechanism,
 and each one end to end on a tiny run."""
 
 import pytest

@@ -81,7 +81,7 @@ def test_drift_moved_the_features(demo):
 
 def test_drifted_phone_recalibrated_its_threshold_on_its_val_data(demo):
     """After drift the phone answers with tau calibrated on its own val split through the drifted .pte
-    (ALGORITHM.md: Inference), not with the manifest's tau of the front-end it no longer runs."""
+    (docs/ALGORITHM.md: Inference), not with the manifest's tau of the front-end it no longer runs."""
     config, report, _ = demo
     run = RunDir(config.out / "run")
     dataset, info = run.dataset(), run.info

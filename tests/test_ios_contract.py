@@ -181,9 +181,9 @@ def _field_keyword(field: ast.AnnAssign, keyword: str):
     raise AssertionError(f"{ast.unparse(field)} has no {keyword}=")
 
 
-WIRE = _module_constants(ROOT / "harmony_mobile" / "federation" / "wire.py")
-SEALING = _module_constants(ROOT / "harmony_mobile" / "privacy" / "sealing.py")
-LABEL_TOKENS_PY = ROOT / "harmony_mobile" / "privacy" / "label_tokens.py"
+WIRE = _module_constants(ROOT / "harmony_mobile" / "protocol" / "wire.py")
+SEALING = _module_constants(ROOT / "harmony_mobile" / "protocol" / "sealing.py")
+LABEL_TOKENS_PY = ROOT / "harmony_mobile" / "protocol" / "label_tokens.py"
 LABEL_TOKENS = _module_constants(LABEL_TOKENS_PY)
 COREML = _module_constants(ROOT / "export" / "coreml.py")
 MANIFEST_PY = ROOT / "export" / "manifest.py"
@@ -218,7 +218,7 @@ def test_upload_plaintext_layout_matches_wire_py_and_the_protocol():
 
 
 def test_upload_metadata_keys_and_limits_match_the_pydantic_model():
-    fields = _pydantic_fields(ROOT / "harmony_mobile" / "federation" / "wire.py", "UploadMetadata")
+    fields = _pydantic_fields(ROOT / "harmony_mobile" / "protocol" / "wire.py", "UploadMetadata")
     # The JSON bytes are compared against Python's, so the key order is part of the contract.
     assert swift("UploadMetadata", "jsonKeys") == list(fields)
     assert swift("UploadMetadata", "tierPattern") == _field_keyword(fields["tier"], "pattern")

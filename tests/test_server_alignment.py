@@ -153,7 +153,7 @@ def served_predictions(client, version: str, features: np.ndarray) -> np.ndarray
 
 
 def test_round_fixes_rows_the_current_version_gets_wrong_and_keeps_the_replay_mapping(server):
-    """The ALGORITHM.md round: a drifted phone's rows of one class (one token group, together with
+    """The docs/ALGORITHM.md round: a drifted phone's rows of one class (one token group, together with
     other phones' rows of that class) are misclassified by the current version. SupCon on the new
     rows pulls them to their group; distillation on the replay rows keeps the mapping, so the group
     lands on the class the other phones' rows already had. Distilling on the new rows themselves

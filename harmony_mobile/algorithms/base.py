@@ -91,7 +91,7 @@ def client_update(
 @torch.no_grad()
 def calibrate_threshold(confidences: torch.Tensor, correct: torch.Tensor, target_accuracy: float) -> float:
     """The most permissive threshold t (exit iff confidence >= t) whose local-exit accuracy on ID
-    validation samples reaches the target (ALGORITHM.md: Inference). If none reaches it, a
+    validation samples reaches the target (docs/ALGORITHM.md: Inference). If none reaches it, a
     threshold just above every validation confidence (everything falls back)."""
     order = torch.argsort(confidences, descending=True)
     sorted_scores = confidences[order].numpy()

@@ -1,4 +1,4 @@
-"""`centralized` baseline (ALGORITHM.md, Baselines): the upper bound, no federation at all.
+"""`centralized` baseline (docs/ALGORITHM.md, Baselines): the upper bound, no federation at all.
 
 Every client ships its raw training data once; per model family, ONE full 4-stage model is
 trained on the pooled data of all clients (the same architectures the tiers run, so the bound is

@@ -1,4 +1,4 @@
-"""`fedavg` baseline (ALGORITHM.md, Baselines): FedAvg per model family on full 4-stage models.
+"""`fedavg` baseline (docs/ALGORITHM.md, Baselines): FedAvg per model family on full 4-stage models.
 
 No split and no server back-end: each client trains the whole classifier of its family
 (`classify_full`) from the family's global weights, uploads all of it, and the server averages

@@ -1,4 +1,4 @@
-"""`fedproto` baseline (ALGORITHM.md, Baselines): prototype exchange, the classic answer to model
+"""`fedproto` baseline (docs/ALGORITHM.md, Baselines): prototype exchange, the classic answer to model
 heterogeneity (Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous Clients",
 AAAI 2022), in the hybrid split setting.
 
@@ -103,7 +103,7 @@ class FedProto:
         optimizer.zero_grad()
         exit_logits, features = client.model(images, client.split_depth)
         # tokens of the lineage's label epoch: fixed for the whole training, so prototypes of one
-        # round match the next round's rows (ALGORITHM.md "Label tokens")
+        # round match the next round's rows (docs/ALGORITHM.md "Label tokens")
         upload, sent = client.upload(features, labels, (client.split_depth,) * len(labels), round_id)
         tokens = upload.label_tokens
         loss = F.cross_entropy(exit_logits, labels)

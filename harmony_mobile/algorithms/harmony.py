@@ -1,4 +1,4 @@
-"""HARMONY (ALGORITHM.md, "Training"): meta-adaptation over simulated extractors, stochastic
+"""HARMONY (docs/ALGORITHM.md, "Training"): meta-adaptation over simulated extractors, stochastic
 split depth, and label-private supervised contrastive alignment on the server.
 
 One local step of client k, top to bottom:
@@ -84,7 +84,7 @@ class HarmonyConfig(BaseModel):
     contrastive: Literal["cross_family", "token"] = Field(
         default="cross_family",
         description="cross_family: positives from other families, negatives from the client's own slots "
-        "(ALGORITHM.md step 7); token: every same-token row a positive, every other row a negative",
+        "(docs/ALGORITHM.md step 7); token: every same-token row a positive, every other row a negative",
     )
     temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
     bank_size: int = Field(default=512, ge=0, description="server's same-round contrastive memory (rows)")

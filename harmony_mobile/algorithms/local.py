@@ -1,4 +1,4 @@
-"""`local` baseline (ALGORITHM.md, Baselines): every client trains its own full 4-stage model on its
+"""`local` baseline (docs/ALGORITHM.md, Baselines): every client trains its own full 4-stage model on its
 own data alone. No server, nothing uploaded, nothing aggregated.
 
 The round loop broadcasts the family's (never-changing) initial weights at every round; this

@@ -1,4 +1,4 @@
-"""`multi-exit` baseline (ALGORITHM.md, Baselines): hybrid split federated learning with an early
+"""`multi-exit` baseline (docs/ALGORITHM.md, Baselines): hybrid split federated learning with an early
 exit and a server fallback but without personalization mixing, i.e. SplitGP with lambda = 0.
 
 Every client of a family ends with the family's averaged front-end; the server back-end is trained

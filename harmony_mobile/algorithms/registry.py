@@ -22,7 +22,7 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony-no-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # no SupCon on the server
     # ablation: the server CE over every slot instead of the uploading client's slots (federation/server.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
-    # baselines (ALGORITHM.md, Baselines); each has a nested pydantic `Config`
+    # baselines (docs/ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split
     "multi-exit": (MultiExit, {}),  # hybrid SFL without personalization mixing (SplitGP, lambda = 0)

@@ -1,4 +1,4 @@
-"""`splitgp` baseline (ALGORITHM.md, Baselines): SplitGP (Han et al., "SplitGP: Achieving both
+"""`splitgp` baseline (docs/ALGORITHM.md, Baselines): SplitGP (Han et al., "SplitGP: Achieving both
 generalization and personalization in federated learning", INFOCOM 2023), the predecessor.
 
 One local step of client k at its fixed split depth d:

@@ -1,7 +1,7 @@
 """Non-IID client partitions with per-client train/val/test splits and a held-out OOD pool.
 
 A client's *ID classes* are the classes it holds locally; every other class is *OOD* for it
-(ALGORITHM.md). A class counts as ID only if the client has at least MIN_TRAIN_PER_ID_CLASS
+(docs/ALGORITHM.md). A class counts as ID only if the client has at least MIN_TRAIN_PER_ID_CLASS
 training samples of it, so one stray sample does not make a class "known". Such stray samples
 stay in the client's train split and never enter its val or test split, so ID test samples are
 always of ID classes.

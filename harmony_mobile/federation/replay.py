@@ -1,4 +1,4 @@
-"""The back-end's replay set: the "earlier features" of alignment rounds (ALGORITHM.md).
+"""The back-end's replay set: the "earlier features" of alignment rounds (docs/ALGORITHM.md).
 
 At the end of training every client sends `ReplayFeatures`: interface features of a random sample
 of its own training images through its final (personalized) front-end, without labels or tokens.

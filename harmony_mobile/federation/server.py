@@ -38,7 +38,7 @@ class ServerConfig(BaseModel):
     )
     contrastive: Literal["cross_family", "token"] = Field(
         default="cross_family",
-        description="cross_family (ALGORITHM.md step 7): an anchor's positives are the round's rows of its "
+        description="cross_family (docs/ALGORITHM.md step 7): an anchor's positives are the round's rows of its "
         "slot from OTHER families, its negatives only rows of slots its own client holds; token: plain "
         "SupCon, every same-token row a positive and every other row a negative",
     )

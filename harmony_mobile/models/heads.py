@@ -3,7 +3,7 @@ space, the server back-end `g` and the projection head `h` used only by the cont
 
 Every pooling is `mean(keepdim=True)` followed by `reshape`: XNNPACK delegates that pattern
 fully, while `mean(keepdim=False)` or `flatten` leave undelegated ops in the graph
-(../shared/notes/export-stack.md, F1/F2).
+(measured with executorch 1.5.1).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ def cross_family_supcon(
     candidate_families: torch.Tensor,
     temperature: float = 0.1,
 ) -> torch.Tensor:
-    """SupCon that aligns model families (ALGORITHM.md, step 7), for one client's upload against
+    """SupCon that aligns model families (docs/ALGORITHM.md, step 7), for one client's upload against
     the features pooled over the round.
 
     Anchor i (a row of the uploading client, family `anchor_family`) is pulled towards the pooled
