@@ -13,6 +13,7 @@ run stops with its last checkpoint intact and a rerun resumes after it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -125,7 +126,11 @@ class FlowerClients:
             broadcast = Broadcast(round_id, family, federation.family_weights[family], f"round-{round_id}")
             reply = self.client_turn(federation, client_id, "train.round", broadcast, generator)
             if reply is not None:
-                updates.append(record_to_message(reply, ClientUpdate))
+                update = record_to_message(reply, ClientUpdate)
+                if federation.server is not None:  # the server's measurements during this turn
+                    metrics = {**update.metrics, **federation.server.take_diagnostics()}
+                    update = dataclasses.replace(update, metrics=metrics)
+                updates.append(update)
         if len(updates) < self.settings.min_replies:
             raise FlowerRunError(
                 f"round {round_id}: {len(updates)} of {len(client_ids)} sampled clients replied, "

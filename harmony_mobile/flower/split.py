@@ -65,6 +65,11 @@ class ReplayServer:
             return self.replies[index]
         raise SplitStepNeeded(upload, update, digest)
 
+    def take_diagnostics(self) -> dict[str, float]:
+        """None here: the server's own measurements are added to the client's metrics by the
+        ServerApp when the turn ends (server_app.py), as the in-process round reads them then."""
+        return {}
+
 
 def step_request(needed: SplitStepNeeded) -> RecordDict:
     content = message_to_record(needed.upload)
