@@ -14,7 +14,7 @@ import httpx
 
 from tests.postgres import create_database
 from tests.server_process import serve
-from tests.test_server_support import ADMIN, bearer, make_model_dir, sealed_upload
+from tests.test_server_support import ADMIN, LABEL_EPOCH, bearer, make_model_dir, sealed_upload
 
 
 def test_two_replicas_share_one_postgresql(tmp_path, postgres_server):
@@ -29,7 +29,7 @@ def test_two_replicas_share_one_postgresql(tmp_path, postgres_server):
         with serve(second_dir, newer_model_dir, "--database-url", url, "--no-alignment") as second:
             device = httpx.post(f"{first}/v1/devices", json={"tier": "mid-android"}, headers=ADMIN).json()
             auth = bearer(device["token"])
-            body = sealed_upload(device, 1, [1, 2, 3])
+            body = sealed_upload(device, LABEL_EPOCH, [1, 2, 3])
 
             stored = httpx.post(f"{first}/v1/uploads", json=body, headers=auth)
             assert stored.status_code == 201, stored.text
@@ -37,7 +37,7 @@ def test_two_replicas_share_one_postgresql(tmp_path, postgres_server):
             assert replay.status_code == 200 and replay.json()["duplicate"] is True
             assert replay.json()["upload_id"] == stored.json()["upload_id"]
 
-            other = sealed_upload(device, 1, [4], message_id=uuid.UUID(body["message_id"]))
+            other = sealed_upload(device, LABEL_EPOCH, [4], message_id=uuid.UUID(body["message_id"]))
             conflict = httpx.post(f"{second}/v1/uploads", json=other, headers=auth)
             assert conflict.status_code == 409
 

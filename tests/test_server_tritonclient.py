@@ -38,9 +38,13 @@ def served(tmp_path_factory):
 def expected_outputs(model_dir, x: np.ndarray) -> dict[str, np.ndarray]:
     backend = load_backend_file(model_dir / "backend" / "backend.pt").backend.eval()
     with torch.inference_mode():
-        logits = backend(torch.from_numpy(x))
-        confidence, top_class = torch.softmax(logits, dim=1).max(dim=1)
-    return {"logits": logits.numpy(), "top_class": top_class.numpy(), "confidence": confidence.numpy()}
+        slot_scores = backend(torch.from_numpy(x))
+        confidence, top_slot = torch.softmax(slot_scores, dim=1).max(dim=1)
+    return {
+        "slot_scores": slot_scores.numpy(),
+        "top_slot": top_slot.numpy(),
+        "confidence": confidence.numpy(),
+    }
 
 
 def features_input(x: np.ndarray, binary: bool) -> triton.InferInput:
@@ -58,7 +62,7 @@ def test_health_and_metadata(served):
     )
     metadata = client.get_model_metadata(MODEL, headers={**auth})
     assert metadata["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 64, 8, 8]}]
-    assert [o["name"] for o in metadata["outputs"]] == ["logits", "top_class", "confidence"]
+    assert [o["name"] for o in metadata["outputs"]] == ["slot_scores", "top_slot", "confidence"]
 
 
 def test_config_statistics_and_repository_index(served):
@@ -78,13 +82,13 @@ def test_config_statistics_and_repository_index(served):
 def test_infer_matches_the_backend(served, binary_input, binary_output):
     client, auth, model_dir = served
     x = class_features(np.array([0, 3, 7]), seed=4)
-    outputs = [triton.InferRequestedOutput(n, binary_data=binary_output) for n in ("logits", "top_class")]
+    outputs = [triton.InferRequestedOutput(n, binary_data=binary_output) for n in ("slot_scores", "top_slot")]
     result = client.infer(
         MODEL, [features_input(x, binary_input)], outputs=outputs, headers={**auth}, request_id="req-1"
     )
     expected = expected_outputs(model_dir, x)
-    np.testing.assert_allclose(result.as_numpy("logits"), expected["logits"], rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(result.as_numpy("top_class"), expected["top_class"])
+    np.testing.assert_allclose(result.as_numpy("slot_scores"), expected["slot_scores"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(result.as_numpy("top_slot"), expected["top_slot"])
     assert result.as_numpy("confidence") is None  # not requested, not sent
     response = result.get_response()
     assert response["id"] == "req-1" and response["model_version"] == "v1"
@@ -112,7 +116,7 @@ def test_compressed_request_and_response(served, algorithm):
         request_compression_algorithm=algorithm,
         response_compression_algorithm="gzip",
     )
-    np.testing.assert_array_equal(result.as_numpy("top_class"), expected_outputs(model_dir, x)["top_class"])
+    np.testing.assert_array_equal(result.as_numpy("top_slot"), expected_outputs(model_dir, x)["top_slot"])
 
 
 def test_errors_carry_the_v2_error_message(served):
