@@ -38,6 +38,8 @@ import numpy as np
 import torch
 
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import save_backend
 
@@ -56,6 +58,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+CLASS_NAMES = tuple("0123456789")
+
+
 def make_model_dir(root: Path) -> Path:
     torch.manual_seed(0)
     backend = Backend(InterfaceSpec(), 10)
@@ -65,7 +70,8 @@ def make_model_dir(root: Path) -> Path:
         backend,
         ProjectionHead(backend.feature_dim, 128),
         "bench",
-        tuple("0123456789"),
+        CLASS_NAMES,
+        SlotTable("bench", len(CLASS_NAMES), class_tokens(epoch_key(os.urandom(32), "bench"), CLASS_NAMES)),
     )
     return model_dir
 
