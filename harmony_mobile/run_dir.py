@@ -17,6 +17,7 @@ RUN_DIR/
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,14 @@ from harmony_mobile.protocol.slots import SlotTable
 
 RUN_FORMAT = 2  # 2: slot-space back-end (label epoch, slot table, federation secret file)
 SECRET_FILE = "federation_secret"
+
+
+def write_federation_secret(run_path: Path, secret: bytes) -> None:
+    """Create the run's secret file, readable by its owner only; refuses to overwrite one (O_EXCL)."""
+    run_path.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(run_path / SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "wb") as out:
+        out.write(secret)
 
 
 class RunDirError(ValueError):

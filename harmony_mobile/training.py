@@ -37,6 +37,7 @@ from harmony_mobile.run_dir import (
     RunInfo,
     save_backend,
     save_client,
+    write_federation_secret,
     write_run_info,
 )
 
@@ -181,10 +182,7 @@ def lineage_secrets(run_path: Path) -> tuple[bytes, str]:
         secret = secret_file.read_bytes()
     else:
         secret = os.urandom(32)
-        run_path.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(secret_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(secret)
+        write_federation_secret(run_path, secret)
     info_file = run_path / "run.json"
     if info_file.is_file():
         return secret, json.loads(info_file.read_text())["label_epoch"]

@@ -18,7 +18,6 @@ nothing that training does afterwards changes).
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from harmony_mobile import training
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
 from harmony_mobile.evaluation import predict
 from harmony_mobile.federation.server import SplitServer
-from harmony_mobile.run_dir import SECRET_FILE
+from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
 
 LABEL_BYTES = 8  # a token is trunc64(HMAC): 8 bytes; SplitGP's original int64 label is 8 bytes too
 DEPTH_BYTES = 1
@@ -134,10 +133,7 @@ def instrument(counter: UplinkCounter, extras: RunExtras, seed: int) -> Iterator
         if (run_path / "run.json").is_file() or (run_path / SECRET_FILE).is_file():
             return lineage(run_path)
         secret = hashlib.sha256(f"harmony-bench/federation-secret/{seed}".encode()).digest()
-        run_path.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(run_path / SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "wb") as out:
-            out.write(secret)
+        write_federation_secret(run_path, secret)
         return secret, f"e-bench-{seed}"
 
     for name, patched in _server_patches(counter).items():
