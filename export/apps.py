@@ -6,21 +6,25 @@ What each app reads, and where this module writes it (paths relative to the repo
                                                          tiers' XNNPACK .pte files
               android_demo/harmony.properties            harmony.pinnedManifestKey (the P-256 key,
                                                          signing_key_p256.pub) and harmony.serverUrl
-              android_demo/app/src/main/assets/provisioning.json   the run's federation secret
+              android_demo/app/src/main/assets/provisioning.local.json   the run's federation secret
     ios       ios_demo/HarmonyDemo/Export/               manifest.json, both signatures and keys, the
                                                          tiers' Core ML packages and .pte files
               ios_demo/HarmonyDemo/HarmonyDemo/Resources/pinned_signing_key.pub   (Ed25519)
               ios_demo/HarmonyDemo/HarmonyDemo/Resources/server_url.txt
-              ios_demo/HarmonyDemo/HarmonyDemo/Resources/provisioning.json
+              ios_demo/HarmonyDemo/HarmonyDemo/Resources/provisioning.local.json
 
 The export is verified first (signatures and every file's digest), so an app never gets a copy
 that would fail its own check. The federation secret comes from the training run (`federation_secret`
-in the run directory): a phone needs it to token its labels and to decode the server's slots.
+in the run directory): a phone needs it to token its labels and to decode the server's slots. It goes
+to `provisioning.local.json` (owner-only, git-ignored), never into the tracked `provisioning.json`,
+which holds a placeholder secret the apps fall back to so that a fresh checkout builds: a secret
+must not end up in a commit.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +42,7 @@ from harmony_mobile.export.manifest import (
 Platform = Literal["android", "ios"]
 PLATFORMS: tuple[str, ...] = ("android", "ios")
 SECRET_FILE = "federation_secret"  # in a run directory (harmony_mobile/run_dir.py)
+LOCAL_PROVISIONING_FILE = "provisioning.local.json"  # git-ignored; the apps prefer it to provisioning.json
 DEFAULT_SERVER_URLS = {
     # the host machine as the Android emulator and the iOS simulator see it
     "android": "http://10.0.2.2:8000",
@@ -180,12 +185,22 @@ def _federation_secret(run_dir: Path | None) -> bytes | None:
 
 
 def _write_provisioning(repo: Path, platform: str, secret: bytes) -> Path:
-    path = (
-        repo / "android_demo" / "app" / "src" / "main" / "assets" / "provisioning.json"
+    folder = (
+        repo / "android_demo" / "app" / "src" / "main" / "assets"
         if platform == "android"
-        else repo / "ios_demo" / "HarmonyDemo" / "HarmonyDemo" / "Resources" / "provisioning.json"
+        else repo / "ios_demo" / "HarmonyDemo" / "HarmonyDemo" / "Resources"
     )
-    document = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    document["federation_secret_hex"] = secret.hex()
-    path.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / LOCAL_PROVISIONING_FILE
+    document = {
+        "comment": "Written by `harmony export-app` from the exported run; git-ignored. The app prefers "
+        "this file to provisioning.json (a placeholder). A real fleet provisions the secret through "
+        "MDM / managed app configuration (docs/PROTOCOL.md section 2).",
+        "federation_secret_hex": secret.hex(),
+    }
+    # owner-only from the first byte: the secret decodes every phone's labels
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(descriptor, 0o600)  # an older file may have been created with wider permissions
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
     return path

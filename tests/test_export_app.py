@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,19 @@ def export(tmp_path) -> Path:
     return out
 
 
+def _assert_provisioned(repo: Path, folder: Path) -> None:
+    """The run's secret lands in the owner-only, git-ignored local file; the tracked placeholder
+    (which a commit would publish) stays byte for byte as the checkout has it."""
+    local = repo / folder / "provisioning.local.json"
+    assert json.loads(local.read_text())["federation_secret_hex"] == SECRET.hex()
+    assert local.stat().st_mode & 0o777 == 0o600
+    tracked = folder / "provisioning.json"
+    assert (repo / tracked).read_bytes() == (ROOT / tracked).read_bytes()
+    assert SECRET.hex() not in (repo / tracked).read_text()
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(folder / local.name)], cwd=ROOT, check=False)
+    assert ignored.returncode == 0, f"{folder / local.name} is not git-ignored"
+
+
 def _properties(path: Path) -> dict[str, str]:
     lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
     return dict(line.split("=", 1) for line in lines)
@@ -85,9 +99,8 @@ def test_android_gets_the_p256_pinned_export_and_its_own_artifacts_only(repo, ex
     manifest = read_manifest(target)
     for artifact in manifest.tier("entry-android").artifacts:
         assert path_digest(target / artifact.path) == (artifact.sha256, artifact.size)
-    provisioning = json.loads((repo / ANDROID_ASSETS / "provisioning.json").read_text())
-    assert provisioning["federation_secret_hex"] == SECRET.hex()
-    assert "comment" in provisioning and result.provisioned
+    _assert_provisioned(repo, ANDROID_ASSETS)
+    assert result.provisioned
 
 
 def test_ios_gets_the_ed25519_pinned_export_with_core_ml_packages(repo, export):
@@ -104,7 +117,7 @@ def test_ios_gets_the_ed25519_pinned_export_with_core_ml_packages(repo, export):
         base64.b64decode((target / SIGNATURE_FILE).read_bytes()), (target / MANIFEST_FILE).read_bytes()
     )
     assert (resources / "server_url.txt").read_text() == "http://192.168.1.20:8000\n"
-    assert json.loads((resources / "provisioning.json").read_text())["federation_secret_hex"] == SECRET.hex()
+    _assert_provisioned(repo, IOS_APP / "HarmonyDemo" / "Resources")
     assert result.server_url == "http://192.168.1.20:8000"
 
 

@@ -72,14 +72,18 @@ enum ModelStore {
     }
 }
 
-/// Demo provisioning of the label-token key (Resources/provisioning.json). A real deployment gets it
-/// from MDM / managed app configuration; the server never holds it (docs/PROTOCOL.md 2-3).
+/// Demo provisioning of the label-token key: Resources/provisioning.local.json (written by
+/// `harmony export-app`, git-ignored) or else the placeholder Resources/provisioning.json. A real
+/// deployment gets it from MDM / managed app configuration; the server never holds it
+/// (docs/PROTOCOL.md 2-3).
 enum Provisioning {
     static func federationKey() throws -> FederationKey {
         struct File: Decodable {
             let federation_secret_hex: String
         }
-        guard let url = Bundle.main.url(forResource: "provisioning", withExtension: "json") else {
+        guard let url = Bundle.main.url(forResource: "provisioning.local", withExtension: "json")
+            ?? Bundle.main.url(forResource: "provisioning", withExtension: "json")
+        else {
             throw HarmonyFormatError("provisioning.json is missing from the app bundle")
         }
         let file = try JSONDecoder().decode(File.self, from: Data(contentsOf: url))

@@ -92,9 +92,18 @@ class DemoSession(
 
         const val MAX_QUEUE_BYTES = 32L * 1024 * 1024
 
-        /** The label-token key (docs/PROTOCOL.md 3): provisioned out of band, here from assets/provisioning.json. */
+        /**
+         * The label-token key (docs/PROTOCOL.md 3): provisioned out of band, here from
+         * assets/provisioning.local.json (written by `harmony export-app`, git-ignored) or else the
+         * placeholder assets/provisioning.json.
+         */
         fun federationKey(context: Context): FederationKey {
-            val text = context.assets.open("provisioning.json").use { it.readBytes().toString(Charsets.UTF_8) }
+            val name = if ("provisioning.local.json" in context.assets.list("").orEmpty()) {
+                "provisioning.local.json"
+            } else {
+                "provisioning.json"
+            }
+            val text = context.assets.open(name).use { it.readBytes().toString(Charsets.UTF_8) }
             val provisioning = Json.parseObject(text)
             return FederationKey(Hex.decode(provisioning.getString("federation_secret_hex")))
         }
