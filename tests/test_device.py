@@ -1,4 +1,4 @@
-"""The Python device runtime (harmony_mobile/device.py) on a real exported .pte and the real server app.
+"""The Python device runtime (harmony_mobile/device/) on a real exported .pte and the real server app.
 
 One small export (the fp32-only `tiny` tier of a random-initialized run dir) is built once per
 module; the server is the FastAPI app in process (TestClient); "server down" is an HTTP transport

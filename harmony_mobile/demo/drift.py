@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from harmony_mobile.algorithms.base import calibrate_threshold, exit_confidence
 from harmony_mobile.demo.config import DemoConfig, DemoError
 from harmony_mobile.demo.phones import PhoneData
-from harmony_mobile.device import FrontEndProgram, normalize
+from harmony_mobile.device.engine import FrontEndProgram
+from harmony_mobile.device.manifest import normalize
 from harmony_mobile.run_dir import RunDir, RunInfo
 
 

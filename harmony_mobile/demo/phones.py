@@ -13,7 +13,8 @@ from rich.progress import Progress
 
 from harmony_mobile.data.partition import ClientSplit, make_partition, ood_test_indices
 from harmony_mobile.demo.config import UPLOAD_ROWS, DemoConfig, DemoError
-from harmony_mobile.device import MODEL_NAME, Phone
+from harmony_mobile.device.phone import Phone
+from harmony_mobile.device.server import MODEL_NAME
 from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import ClientArtifact, RunDir
 

@@ -1,0 +1,98 @@
+"""The Python device runtime: what a phone does, using only the exported artifacts and the wire protocol.
+
+Its modules mirror android_demo/harmony-core's Java packages (and ios_demo/HarmonyKit's folders),
+so the demo and the tests exercise the same behaviour as the apps, without the training code:
+
+  module      harmony-core (org.harmonymobile.core.*)          HarmonyKit (Sources/HarmonyKit/*)
+  manifest    manifest: ManifestVerifier, Manifest, ...         Manifest/
+  engine      engine: InferenceEngine                           Engine/, HarmonyKitExecuTorch
+  queue       queue: UploadQueue, PendingUpload                 Queue/
+  server      server: HarmonyServerClient, DeviceCredentials    Net/HarmonyHTTPClient.swift
+  phone       HarmonyClient, ConfirmedUploads, SlotDecoder,     Client/, Exit/
+              FederationKey; exit: ExitPolicy
+  errors      the per-package exceptions                        HarmonyFormatError, ServerError
+
+What a phone does:
+
+  * `load_manifest`: verify manifest.sig over the exact bytes of manifest.json with the *pinned*
+    Ed25519 key, then parse it; `load_front_end` checks the artifact's sha256 and size against the
+    manifest before handing the .pte to the ExecuTorch runtime.
+  * `Phone.classify`: normalize the pixels as the manifest says, run the .pte, answer locally when
+    max softmax(exit_logits) >= the exit threshold (the manifest's tier threshold, or the one the
+    phone recalibrated after personalizing its front-end on device: `Phone.use_local_front_end`),
+    else POST the features as a binary HMFT body to the server's infer endpoint (docs/PROTOCOL.md
+    6.2; inference bodies are not sealed, uploads are). The server answers in slots; the phone
+    turns the top slot into a class with its federation secret (the token of every manifest class
+    name under the label epoch, looked up in the version's slot table; a version it has not seen
+    yet: its slot table from the V2 model metadata first). A slot no class name maps to keeps
+    the local answer and says so. Any server failure (down, timeout, 4xx/5xx) answers with the
+    local exit instead.
+  * `Phone.confirm` + `Phone.flush`: features of samples whose label the user confirmed become a
+    sealed upload (label tokens of the class names under the provisioned federation secret and
+    the manifest's label epoch; randomized response and feature clipping + noise when the manifest
+    says the lineage trained with them; envelope bound to device id, label epoch and message id),
+    stored in a bounded file-backed `UploadQueue` and sent when the server answers. An entry is
+    deleted only on a 2xx acknowledgement; a resend uses the same bytes and message id, which the
+    server stores once (PROTOCOL.md 4.6).
+
+The package imports the protocol and privacy layers only: neither `harmony_mobile.export`, nor
+`harmony_mobile.server`, nor the training code (import-linter contracts in pyproject.toml).
+"""
+
+from harmony_mobile.device.engine import FrontEndProgram, load_front_end
+from harmony_mobile.device.errors import DeviceError
+from harmony_mobile.device.manifest import (
+    MANIFEST_FILE,
+    PUBLIC_KEY_FILE,
+    SIGNATURE_FILE,
+    decode_public_key,
+    load_manifest,
+    normalize,
+    pte_artifact,
+    read_verified_artifact,
+    tier_entry,
+    upload_privacy,
+    verify_manifest_bytes,
+)
+from harmony_mobile.device.phone import (
+    PERMANENT_UPLOAD_STATUSES,
+    Classification,
+    FederationKey,
+    FlushResult,
+    Phone,
+    PhoneStats,
+    exit_threshold,
+)
+from harmony_mobile.device.queue import PendingUpload, QueueFullError, UploadQueue
+from harmony_mobile.device.server import MODEL_NAME, DeviceCredentials, enrol, parse_slot_table
+
+__all__ = [
+    "MANIFEST_FILE",
+    "MODEL_NAME",
+    "PERMANENT_UPLOAD_STATUSES",
+    "PUBLIC_KEY_FILE",
+    "SIGNATURE_FILE",
+    "Classification",
+    "DeviceCredentials",
+    "DeviceError",
+    "FederationKey",
+    "FlushResult",
+    "FrontEndProgram",
+    "PendingUpload",
+    "Phone",
+    "PhoneStats",
+    "QueueFullError",
+    "UploadQueue",
+    "decode_public_key",
+    "enrol",
+    "exit_threshold",
+    "load_front_end",
+    "load_manifest",
+    "normalize",
+    "parse_slot_table",
+    "pte_artifact",
+    "read_verified_artifact",
+    "tier_entry",
+    "upload_privacy",
+    "verify_manifest_bytes",
+]

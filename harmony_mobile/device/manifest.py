@@ -1,0 +1,109 @@
+"""Trusting an export: the manifest's signature under the pinned key, its tiers, artifacts and normalization.
+
+Counterparts: harmony-core `org.harmonymobile.core.manifest` (ManifestVerifier, Manifest, TierEntry,
+Artifact, Normalization); HarmonyKit `Manifest/` (ManifestVerifier.swift, Manifest.swift).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from harmony_mobile.device.errors import DeviceError
+from harmony_mobile.privacy.options import UploadPrivacy
+
+MANIFEST_FILE = "manifest.json"
+SIGNATURE_FILE = "manifest.sig"
+PUBLIC_KEY_FILE = "signing_key.pub"
+
+
+def decode_public_key(text: str | bytes) -> Ed25519PublicKey:
+    """A pinned signing key: base64 of the raw 32-byte Ed25519 key (the signing_key.pub format)."""
+    raw = base64.b64decode(text.strip() if isinstance(text, str) else text.strip(), validate=True)
+    if len(raw) != 32:
+        raise DeviceError(f"a pinned Ed25519 key is 32 bytes, got {len(raw)}")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def verify_manifest_bytes(manifest: bytes, signature_b64: str | bytes, pinned_key: Ed25519PublicKey) -> dict:
+    """Verify the signature over the exact manifest bytes with the pinned key, then parse them."""
+    try:
+        signature = base64.b64decode(signature_b64.strip(), validate=True)
+        pinned_key.verify(signature, manifest)
+    except (InvalidSignature, ValueError) as error:
+        raise DeviceError(
+            f"manifest signature does not verify with the pinned key ({error or 'invalid'})"
+        ) from None
+    return json.loads(manifest.decode("utf-8"))
+
+
+def load_manifest(export_dir: str | Path, pinned_key: Ed25519PublicKey | str | bytes) -> dict:
+    """manifest.json of an export directory, trusted only after its signature verified."""
+    export_dir = Path(export_dir)
+    if not isinstance(pinned_key, Ed25519PublicKey):
+        pinned_key = decode_public_key(pinned_key)
+    try:
+        manifest = (export_dir / MANIFEST_FILE).read_bytes()
+        signature = (export_dir / SIGNATURE_FILE).read_bytes()
+    except OSError as error:
+        raise DeviceError(f"cannot read the signed manifest in {export_dir}: {error}") from None
+    return verify_manifest_bytes(manifest, signature, pinned_key)
+
+
+def tier_entry(manifest: dict, tier: str) -> dict:
+    for entry in manifest["tiers"]:
+        if entry["name"] == tier:
+            return entry
+    raise DeviceError(
+        f"the manifest has no tier {tier!r}; it has {', '.join(t['name'] for t in manifest['tiers'])}"
+    )
+
+
+def pte_artifact(entry: dict, quantization: str) -> dict:
+    for artifact in entry["artifacts"]:
+        if artifact["format"] == "pte" and artifact["quantization"] == quantization:
+            return artifact
+    raise DeviceError(f"tier {entry['name']} has no {quantization} .pte artifact")
+
+
+def read_verified_artifact(export_dir: str | Path, artifact: dict) -> bytes:
+    """An artifact's bytes after checking their sha256 and size against the (verified) manifest."""
+    path = Path(export_dir) / artifact["path"]
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise DeviceError(f"cannot read {artifact['path']}: {error}") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) != artifact["size"] or digest != artifact["sha256"]:
+        raise DeviceError(
+            f"{artifact['path']} does not match the signed manifest "
+            f"(sha256 {digest[:12]}…, {len(data)} bytes; manifest {artifact['sha256'][:12]}…, {artifact['size']} bytes)"
+        )
+    return data
+
+
+def normalize(pixels: np.ndarray | torch.Tensor, normalization: dict) -> torch.Tensor:
+    """Pixels (C, H, W) or (N, C, H, W), 0..255 -> float32 NCHW, (pixel * scale - mean[c]) / std[c]."""
+    x = torch.as_tensor(np.asarray(pixels), dtype=torch.float32)
+    if x.dim() == 3:
+        x = x.unsqueeze(0)
+    mean = torch.tensor(normalization["mean"], dtype=torch.float32).view(1, -1, 1, 1)
+    std = torch.tensor(normalization["std"], dtype=torch.float32).view(1, -1, 1, 1)
+    return ((x * normalization.get("pixel_scale", 1 / 255) - mean) / std).contiguous()
+
+
+def upload_privacy(manifest: dict) -> UploadPrivacy:
+    """The upload protections the lineage trained with (the manifest's `run` object says which)."""
+    run = manifest.get("run", {})
+    return UploadPrivacy(
+        label_dp_epsilon=run.get("label_dp_epsilon"),
+        feature_clip=run.get("feature_clip"),
+        noise_multiplier=run.get("noise_multiplier"),
+    )

@@ -1,0 +1,69 @@
+"""The phone's side of the fallback server's API: enrolment, credentials, slot tables, error bodies.
+
+Counterparts: harmony-core `org.harmonymobile.core.server` (HarmonyServerClient, DeviceCredentials,
+Enrollment, SlotTable, ServerException); HarmonyKit `Net/HarmonyHTTPClient.swift`. The requests
+themselves (infer, slot table of a version, upload) are made by `harmony_mobile.device.phone.Phone`.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+
+import httpx
+
+from harmony_mobile.device.errors import DeviceError
+from harmony_mobile.protocol.slots import TOKEN_HEX_PATTERN
+
+MODEL_NAME = "harmony-backend"
+
+
+@dataclass(frozen=True)
+class DeviceCredentials:
+    """What enrolment returns (PROTOCOL.md 2): keep the token secret, pin the server key."""
+
+    device_id: str
+    token: str = field(repr=False)
+    server_public_key: bytes
+    limits: dict
+
+    @classmethod
+    def from_enrolment(cls, response: dict) -> DeviceCredentials:
+        return cls(
+            device_id=response["device_id"],
+            token=response["token"],
+            server_public_key=base64.b64decode(response["server_public_key"]),
+            limits=dict(response.get("limits") or {}),
+        )
+
+
+def enrol(base_url: str, admin_token: str, tier: str, name: str | None = None, timeout: float = 10.0) -> dict:
+    """Provisioning step (operator side, admin token): POST /v1/devices; returns the enrolment JSON."""
+    response = httpx.post(
+        f"{base_url}/v1/devices",
+        json={"tier": tier, **({"name": name} if name else {})},
+        headers={"Authorization": f"Bearer {admin_token}"},
+        timeout=timeout,
+    )
+    if response.status_code != 201:
+        raise DeviceError(f"enrolment failed: {response.status_code} {response.text}")
+    return response.json()
+
+
+def parse_slot_table(slot_table: list[str]) -> list[bytes]:
+    """Slot tokens from their serialized form (16 lowercase hex characters each)."""
+    if not isinstance(slot_table, list):
+        raise DeviceError(f"a slot table is a list of hex tokens, got {type(slot_table).__name__}")
+    for index, token in enumerate(slot_table):
+        if not isinstance(token, str) or TOKEN_HEX_PATTERN.fullmatch(token) is None:
+            raise DeviceError(f"slot_table[{index}] is not 16 lowercase hex characters: {token!r}")
+    return [bytes.fromhex(token) for token in slot_table]
+
+
+def error_detail(response: httpx.Response) -> str:
+    """The error sentence: `error` on /v2 routes (Open Inference Protocol), `detail` elsewhere."""
+    try:
+        body = response.json()
+        return str(body.get("error") or body.get("detail") or response.text)
+    except ValueError:
+        return response.text[:200]
