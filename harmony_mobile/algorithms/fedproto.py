@@ -3,21 +3,31 @@ heterogeneity (Tan et al., "FedProto: Federated Prototype Learning across Hetero
 AAAI 2022), in the hybrid split setting.
 
 Clients of different families share no weights, only class prototypes: the mean interface feature
-z = phi_d(B_1..d(x)) of each class, keyed by its label token, never by the class. One local step
-of client k on a batch (x, y), at its fixed split depth d:
+z = phi_d(B_1..d(x)) of each class, keyed by its label token, never by the class. In FedProto the
+prototype space is the input of each client's decision layer, so the classification loss shapes
+it; the exit head e_d reads the stage activation, not z, so each client also keeps a linear
+decision layer W_k on z (on the phone, never shared). One local step of client k on a batch
+(x, y), at its fixed split depth d:
 
-    loss = CE(e_d(B_1..d(x)), y) + lambda * MSE(z, P[token(y)])
+    loss = CE(e_d(B_1..d(x)), y) + CE(W_k z, y) + lambda * MSE(z, P[token(y)])
 
 where P are the global prototypes of the previous round (rows whose token has none yet contribute
-only the exit loss). The client's own model carries over from round to round (no weight averaging),
-and at the end of a round it uploads the per-token means of the features it computed, with their
-counts; the server averages them per token over every client of every family, so the MSE term pulls
-each family's features of a class to one shared point of the interface space.
+only the two CE terms). Without the CE on z, phi_d learns only from the MSE towards prototypes
+that are means of its own random initial output: z then carries too little class information for
+any fallback (measured on the standard budget: the server answered at chance). The client's own
+model carries over from round to round (no weight averaging), and at the end of a round it uploads
+the per-token means of the features it computed, with their counts; the server averages them per
+token over every client of every family, so the MSE term pulls each family's features of a class
+to one shared point of the interface space.
 
 Fallback: the same server back-end g as the split methods, trained on the uploaded features and
-tokens with the server CE (softmax over the uploading client's own classes, as HARMONY's); its
+tokens with the server CE (softmax over the uploading client's own slots, as HARMONY's); its
 dL/dz is NOT back-propagated into the front-end (that feedback is what split learning adds and
-prototype learning does not have). The phone exits by max-softmax with tau calibrated like HARMONY's.
+prototype learning does not have). Since the front-ends never adapt to g, g adapts to them: it
+also trains on the uploads of the final personalization, i.e. on the features it will serve.
+FedProto's own global inference, the slot of the nearest global prototype, was measured as the
+alternative fallback and served ID samples slightly better but OOD mixes worse than g (see
+docs/ALGORITHM.md, Baselines). The phone exits by max-softmax with tau calibrated like HARMONY's.
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
+from torch import nn
 
 from harmony_mobile.algorithms.base import calibrate_client
 from harmony_mobile.federation.client import Client
@@ -88,6 +99,7 @@ class FedProto:
         self.store = PrototypeStore()
         self._weights: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its own model
         self._optimizer_state: dict[str, dict] = {}
+        self._decision_layers: dict[str, nn.Linear] = {}
 
     def server_config(self) -> ServerConfig:
         return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0, restrict_to_client_slots=True)
@@ -96,24 +108,40 @@ class FedProto:
         if client.name in self._weights:
             client.model.load_state_dict(self._weights[client.name])
 
+    def _decision_layer(self, client: Client) -> nn.Linear:
+        """The client's own linear classifier on z (kept on the phone, never shared). Its init does
+        not touch the global random stream, which seeds the rest of the run."""
+        if client.name not in self._decision_layers:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(client.client_id)
+                self._decision_layers[client.name] = nn.Linear(
+                    client.model.interface.numel, client.model.num_classes
+                )
+        return self._decision_layers[client.name]
+
+    def _trained_parameters(self, client: Client) -> list[nn.Parameter]:
+        return [*client.held_parameters().values(), *self._decision_layer(client).parameters()]
+
     def _step(
-        self, client: Client, server: SplitServer, optimizer, images, labels, round_id: int, update: bool
+        self, client: Client, server: SplitServer, optimizer, images, labels, round_id: int
     ) -> tuple[float, torch.Tensor, tuple[bytes, ...]]:
-        """One step of exit CE + lambda * prototype MSE; the features also train g (not the front-end)."""
+        """One step of exit CE + decision-layer CE on z + lambda * prototype MSE; the uploaded features
+        also train g (not the front-end)."""
         optimizer.zero_grad()
         exit_logits, features = client.model(images, client.split_depth)
         # tokens of the lineage's label epoch: fixed for the whole training, so prototypes of one
         # round match the next round's rows (docs/ALGORITHM.md "Label tokens")
         upload, sent = client.upload(features, labels, (client.split_depth,) * len(labels), round_id)
         tokens = upload.label_tokens
-        loss = F.cross_entropy(exit_logits, labels)
+        embedding_logits = self._decision_layer(client)(features.flatten(1))
+        loss = F.cross_entropy(exit_logits, labels) + F.cross_entropy(embedding_logits, labels)
         known = [i for i, t in enumerate(tokens) if t in self.store.global_prototypes]
         if known and self.config.proto_weight > 0:
             targets = torch.stack([self.store.global_prototypes[tokens[i]] for i in known])
             loss = loss + self.config.proto_weight * F.mse_loss(features[known], targets)
         loss.backward()
         optimizer.step()
-        server.step(upload, update=update)  # g learns from the upload; its dL/dz is not used
+        server.step(upload)  # g learns from the upload; its dL/dz is not used
         return loss.item(), sent.detach(), tokens
 
     def client_round(
@@ -122,7 +150,7 @@ class FedProto:
         c = self.config
         self.store.start_round(round_id)
         self._restore(client)
-        optimizer = torch.optim.Adam(client.held_parameters().values(), lr=c.lr)
+        optimizer = torch.optim.Adam(self._trained_parameters(client), lr=c.lr)
         if client.name in self._optimizer_state:
             optimizer.load_state_dict(self._optimizer_state[client.name])
         sums: dict[bytes, torch.Tensor] = {}
@@ -130,7 +158,7 @@ class FedProto:
         total = 0.0
         for _ in range(c.local_steps):
             images, labels = client.batch(c.batch_size, generator)
-            loss, features, tokens = self._step(client, server, optimizer, images, labels, round_id, True)
+            loss, features, tokens = self._step(client, server, optimizer, images, labels, round_id)
             total += loss
             for row, token in zip(features, tokens, strict=True):
                 sums[token] = sums.get(token, torch.zeros_like(row)) + row
@@ -162,10 +190,10 @@ class FedProto:
         self.store.start_round(-1)  # the last round's uploads become the global prototypes
         self._restore(client)
         if c.personalize_epochs > 0:
-            optimizer = torch.optim.Adam(client.held_parameters().values(), lr=c.lr)
+            optimizer = torch.optim.Adam(self._trained_parameters(client), lr=c.lr)
             batch = c.personalize_batch_size or c.batch_size
             steps = c.personalize_epochs * max(1, len(client.train_y) // batch)
             for _ in range(steps):
                 images, labels = client.batch(batch, generator)
-                self._step(client, server, optimizer, images, labels, -1, False)
+                self._step(client, server, optimizer, images, labels, -1)
         calibrate_client(client, c.calibration_target, self.exit_rule)
