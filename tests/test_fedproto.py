@@ -46,31 +46,66 @@ def test_clients_upload_prototypes_by_token_and_no_weights():
 
 
 def test_the_server_trains_g_but_its_gradient_never_reaches_a_front_end():
-    """With the prototype term off, a fedproto client trains exactly as with its exit loss alone,
-    whatever g does with its uploads; g itself moves."""
-    federation = tiny_federation("fedproto", {"proto_weight": 0.0})
-    backend_before = snapshot(federation.server.backend)
+    """Two servers with different g give the same client round: nothing g computes reaches the
+    front-end (or the client's decision layer); g itself moves."""
+    trained = {}
+    for perturb in (False, True):
+        federation = tiny_federation("fedproto", {"proto_weight": 0.0})
+        if perturb:
+            with torch.no_grad():
+                for parameter in federation.server.backend.parameters():
+                    parameter.add_(torch.randn_like(parameter))
+        backend_before = snapshot(federation.server.backend)
+        client = federation.clients[1]
+        federation.broadcast(client, 0)
+        federation.server.start_round(0)
+        federation.algorithm.client_round(client, federation.server, 0, torch.Generator().manual_seed(3))
+        after = snapshot(federation.server.backend)
+        assert any(not torch.equal(backend_before[k], v) for k, v in after.items())
+        trained[perturb] = (snapshot(client.model), snapshot(federation.algorithm._decision_layer(client)))
+    for plain, perturbed in zip(trained[False], trained[True], strict=True):
+        assert all(torch.equal(perturbed[k], v) for k, v in plain.items())
+
+
+def test_the_interface_features_are_trained_by_a_classification_loss_not_only_the_prototype_pull():
+    """FedProto's prototype space is a classifier's input. Without a CE on z, the connector would
+    learn only from the MSE towards prototypes of its own random output (and nothing at all with
+    the prototype term off), leaving z too little class information for the server to answer."""
+    federation = tiny_federation("fedproto", {"proto_weight": 0.0, "local_steps": 6})
     client = federation.clients[1]
     federation.broadcast(client, 0)
-    reference = snapshot(client.model)
+    connector = f"connectors.{client.split_depth}."
+    before = {k: v for k, v in snapshot(client.model).items() if k.startswith(connector)}
     federation.server.start_round(0)
-    federation.algorithm.client_round(client, federation.server, 0, torch.Generator().manual_seed(3))
-    with_server = snapshot(client.model)
+    algorithm = federation.algorithm
+    generator = torch.Generator().manual_seed(0)
+    images, labels = client.train_x, client.train_y
+    with torch.no_grad():
+        _, features = client.model(images, client.split_depth)
+        ce_before = torch.nn.functional.cross_entropy(
+            algorithm._decision_layer(client)(features.flatten(1)), labels
+        )
+    algorithm.client_round(client, federation.server, 0, generator)
+    after = snapshot(client.model)
+    assert any(not torch.equal(after[k], v) for k, v in before.items())
+    with torch.no_grad():
+        _, features = client.model(images, client.split_depth)
+        ce_after = torch.nn.functional.cross_entropy(
+            algorithm._decision_layer(client)(features.flatten(1)), labels
+        )
+    assert ce_after < 0.8 * ce_before
 
-    alone = tiny_federation("fedproto", {"proto_weight": 0.0})
-    alone_client = alone.clients[1]
-    alone_client.model.load_state_dict(reference)
-    config = alone.algorithm.config
-    optimizer = torch.optim.Adam(alone_client.held_parameters().values(), lr=config.lr)
-    generator = torch.Generator().manual_seed(3)
-    for _ in range(config.local_steps):
-        images, labels = alone_client.batch(config.batch_size, generator)
-        optimizer.zero_grad()
-        exit_logits, _ = alone_client.model(images, alone_client.split_depth)
-        torch.nn.functional.cross_entropy(exit_logits, labels).backward()
-        optimizer.step()
-    assert all(torch.equal(with_server[k], v) for k, v in snapshot(alone_client.model).items())
-    assert any(not torch.equal(backend_before[k], v) for k, v in snapshot(federation.server.backend).items())
+
+def test_g_trains_on_the_personalization_uploads_the_features_it_will_serve():
+    """The front-ends never adapt to g, so g must follow their final (personalized) features."""
+    federation = tiny_federation("fedproto", {"personalize_epochs": 1})
+    run_rounds(federation, rounds=1, clients_per_round=4, seed=0, show_progress=False)
+    before = snapshot(federation.server.backend)
+    client = federation.clients[0]
+    federation.broadcast(client)
+    federation.algorithm.personalize(client, federation.server, torch.Generator().manual_seed(0))
+    after = snapshot(federation.server.backend)
+    assert any(not torch.equal(before[k], v) for k, v in after.items())
 
 
 def test_the_prototype_term_pulls_features_towards_the_shared_prototypes():
