@@ -13,11 +13,41 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.server import ServerConfig, SplitServer
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.protocol.messages import ClientUpdate
+
+
+class LocalTrainingConfig(BaseModel):
+    """The per-round budget every method has: the one place its defaults are written, so that the
+    methods compare at equal budgets unless a method's config says otherwise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    local_steps: int = Field(default=16, ge=1, description="optimizer steps per client per round")
+    batch_size: int = Field(default=64, ge=2, description="samples per step")
+    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of what the client trains")
+
+
+class SplitTrainingConfig(LocalTrainingConfig):
+    """What a split method adds: the server back-end's optimizer and the phone's final personalization
+    and exit calibration."""
+
+    server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of the server back-end")
+    personalize_epochs: int = Field(default=0, ge=0, description="final personalization epochs on local data")
+    personalize_batch_size: int | None = Field(
+        default=None, ge=2, description="batch size of the final personalization; None = batch_size"
+    )
+    calibration_target: float = Field(
+        default=0.98, gt=0, le=1, description="local-exit accuracy target the exit threshold is calibrated to"
+    )
+
+    @property
+    def personalization_batch_size(self) -> int:
+        return self.personalize_batch_size or self.batch_size
 
 
 class Algorithm(Protocol):

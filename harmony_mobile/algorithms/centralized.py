@@ -15,19 +15,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
+from harmony_mobile.algorithms.base import LocalTrainingConfig
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.server import ServerConfig, SplitServer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class CentralizedConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    local_steps: int = Field(default=16, ge=1, description="steps per client turn (same budget as FL)")
-    batch_size: int = Field(default=64, ge=2, description="samples per step, drawn from the pool")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate")
+class CentralizedConfig(LocalTrainingConfig):
+    """The shared budget: `local_steps` per client turn, batches drawn from the whole pool."""
 
 
 class Centralized:

@@ -9,21 +9,16 @@ same global model and answers every query with it.
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from harmony_mobile.algorithms.base import client_update
+from harmony_mobile.algorithms.base import LocalTrainingConfig, client_update
 from harmony_mobile.algorithms.local import full_model_step
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class FedAvgConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    local_steps: int = Field(default=16, ge=1, description="SGD steps per client per round")
-    batch_size: int = Field(default=64, ge=2, description="samples per step")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate (fresh optimizer every round)")
+class FedAvgConfig(LocalTrainingConfig):
+    """The shared budget; the optimizer is fresh every round."""
 
 
 class FedAvg:

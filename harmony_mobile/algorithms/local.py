@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
+from harmony_mobile.algorithms.base import LocalTrainingConfig
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.server import ServerConfig, SplitServer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class LocalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    local_steps: int = Field(default=16, ge=1, description="SGD steps per client per round")
-    batch_size: int = Field(default=64, ge=2, description="samples per step")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate")
+class LocalConfig(LocalTrainingConfig):
+    """The shared budget; each client's optimizer state carries over between rounds."""
 
 
 def full_model_step(client: Client, optimizer: torch.optim.Optimizer, batch_size: int, generator) -> float:

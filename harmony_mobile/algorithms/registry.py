@@ -18,7 +18,7 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony": (Harmony, {}),
     # ablations: each turns off exactly one mechanism (one config field; tests/test_ablations.py)
     "harmony-no-meta": (Harmony, {"meta": False}),  # no inner loop: variants are theta plus noise
-    "harmony-fixed-depth": (Harmony, {"stochastic_depth": False}),  # every variant at the client's depth
+    "harmony-fixed-depth": (Harmony, {"random_split_depth": False}),  # every variant at the client's depth
     "harmony-no-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # no SupCon on the server
     # ablation: the server CE over every slot instead of the uploading client's slots (federation/server.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
