@@ -13,7 +13,7 @@ from harmony_mobile.data import (
     ood_test_indices,
     shard_partition,
 )
-from harmony_mobile.data.partition import MIN_TRAIN_PER_ID_CLASS
+from harmony_mobile.data.partition import MIN_TRAIN_PER_ID_CLASS, SplitOptions
 
 FAMILIES = ["cnn", "cnn", "mobilenet", "mobilenet", "resnet", "resnet"]
 
@@ -70,7 +70,9 @@ def test_reproducible_from_seed_and_different_with_another(scheme):
 
 def test_client_splits_are_stratified_with_the_requested_fractions():
     labels = balanced_labels(num_classes=5, per_class=200)
-    [client] = dirichlet_partition(labels, 1, 1.0, seed=0, val_fraction=0.1, test_fraction=0.2)
+    [client] = dirichlet_partition(
+        labels, 1, 1.0, seed=0, options=SplitOptions(val_fraction=0.1, test_fraction=0.2)
+    )
     for c in range(5):
         assert np.sum(labels[client.test] == c) in (40, 41)  # 20 % of 200, up to rounding
         assert np.sum(labels[client.val] == c) in (19, 20, 21)
@@ -79,14 +81,16 @@ def test_client_splits_are_stratified_with_the_requested_fractions():
 
 def test_a_stray_sample_does_not_make_its_class_id():
     labels = np.array([0] * 20 + [1])
-    [client] = dirichlet_partition(labels, 1, 1.0, seed=0, min_samples_per_client=1)
+    [client] = dirichlet_partition(labels, 1, 1.0, seed=0, options=SplitOptions(min_samples_per_client=1))
     assert client.classes == (0,) and 20 in client.train
 
 
 def test_rare_classes_stay_in_train_instead_of_leaking_into_val_or_test():
     labels = np.array([0] * 30 + [1] * 2)  # a split of class 1 would leave one training sample
     for seed in range(10):
-        [client] = dirichlet_partition(labels, 1, 1.0, seed=seed, min_samples_per_client=1)
+        [client] = dirichlet_partition(
+            labels, 1, 1.0, seed=seed, options=SplitOptions(min_samples_per_client=1)
+        )
         check_invariants([client], labels)
         assert client.classes == (0, 1) and {30, 31} <= set(client.train)
 
@@ -103,7 +107,9 @@ def test_small_alpha_is_more_skewed_than_large_alpha():
     labels = balanced_labels()
 
     def mean_id_classes(alpha):
-        clients = dirichlet_partition(labels, 10, alpha, seed=0, min_samples_per_client=5)
+        clients = dirichlet_partition(
+            labels, 10, alpha, seed=0, options=SplitOptions(min_samples_per_client=5)
+        )
         return np.mean([len(c.classes) for c in clients])
 
     assert mean_id_classes(0.1) < mean_id_classes(100.0) == 10
@@ -187,7 +193,7 @@ def test_partitions_of_random_labels_keep_every_invariant(
             alpha=alpha,
             classes_per_client=2,
             client_families=families,
-            min_samples_per_client=1,
+            options=SplitOptions(min_samples_per_client=1),
             ood_pool_fraction=0.15,
         )
     except ValueError as error:  # only a genuine shortage of data may stop a valid request
@@ -240,7 +246,9 @@ LABELS = balanced_labels(num_classes=4, per_class=10)
             "cover all 4 classes",
         ),
         (
-            lambda: dirichlet_partition(LABELS, 2, 1.0, seed=0, val_fraction=0.5, test_fraction=0.5),
+            lambda: dirichlet_partition(
+                LABELS, 2, 1.0, seed=0, options=SplitOptions(val_fraction=0.5, test_fraction=0.5)
+            ),
             "sum to less than 1",
         ),
         (lambda: dirichlet_partition(np.array([0.5, 1.5]), 1, 1.0, seed=0), "integer class ids"),
@@ -255,15 +263,21 @@ def test_a_client_without_samples_is_named_with_advice():
     with pytest.raises(
         ValueError, match=r"client \d+ received only 0 samples.*fewer clients, a larger alpha"
     ):
-        dirichlet_partition(LABELS, 30, 0.01, seed=0, min_samples_per_client=1)
+        dirichlet_partition(LABELS, 30, 0.01, seed=0, options=SplitOptions(min_samples_per_client=1))
     labels = np.array([0, 0, 0, 1])  # class 1 has a single sample for its two holders
     with pytest.raises(ValueError, match=r"client \d received only .*fewer clients"):
-        shard_partition(labels, 4, 1, seed=0, min_samples_per_client=1)
+        shard_partition(labels, 4, 1, seed=0, options=SplitOptions(min_samples_per_client=1))
 
 
 def test_ood_fraction_outside_unit_interval_and_an_empty_pool():
     part = make_partition(
-        "dirichlet", LABELS, 2, 0, alpha=100.0, min_samples_per_client=1, ood_pool_fraction=0.2
+        "dirichlet",
+        LABELS,
+        2,
+        0,
+        alpha=100.0,
+        options=SplitOptions(min_samples_per_client=1),
+        ood_pool_fraction=0.2,
     )
     client = part.clients[0]
     for p_ood in (-0.1, 1.5):
