@@ -23,6 +23,7 @@ def balanced_labels(num_classes=10, per_class=100, seed=0):
 
 
 def partition(scheme, labels, seed=0, num_clients=6, **kwargs):
+    kwargs = {"alpha": 0.5, "classes_per_client": 2, **kwargs}
     return make_partition(scheme, labels, num_clients, seed, client_families=FAMILIES[:num_clients], **kwargs)
 
 
@@ -238,6 +239,8 @@ LABELS = balanced_labels(num_classes=4, per_class=10)
             "one family per client \\(3\\)",
         ),
         (lambda: make_partition("family", LABELS, 3, 0), "needs client_families"),
+        (lambda: make_partition("dirichlet", LABELS, 2, 0), "needs alpha"),
+        (lambda: make_partition("shard", LABELS, 2, 0), "needs classes_per_client"),
         (lambda: make_partition("shard", LABELS, 2, 0, ood_pool_fraction=1.0), "ood_pool_fraction"),
         (lambda: family_partition(LABELS, ["a", "a"], seed=0), "at least 2 families"),
         (lambda: family_partition(LABELS, ["a", "b"], seed=0, classes_per_family=4), "misses a class"),

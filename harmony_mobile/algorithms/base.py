@@ -50,6 +50,21 @@ class SplitTrainingConfig(LocalTrainingConfig):
         return self.personalize_batch_size or self.batch_size
 
 
+class FullModelMethod:
+    """What the methods without a split share: no server back-end, and the client's full model
+    answers every query (so the exit rule is never used)."""
+
+    uses_split = False
+    exit_rule = "max_softmax"
+    Config: type[LocalTrainingConfig] = LocalTrainingConfig
+
+    def __init__(self, config: LocalTrainingConfig | None = None):
+        self.config = config or self.Config()
+
+    def server_config(self) -> None:
+        return None
+
+
 class Algorithm(Protocol):
     name: str
     uses_split: bool  # True: the phone runs a front-end and falls back to the server back-end

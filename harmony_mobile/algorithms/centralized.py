@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harmony_mobile.algorithms.base import LocalTrainingConfig
+from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
@@ -26,21 +26,16 @@ class CentralizedConfig(LocalTrainingConfig):
     """The shared budget: `local_steps` per client turn, batches drawn from the whole pool."""
 
 
-class Centralized:
+class Centralized(FullModelMethod):
     name = "centralized"
-    uses_split = False
-    exit_rule = "max_softmax"  # unused: the full model answers everything
     Config = CentralizedConfig
 
     def __init__(self, config: CentralizedConfig | None = None):
-        self.config = config or CentralizedConfig()
+        super().__init__(config)
         self._pooled: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # client name -> its raw data
         self._images = self._labels = None
         self._models: dict[str, dict[str, torch.Tensor]] = {}  # family -> the one model's weights
         self._optimizers: dict[str, dict] = {}
-
-    def server_config(self) -> ServerConfig | None:
-        return None
 
     def _pool(self, client: Client) -> int:
         """Add the client's raw training data to the pool once; returns the bytes it uploaded."""

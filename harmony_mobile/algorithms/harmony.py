@@ -245,10 +245,7 @@ class Harmony:
             depth = int(torch.randint(1, client.split_depth + 1, (), generator=generator))
         return depth, math.sqrt(noise_sq)
 
-    def aggregate(
-        self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
-    ) -> dict[str, torch.Tensor]:
-        return aggregate_by_parameter(family_weights, updates)
+    aggregate = staticmethod(aggregate_by_parameter)
 
     def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
         c = self.config

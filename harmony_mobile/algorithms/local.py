@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harmony_mobile.algorithms.base import LocalTrainingConfig
+from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
@@ -32,19 +32,14 @@ def full_model_step(client: Client, optimizer: torch.optim.Optimizer, batch_size
     return loss.item()
 
 
-class Local:
+class Local(FullModelMethod):
     name = "local"
-    uses_split = False
-    exit_rule = "max_softmax"  # unused: the full model answers everything
     Config = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None):
-        self.config = config or LocalConfig()
+        super().__init__(config)
         self._weights: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its own model
         self._optimizer_state: dict[str, dict] = {}
-
-    def server_config(self) -> ServerConfig | None:
-        return None
 
     def _restore(self, client: Client) -> None:
         if client.name in self._weights:

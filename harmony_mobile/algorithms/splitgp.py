@@ -108,10 +108,7 @@ class SplitGP:
         metrics = {"exit_loss": exit_total / c.local_steps, "server_ce": server_total / c.local_steps}
         return client_update(client, round_id, metrics)
 
-    def aggregate(
-        self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
-    ) -> dict[str, torch.Tensor]:
-        return aggregate_by_parameter(family_weights, updates)
+    aggregate = staticmethod(aggregate_by_parameter)
 
     def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
         c = self.config

@@ -64,14 +64,16 @@ def make_partition(
     num_clients: int,
     seed: int,
     *,
-    alpha: float = 0.5,
-    classes_per_client: int = 2,
+    alpha: float | None = None,
+    classes_per_client: int | None = None,
     client_families: Sequence[str] | None = None,
     classes_per_family: int | None = None,
     ood_pool_fraction: float = 0.1,
     options: SplitOptions = SplitOptions(),
 ) -> Partition:
-    """Set aside `ood_pool_fraction` of every class as the OOD pool, then split the rest with `scheme`."""
+    """Set aside `ood_pool_fraction` of every class as the OOD pool, then split the rest with `scheme`.
+    `alpha` is dirichlet's and `classes_per_client` shard's (each required by its scheme; TrainConfig
+    holds their defaults)."""
     labels = _as_labels(labels)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown partition scheme {scheme!r}; known schemes: {', '.join(SCHEMES)}")
@@ -87,8 +89,12 @@ def make_partition(
 
     common = {"options": replace(options, indices=rest)}
     if scheme == "dirichlet":
+        if alpha is None:
+            raise ValueError("scheme 'dirichlet' needs alpha (the Dirichlet concentration)")
         clients = dirichlet_partition(labels, num_clients, alpha, seed, **common)
     elif scheme == "shard":
+        if classes_per_client is None:
+            raise ValueError("scheme 'shard' needs classes_per_client")
         clients = shard_partition(labels, num_clients, classes_per_client, seed, **common)
     else:
         if client_families is None or len(client_families) != num_clients:
