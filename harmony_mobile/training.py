@@ -265,16 +265,11 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
     partition = client_partition(config, tiers, dataset)
     secret, label_epoch = lineage_secrets(run_path)
     clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
-    info = RunInfo(
+    info = RunInfo.of_dataset(
+        dataset,
         algorithm=config.algorithm,
-        dataset=dataset.name,
         data_root=config.data_root,
         dataset_limit=config.dataset_limit,
-        num_classes=dataset.num_classes,
-        class_names=dataset.class_names,
-        input_shape=dataset.input_shape,
-        mean=dataset.mean,
-        std=dataset.std,
         interface=(interface.channels, interface.size),
         tiers=tiers,
         model_version="in-training",

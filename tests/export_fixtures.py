@@ -146,14 +146,9 @@ def make_run_dir(
 ) -> Path:
     """A run directory in the run_dir.py format: random-initialized front-ends, fixed random indices."""
     data = digits_or_random(seed)
-    info = RunInfo(
+    info = RunInfo.of_dataset(
+        data,
         algorithm="harmony",
-        dataset="digits",
-        num_classes=data.num_classes,
-        class_names=data.class_names,
-        input_shape=data.input_shape,
-        mean=data.mean,
-        std=data.std,
         interface=(64, 8),
         tiers=tiers.with_input_shape(data.input_shape),
         model_version="test-run-v1",
