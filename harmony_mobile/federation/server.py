@@ -66,6 +66,10 @@ class ServerConfig(BaseModel):
 
 
 class SplitServer:
+    """The training side of the split, in the simulation: trains the back-end g and the projection h on
+    each client's uploaded features (slot CE + SupCon) and answers with dL/dz. Not the fallback
+    server (server/), which serves a trained g to phones."""
+
     def __init__(self, backend: Backend, projection: ProjectionHead, config: ServerConfig, label_epoch: str):
         self.backend = backend
         self.projection = projection
