@@ -23,8 +23,8 @@ from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
-from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
 from harmony_mobile.privacy.feature_noise import feature_privacy_report
 from harmony_mobile.privacy.label_dp import keep_probability
@@ -286,9 +286,11 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
     torch.manual_seed(config.seed)
     backend = Backend(interface, dataset.num_classes)
     projection = ProjectionHead(backend.feature_dim)
-    server_config = algorithm.server_config()
+    split_trainer_config = algorithm.split_trainer_config()
     server = (
-        SplitServer(backend, projection, server_config, label_epoch) if server_config is not None else None
+        SplitTrainer(backend, projection, split_trainer_config, label_epoch)
+        if split_trainer_config is not None
+        else None
     )
     weights = initial_family_weights(config, tiers, dataset, interface)
     federation = Federation(algorithm, clients, weights, server)

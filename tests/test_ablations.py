@@ -8,7 +8,7 @@ import torch
 
 from harmony_mobile.algorithms.harmony import Harmony, variant_spread
 from harmony_mobile.algorithms.registry import ALGORITHMS, RENAMED, build_algorithm
-from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from tests.test_baselines import tiny_federation
 
 ABLATIONS = {
@@ -32,7 +32,7 @@ def one_round(name: str, client_index: int = 3):
     federation.algorithm.client_round(other, federation.server, 0, torch.Generator().manual_seed(4))
     federation.broadcast(client, 0)
     uploads, masks = [], []
-    step, softmax_mask = SplitServer.step, SplitServer.softmax_mask
+    step, softmax_mask = SplitTrainer.step, SplitTrainer.softmax_mask
 
     def spy_step(server, upload, update=True):
         uploads.append(upload)
@@ -44,13 +44,13 @@ def one_round(name: str, client_index: int = 3):
         return mask
 
     with (
-        mock.patch.object(SplitServer, "step", spy_step),
-        mock.patch.object(SplitServer, "softmax_mask", spy_mask),
+        mock.patch.object(SplitTrainer, "step", spy_step),
+        mock.patch.object(SplitTrainer, "softmax_mask", spy_mask),
         mock.patch.object(
             Harmony, "_personalize_inner", autospec=True, side_effect=Harmony._personalize_inner
         ) as inner,
         mock.patch.object(
-            SplitServer, "_contrastive_loss", autospec=True, side_effect=SplitServer._contrastive_loss
+            SplitTrainer, "_contrastive_loss", autospec=True, side_effect=SplitTrainer._contrastive_loss
         ) as contrastive,
     ):
         update = federation.algorithm.client_round(

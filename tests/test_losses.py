@@ -123,12 +123,14 @@ def test_every_config_that_resolves_the_supcon_temperature_agrees_on_its_default
     assert AlignmentParams().temperature == SUPCON_TEMPERATURE
     terms = {}
     for name in ALGORITHMS:
-        server_config = build_algorithm(name).server_config()
-        if server_config is not None and server_config.contrastive is not None:
-            terms[name] = server_config.contrastive.temperature
+        split_trainer_config = build_algorithm(name).split_trainer_config()
+        if split_trainer_config is not None and split_trainer_config.contrastive is not None:
+            terms[name] = split_trainer_config.contrastive.temperature
     assert {"harmony", "harmony-no-meta", "harmony-full-softmax"} <= set(terms)
     assert set(terms.values()) == {SUPCON_TEMPERATURE}
-    assert build_algorithm("harmony", {"temperature": 0.2}).server_config().contrastive.temperature == 0.2
+    assert (
+        build_algorithm("harmony", {"temperature": 0.2}).split_trainer_config().contrastive.temperature == 0.2
+    )
 
 
 def _literal_temperature_defaults(path: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """The one small protocol every training method implements, and the client-side pieces they share.
 
 A method is a file: it says how a client trains in a round (`client_round`), how the server
-trains (`server_config`: None means no server at all), how updates aggregate (`aggregate`), how
+trains (`split_trainer_config`: None means no server at all), how updates aggregate (`aggregate`), how
 the final personalization runs (`personalize`), and how a phone decides to exit (`exit_rule`).
 The round loop in federation/simulation.py drives any of them the same way.
 """
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.protocol.messages import ClientUpdate
 
@@ -61,7 +61,7 @@ class FullModelMethod:
     def __init__(self, config: LocalTrainingConfig | None = None):
         self.config = config or self.Config()
 
-    def server_config(self) -> None:
+    def split_trainer_config(self) -> None:
         return None
 
 
@@ -69,17 +69,19 @@ class Algorithm(Protocol):
     name: str
     uses_split: bool  # True: the phone runs a front-end and falls back to the server back-end
 
-    def server_config(self) -> ServerConfig | None: ...
+    def split_trainer_config(self) -> SplitTrainerConfig | None: ...
 
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate: ...
 
     def aggregate(
         self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
     ) -> dict[str, torch.Tensor]: ...
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None: ...
+    def personalize(
+        self, client: Client, server: SplitTrainer | None, generator: torch.Generator
+    ) -> None: ...
 
     exit_rule: (
         str  # "max_softmax" or "neg_entropy": exit locally iff exit_confidence(logits, rule) >= threshold
@@ -98,7 +100,7 @@ def exit_loss(model: FamilyModel, images: torch.Tensor, labels: torch.Tensor, ma
 
 def split_step(
     client: Client,
-    server: SplitServer,
+    server: SplitTrainer,
     features: torch.Tensor,
     labels: torch.Tensor,
     depths: tuple[int, ...],
@@ -155,7 +157,7 @@ def calibrate_threshold(confidences: torch.Tensor, correct: torch.Tensor, target
 
 def personalize_split(
     client: Client,
-    server: SplitServer,
+    server: SplitTrainer,
     epochs: int,
     batch_size: int,
     lr: float,

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
@@ -47,7 +47,7 @@ class Centralized(FullModelMethod):
         return client.train_x.nbytes + client.train_y.nbytes
 
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c, family = self.config, client.tier.family
         uploaded = self._pool(client)
@@ -85,5 +85,5 @@ class Centralized(FullModelMethod):
         family = updates[0].family
         return {k: v.clone() for k, v in self._models.get(family, family_weights).items()}
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer | None, generator: torch.Generator) -> None:
         """None: the broadcast already loaded the family's centrally trained model."""

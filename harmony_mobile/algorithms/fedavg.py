@@ -13,7 +13,7 @@ import torch
 from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig, client_update
 from harmony_mobile.algorithms.local import full_model_step
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import SplitServer, aggregate_by_parameter
+from harmony_mobile.federation.split_trainer import SplitTrainer, aggregate_by_parameter
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
@@ -26,7 +26,7 @@ class FedAvg(FullModelMethod):
     Config = FedAvgConfig
 
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         optimizer = torch.optim.Adam(client.held_parameters(full=True).values(), lr=c.lr)
@@ -35,5 +35,5 @@ class FedAvg(FullModelMethod):
 
     aggregate = staticmethod(aggregate_by_parameter)
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer | None, generator: torch.Generator) -> None:
         """None: the client keeps its family's global model (training already broadcast it)."""

@@ -28,7 +28,7 @@ from pydantic import Field
 
 from harmony_mobile.algorithms.base import SplitTrainingConfig, calibrate_client
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig
 from harmony_mobile.protocol.messages import ClientUpdate
 
 FLOAT_BYTES = 4
@@ -78,15 +78,15 @@ class FedProto:
         self._weights: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its own model
         self._optimizer_state: dict[str, dict] = {}
 
-    def server_config(self) -> ServerConfig:
-        return ServerConfig(lr=self.config.server_lr, restrict_to_client_slots=True, contrastive=None)
+    def split_trainer_config(self) -> SplitTrainerConfig:
+        return SplitTrainerConfig(lr=self.config.server_lr, restrict_to_client_slots=True, contrastive=None)
 
     def _restore(self, client: Client) -> None:
         if client.name in self._weights:
             client.model.load_state_dict(self._weights[client.name])
 
     def _step(
-        self, client: Client, server: SplitServer, optimizer, images, labels, round_id: int, update: bool
+        self, client: Client, server: SplitTrainer, optimizer, images, labels, round_id: int, update: bool
     ) -> tuple[float, torch.Tensor, tuple[bytes, ...]]:
         """One step of exit CE + lambda * prototype MSE; the features also train g (not the front-end)."""
         optimizer.zero_grad()
@@ -106,7 +106,7 @@ class FedProto:
         return loss.item(), sent.detach(), tokens
 
     def client_round(
-        self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         self.store.start_round(round_id)
@@ -146,7 +146,7 @@ class FedProto:
     ) -> dict[str, torch.Tensor]:
         return family_weights
 
-    def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer, generator: torch.Generator) -> None:
         c = self.config
         self.store.start_round(-1)  # the last round's uploads become the global prototypes
         self._restore(client)

@@ -12,7 +12,7 @@ One local step of client k, top to bottom:
                   full softmax taught g that a family's features never show the classes it
                   misses) + SupCon; g_v = gamma * dL_srv/dz_v back-propagated at theta_v
   4. update       theta <- Adam(theta, g_exit + mean_v g_v)
-The server computes both terms itself from tokens (`SplitServer.step`); only dL/dz comes back.
+The server computes both terms itself from tokens (`SplitTrainer.step`); only dL/dz comes back.
 
 Each mechanism has one switch, so that an ablation turns off exactly one (algorithms/registry.py):
 `meta` (the inner loop, hence the personalization path), `random_split_depth`, `contrastive_weight`
@@ -40,10 +40,10 @@ from harmony_mobile.algorithms.base import (
     split_step,
 )
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import (
+from harmony_mobile.federation.split_trainer import (
     ContrastiveTerm,
-    ServerConfig,
-    SplitServer,
+    SplitTrainer,
+    SplitTrainerConfig,
     aggregate_by_parameter,
 )
 from harmony_mobile.models import FamilyModel
@@ -122,7 +122,7 @@ class Harmony:
         if name:
             self.name = name
 
-    def server_config(self) -> ServerConfig:
+    def split_trainer_config(self) -> SplitTrainerConfig:
         c = self.config
         contrastive = None
         if c.contrastive_weight > 0:
@@ -132,12 +132,12 @@ class Harmony:
                 bank_size=c.bank_size,
                 mode=c.contrastive,
             )
-        return ServerConfig(
+        return SplitTrainerConfig(
             lr=c.server_lr, restrict_to_client_slots=c.own_classes_only, contrastive=contrastive
         )
 
     def client_round(
-        self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         theta = client.held_parameters()
@@ -179,7 +179,7 @@ class Harmony:
         return query_loss.item()
 
     def _variant_steps(
-        self, client: Client, server: SplitServer, adapted, variant, query_x, query_y, round_id, generator
+        self, client: Client, server: SplitTrainer, adapted, variant, query_x, query_y, round_id, generator
     ) -> dict[str, float]:
         """Simulated extractors -> split steps (server CE + SupCon reach theta_v); adds mean_v g_v to
         theta's grads and returns the step's server loss and diversity measurements."""
@@ -247,7 +247,7 @@ class Harmony:
 
     aggregate = staticmethod(aggregate_by_parameter)
 
-    def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer, generator: torch.Generator) -> None:
         c = self.config
         personalize_split(
             client, server, c.personalize_epochs, c.personalization_batch_size, c.lr, c.gamma, generator

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
@@ -46,7 +46,7 @@ class Local(FullModelMethod):
             client.model.load_state_dict(self._weights[client.name])
 
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         self._restore(client)
@@ -73,5 +73,5 @@ class Local(FullModelMethod):
     ) -> dict[str, torch.Tensor]:
         return family_weights
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer | None, generator: torch.Generator) -> None:
         self._restore(client)  # the client's own model is its final model

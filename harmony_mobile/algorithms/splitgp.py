@@ -32,7 +32,7 @@ from harmony_mobile.algorithms.base import (
     split_step,
 )
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
+from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig, aggregate_by_parameter
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
@@ -66,8 +66,8 @@ class SplitGP:
         self.config = config or SplitGPConfig()
         self._own: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its model after local training
 
-    def server_config(self) -> ServerConfig:
-        return ServerConfig(
+    def split_trainer_config(self) -> SplitTrainerConfig:
+        return SplitTrainerConfig(
             lr=self.config.server_lr,
             restrict_to_client_slots=self.config.restricted_softmax,
             contrastive=None,
@@ -83,7 +83,7 @@ class SplitGP:
             p.copy_(lam * own[name] + (1 - lam) * p)
 
     def client_round(
-        self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         self._mix(client)
@@ -110,7 +110,7 @@ class SplitGP:
 
     aggregate = staticmethod(aggregate_by_parameter)
 
-    def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer, generator: torch.Generator) -> None:
         c = self.config
         self._mix(client)
         if c.personalize_epochs > 0:

@@ -50,8 +50,8 @@ class ContrastiveTerm(BaseModel):
     )
 
 
-class ServerConfig(BaseModel):
-    """How the server trains during federated rounds, built by each split method's `server_config`
+class SplitTrainerConfig(BaseModel):
+    """How the server trains during federated rounds, built by each split method's `split_trainer_config`
     from its own config (no defaults here, so a knob's default is written once, in that config)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -65,12 +65,14 @@ class ServerConfig(BaseModel):
     contrastive: ContrastiveTerm | None = Field(description="the SupCon term; None = server CE only")
 
 
-class SplitServer:
+class SplitTrainer:
     """The training side of the split, in the simulation: trains the back-end g and the projection h on
     each client's uploaded features (slot CE + SupCon) and answers with dL/dz. Not the fallback
     server (server/), which serves a trained g to phones."""
 
-    def __init__(self, backend: Backend, projection: ProjectionHead, config: ServerConfig, label_epoch: str):
+    def __init__(
+        self, backend: Backend, projection: ProjectionHead, config: SplitTrainerConfig, label_epoch: str
+    ):
         self.backend = backend
         self.projection = projection
         self.config = config
