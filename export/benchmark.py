@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -23,12 +24,15 @@ import torch.nn.functional as F
 
 from harmony_mobile.data import load_dataset
 from harmony_mobile.models import Backend, ProjectionHead, load_tiers
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
+from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import (
     ClientArtifact,
     RunInfo,
     build_front_end,
     save_backend,
     save_client,
+    write_federation_secret,
     write_run_info,
 )
 
@@ -57,21 +61,19 @@ def build_run(work: Path, dataset_name: str, tier_names: list[str] | None, epoch
         from harmony_mobile.models import TierSet
 
         tiers = TierSet(tiers=tuple(tiers.get(n) for n in tier_names))
-    info = RunInfo(
+    info = RunInfo.of_dataset(
+        data,
         algorithm="supervised-exit-benchmark",
-        dataset=dataset_name,
-        num_classes=data.num_classes,
-        class_names=data.class_names,
-        input_shape=data.input_shape,
-        mean=data.mean,
-        std=data.std,
         interface=(64, 8),
         tiers=tiers,
         model_version=f"export-bench-{dataset_name}-s{seed}",
+        label_epoch=f"e-export-bench-s{seed}",
         seed=seed,
     )
     run = work / "run"
     shutil.rmtree(run, ignore_errors=True)
+    secret = os.urandom(32)
+    write_federation_secret(run, secret)
     write_run_info(run, info)
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
     n_train, n_val = int(0.7 * len(order)), int(0.1 * len(order))
@@ -113,6 +115,11 @@ def build_run(work: Path, dataset_name: str, tier_names: list[str] | None, epoch
         ProjectionHead(backend.feature_dim, info.projection_dim),
         info.model_version,
         info.class_names,
+        SlotTable(
+            info.label_epoch,
+            info.num_classes,
+            class_tokens(epoch_key(secret, info.label_epoch), info.class_names),
+        ),
     )
     (run / "final_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return run

@@ -58,17 +58,26 @@ def encode_public_key(public_key: Ed25519PublicKey) -> bytes:
     return base64.b64encode(public_key_bytes(public_key))
 
 
-def decode_public_key(text: bytes | str, source: str = "public key") -> Ed25519PublicKey:
-    """Parse the content of a `signing_key.pub` file (surrounding whitespace is tolerated)."""
+def decode_base64_of_size(text: bytes | str, size: int) -> bytes:
+    """Strict base64 (surrounding whitespace tolerated) of exactly `size` bytes, else a ValueError
+    that says which of the two it is not."""
     if isinstance(text, str):
         text = text.encode("ascii", errors="replace")
     try:
         raw = base64.b64decode(text.strip(), validate=True)
     except ValueError as error:
-        raise SigningKeyError(f"{source} is not base64: {error}") from None
-    if len(raw) != 32:
-        raise SigningKeyError(f"{source} must be 32 raw bytes (base64), got {len(raw)} bytes")
-    return Ed25519PublicKey.from_public_bytes(raw)
+        raise ValueError(f"not base64: {error}") from None
+    if len(raw) != size:
+        raise ValueError(f"must hold {size} raw bytes (base64), holds {len(raw)} bytes")
+    return raw
+
+
+def decode_public_key(text: bytes | str, source: str = "public key") -> Ed25519PublicKey:
+    """Parse the content of a `signing_key.pub` file."""
+    try:
+        return Ed25519PublicKey.from_public_bytes(decode_base64_of_size(text, 32))
+    except ValueError as error:
+        raise SigningKeyError(f"{source}: {error}") from None
 
 
 def load_public_key(path: str | Path) -> Ed25519PublicKey:

@@ -45,6 +45,7 @@ from harmony_mobile.export.keys import (
     P256_PUBLIC_KEY_FILE,
     PUBLIC_KEY_FILE,
     SigningKeyError,
+    decode_base64_of_size,
     decode_p256_public_key,
     decode_public_key,
     encode_p256_public_key,
@@ -335,13 +336,8 @@ def encode_signature(signature: bytes) -> bytes:
 
 
 def decode_signature(text: bytes) -> bytes:
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except ValueError as error:
-        raise ValueError(f"not base64: {error}") from None
-    if len(raw) != 64:
-        raise ValueError(f"must hold a 64-byte Ed25519 signature, holds {len(raw)} bytes")
-    return raw
+    """The content of manifest.sig: base64 of a 64-byte Ed25519 signature."""
+    return decode_base64_of_size(text, 64)
 
 
 def sign_manifest_p256(manifest_bytes: bytes, private_key: ec.EllipticCurvePrivateKey) -> bytes:

@@ -156,9 +156,10 @@ def verify_pte(
     images: torch.Tensor,
     labels: torch.Tensor,
     quantization: str,
+    *,
     simulation=None,
-    max_batch: int = 1,
-    latency_runs: int = 50,
+    max_batch: int,
+    latency_runs: int,
 ) -> dict:
     """Run one .pte over the test images and return its report row; raises ExportError on a broken artifact."""
     from harmony_mobile.export.steps import load_method

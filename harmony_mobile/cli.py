@@ -82,8 +82,12 @@ def train(
         ),
     ] = "inprocess",
     min_replies: Annotated[
-        int, typer.Option(help="flower: a round with fewer client replies stops the run (resumable)")
-    ] = 1,
+        int | None,
+        typer.Option(
+            min=1,
+            help="flower: a round with fewer client replies stops the run (resumable); default: the Flower settings'",
+        ),
+    ] = None,
 ) -> None:
     """Train and meta-adapt front-ends and the server back-end (HARMONY or a baseline)."""
     import yaml
@@ -124,9 +128,8 @@ def train(
             from harmony_mobile.flower.run import FlowerRunError, train_flower
             from harmony_mobile.flower.settings import FlowerSettings
 
-            settings = FlowerSettings(
-                train_config=train_config, run_dir=str(run_dir), min_replies=min_replies
-            )
+            given = {"min_replies": min_replies} if min_replies is not None else {}
+            settings = FlowerSettings(train_config=train_config, run_dir=str(run_dir), **given)
             try:
                 results = train_flower(settings)
             except FlowerRunError as error:
@@ -232,15 +235,23 @@ def export(
         typer.Option("--tiers", help="comma-separated tier names (default: every tier of the run)"),
     ] = None,
     dynamic_batch: Annotated[
-        int, typer.Option("--dynamic-batch", min=1, help="max batch of every .pte (1 = static batch 1)")
-    ] = 1,
+        int | None,
+        typer.Option(
+            "--dynamic-batch",
+            min=1,
+            help="max batch of every .pte (1 = static batch 1); default: the exporter's",
+        ),
+    ] = None,
     key_dir: Annotated[
         Path | None,
         typer.Option(
             "--key-dir", help="Ed25519 key directory (default ~/.config/harmony-mobile/keys; created)"
         ),
     ] = None,
-    threads: Annotated[int, typer.Option("--threads", min=1, help="torch and XNNPACK threads")] = 1,
+    threads: Annotated[
+        int | None,
+        typer.Option("--threads", min=1, help="torch and XNNPACK threads; default: the exporter's"),
+    ] = None,
 ) -> None:
     """(default) Export RUN_DIR to --out: fp32/int8 .pte, Core ML packages, back-end, report, signed manifest."""
     from harmony_mobile.export.pipeline import export_run
@@ -248,14 +259,14 @@ def export(
 
     names = [t.strip() for t in tiers.split(",") if t.strip()] if tiers else None
     try:
+        given = {"max_batch": dynamic_batch, "threads": threads}
         result = export_run(
             run_dir,
             out,
             tiers=names,
-            max_batch=dynamic_batch,
             key_dir=key_dir,
-            threads=threads,
             console=console,
+            **{name: value for name, value in given.items() if value is not None},
         )
     except (ExportError, ValueError, OSError) as error:
         console.print(f"[red]export failed:[/red] {error}")
@@ -441,17 +452,20 @@ def serve(
 
 @app.command()
 def demo(
-    out: Annotated[Path, typer.Option(help="output directory (run, export, server data, report)")] = Path(
-        "demo-output"
-    ),
-    dataset: Annotated[str, typer.Option(help="bundled data set: mnist5k or digits")] = "mnist5k",
+    out: Annotated[
+        Path | None,
+        typer.Option(help="output directory (run, export, server data, report); default: the demo's"),
+    ] = None,
+    dataset: Annotated[
+        str | None, typer.Option(help="bundled data set: mnist5k or digits; default: the demo's")
+    ] = None,
     rounds: Annotated[
         int | None, typer.Option(help="training rounds (default: the demo's small budget)")
     ] = None,
     drift_steps: Annotated[
         int | None, typer.Option(help="local fine-tuning steps that make phones drift")
     ] = None,
-    seed: Annotated[int, typer.Option()] = 0,
+    seed: Annotated[int | None, typer.Option(help="default: the demo's")] = None,
     reuse_run: Annotated[
         bool,
         typer.Option("--reuse-run", help="keep a finished training run in OUT/run with the same settings"),
@@ -460,11 +474,10 @@ def demo(
     """The whole product end to end on bundled data: train, export, serve, simulated phones, drift, alignment."""
     from harmony_mobile.demo import DemoConfig, DemoError, run_demo
 
-    config = DemoConfig(out=out, dataset=dataset, seed=seed, reuse_run=reuse_run)
-    if rounds is not None:
-        config.rounds = rounds
-    if drift_steps is not None:
-        config.drift_steps = drift_steps
+    given = dict(out=out, dataset=dataset, rounds=rounds, drift_steps=drift_steps, seed=seed)
+    config = DemoConfig(
+        reuse_run=reuse_run, **{name: value for name, value in given.items() if value is not None}
+    )
     try:
         # piped output (make demo | tee, CI logs) gets a width at which the summary table fits
         run_demo(config, console if console.is_terminal else Console(width=170))

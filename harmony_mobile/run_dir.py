@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from harmony_mobile.data import ImageDataset
 from harmony_mobile.models import Backend, FamilyModel, FrontEnd, InterfaceSpec, ProjectionHead, Tier, TierSet
 from harmony_mobile.protocol.label_tokens import epoch_key, slot_classes
 from harmony_mobile.protocol.slots import SlotTable
@@ -71,6 +72,19 @@ class RunInfo(BaseModel):
     @property
     def interface_spec(self) -> InterfaceSpec:
         return InterfaceSpec(*self.interface)
+
+    @classmethod
+    def of_dataset(cls, dataset: ImageDataset, **fields: Any) -> RunInfo:
+        """A run's info whose data fields (name, classes, input shape, normalization) are `dataset`'s."""
+        return cls(
+            dataset=dataset.name,
+            num_classes=dataset.num_classes,
+            class_names=dataset.class_names,
+            input_shape=dataset.input_shape,
+            mean=dataset.mean,
+            std=dataset.std,
+            **fields,
+        )
 
 
 @dataclass

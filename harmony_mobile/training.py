@@ -23,8 +23,8 @@ from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
-from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
 from harmony_mobile.privacy.feature_noise import feature_privacy_report
 from harmony_mobile.privacy.label_dp import keep_probability
@@ -265,16 +265,11 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
     partition = client_partition(config, tiers, dataset)
     secret, label_epoch = lineage_secrets(run_path)
     clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
-    info = RunInfo(
+    info = RunInfo.of_dataset(
+        dataset,
         algorithm=config.algorithm,
-        dataset=dataset.name,
         data_root=config.data_root,
         dataset_limit=config.dataset_limit,
-        num_classes=dataset.num_classes,
-        class_names=dataset.class_names,
-        input_shape=dataset.input_shape,
-        mean=dataset.mean,
-        std=dataset.std,
         interface=(interface.channels, interface.size),
         tiers=tiers,
         model_version="in-training",
@@ -291,9 +286,11 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
     torch.manual_seed(config.seed)
     backend = Backend(interface, dataset.num_classes)
     projection = ProjectionHead(backend.feature_dim)
-    server_config = algorithm.server_config()
+    split_trainer_config = algorithm.split_trainer_config()
     server = (
-        SplitServer(backend, projection, server_config, label_epoch) if server_config is not None else None
+        SplitTrainer(backend, projection, split_trainer_config, label_epoch)
+        if split_trainer_config is not None
+        else None
     )
     weights = initial_family_weights(config, tiers, dataset, interface)
     federation = Federation(algorithm, clients, weights, server)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+from harmony_mobile.server.settings import Settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
@@ -29,9 +30,10 @@ def raw_error(status: int, message: str, extra_headers: dict[str, str] | None = 
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
-    header_timeout: float = 10.0
-    max_connections: int = 1000
-    retry_after_seconds: int = 1
+    # until `configure` runs: the settings' own defaults
+    header_timeout: float = Settings.model_fields["header_timeout_seconds"].default
+    max_connections: int = Settings.model_fields["max_connections"].default
+    retry_after_seconds: int = Settings.model_fields["retry_after_seconds"].default
 
     @classmethod
     def configure(cls, header_timeout: float, max_connections: int, retry_after_seconds: int) -> None:

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from harmony_mobile.models.losses import DISTILLATION_TEMPERATURE, SUPCON_TEMPERATURE
 from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
 
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"
@@ -250,7 +251,7 @@ class AlignmentParams(_Strict):
     steps: JsonInt = Field(default=60, ge=1, le=10_000, description="optimizer steps")
     batch_size: JsonInt = Field(default=64, ge=4, le=1024, description="new rows per step (and replay rows)")
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
-    temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
+    temperature: float = Field(default=SUPCON_TEMPERATURE, gt=0, description="SupCon temperature")
     ce_weight: float = Field(
         default=1.0, ge=0, description="weight of the slot-space CE on the new rows (their tokens' slots)"
     )
@@ -260,7 +261,7 @@ class AlignmentParams(_Strict):
         ge=0,
         description="weight of distillation to the current version's predictions on the replay rows",
     )
-    distill_temperature: float = Field(default=2.0, gt=0)
+    distill_temperature: float = Field(default=DISTILLATION_TEMPERATURE, gt=0)
     holdout_fraction: float = Field(
         default=0.2,
         gt=0,

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.postgres import create_database, running_postgres
+# the shared helpers assert too (an enrolment answered 201, an error body's one key): rewrite their
+# asserts as pytest does a test's, so a failure shows the values
+pytest.register_assert_rewrite("tests.helpers")
+
+from tests.postgres import create_database, running_postgres  # noqa: E402
 
 STORE_BACKENDS = ("sqlite", "postgresql")
 

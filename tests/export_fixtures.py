@@ -15,9 +15,7 @@ from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_
 from harmony_mobile.export.manifest import (
     BackendEntry,
     Normalization,
-    TensorSpec,
     TierEntry,
-    artifact_entry,
     build_manifest,
     write_signed_manifest,
 )
@@ -35,6 +33,7 @@ from harmony_mobile.run_dir import (
     save_client,
     write_run_info,
 )
+from tests.helpers.manifest import Artifact, digits_tier_entry, write_files
 
 FIXTURE_SECRET = b"fixture-federation-secret-32byte"
 FIXTURE_EPOCH = "e-fixture"
@@ -50,37 +49,26 @@ FAKE_FILES = {
 }
 
 
-def fake_tier(directory: Path, name: str, artifacts: list[tuple[str, str, str]]) -> TierEntry:
-    return TierEntry(
-        name=name,
+def fake_tier(directory: Path, name: str, artifacts: list[Artifact]) -> TierEntry:
+    return digits_tier_entry(
+        directory,
+        name,
+        artifacts,
         family="cnn",
         split_depth=1,
         width=1.0,
+        threshold=0.9,
+        normalization=Normalization(mean=[0.3053], std=[0.3247]),
         client_id=0,
         parameters=1234,
-        input=TensorSpec(name="image", shape=[1, 1, 28, 28]),
-        normalization=Normalization(mean=[0.3053], std=[0.3247]),
-        outputs=[
-            TensorSpec(name="exit_logits", shape=[1, 10]),
-            TensorSpec(name="features", shape=[1, 64, 8, 8]),
-        ],
-        class_names=[str(i) for i in range(10)],
-        interface_shape=[64, 8, 8],
-        threshold=0.9,
-        threshold_source="calibrated",
-        quantization=[q for _, q, _ in artifacts],
-        backends=sorted({b for b, _, _ in artifacts}),
         latency_budget_ms=2.0,
-        artifacts=[artifact_entry(directory, p, backend=b, quantization=q) for b, q, p in artifacts],
     )
 
 
 def fake_export_dir(directory: Path, key_dir: Path) -> Path:
     """A signed export directory of dummy files; returns it."""
     directory.mkdir(parents=True)
-    for relpath, data in FAKE_FILES.items():
-        (directory / relpath).parent.mkdir(parents=True, exist_ok=True)
-        (directory / relpath).write_bytes(data)
+    write_files(directory, FAKE_FILES)
     key, _ = load_or_create_signing_key(key_dir)
     p256_key, _ = load_or_create_p256_signing_key(key_dir)
     tiers = [
@@ -158,14 +146,9 @@ def make_run_dir(
 ) -> Path:
     """A run directory in the run_dir.py format: random-initialized front-ends, fixed random indices."""
     data = digits_or_random(seed)
-    info = RunInfo(
+    info = RunInfo.of_dataset(
+        data,
         algorithm="harmony",
-        dataset="digits",
-        num_classes=data.num_classes,
-        class_names=data.class_names,
-        input_shape=data.input_shape,
-        mean=data.mean,
-        std=data.std,
         interface=(64, 8),
         tiers=tiers.with_input_shape(data.input_shape),
         model_version="test-run-v1",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.test_server_support import ADMIN_TOKEN
+from tests.helpers.fallback_server import ADMIN_TOKEN
 
 
 def free_port() -> int:

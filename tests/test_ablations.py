@@ -8,12 +8,12 @@ import torch
 
 from harmony_mobile.algorithms.harmony import Harmony, variant_spread
 from harmony_mobile.algorithms.registry import ALGORITHMS, RENAMED, build_algorithm
-from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from tests.test_baselines import tiny_federation
 
 ABLATIONS = {
     "harmony-no-meta": ("meta", False),
-    "harmony-fixed-depth": ("stochastic_depth", False),
+    "harmony-fixed-depth": ("random_split_depth", False),
     "harmony-no-contrastive": ("contrastive_weight", 0.0),
     "harmony-full-softmax": ("own_classes_only", False),
 }
@@ -32,7 +32,7 @@ def one_round(name: str, client_index: int = 3):
     federation.algorithm.client_round(other, federation.server, 0, torch.Generator().manual_seed(4))
     federation.broadcast(client, 0)
     uploads, masks = [], []
-    step, softmax_mask = SplitServer.step, SplitServer.softmax_mask
+    step, softmax_mask = SplitTrainer.step, SplitTrainer.softmax_mask
 
     def spy_step(server, upload, update=True):
         uploads.append(upload)
@@ -44,13 +44,13 @@ def one_round(name: str, client_index: int = 3):
         return mask
 
     with (
-        mock.patch.object(SplitServer, "step", spy_step),
-        mock.patch.object(SplitServer, "softmax_mask", spy_mask),
+        mock.patch.object(SplitTrainer, "step", spy_step),
+        mock.patch.object(SplitTrainer, "softmax_mask", spy_mask),
         mock.patch.object(
             Harmony, "_personalize_inner", autospec=True, side_effect=Harmony._personalize_inner
         ) as inner,
         mock.patch.object(
-            SplitServer, "_contrastive_loss", autospec=True, side_effect=SplitServer._contrastive_loss
+            SplitTrainer, "_contrastive_loss", autospec=True, side_effect=SplitTrainer._contrastive_loss
         ) as contrastive,
     ):
         update = federation.algorithm.client_round(
@@ -85,6 +85,13 @@ def test_renamed_ablations_are_refused_with_their_new_name():
             build_algorithm(old)
 
 
+def test_a_setting_named_like_another_mechanism_is_refused_with_the_key_it_means():
+    """Random split depth is not stochastic depth (dropping layers): the old key gets the new one."""
+    with pytest.raises(ValueError, match="random_split_depth"):
+        build_algorithm("harmony", {"stochastic_depth": False})
+    assert build_algorithm("harmony", {"random_split_depth": False}).config.random_split_depth is False
+
+
 @pytest.fixture(scope="module")
 def harmony_round():
     return one_round("harmony")
@@ -100,7 +107,7 @@ def test_meta_gates_the_inner_loop_and_only_it(harmony_round):
     assert ablated["metrics"]["variant_spread"] > 0
 
 
-def test_stochastic_depth_gates_the_variant_depths_and_only_them(harmony_round):
+def test_random_split_depth_gates_the_variant_depths_and_only_them(harmony_round):
     ablated = one_round("harmony-fixed-depth")
     assert harmony_round["depths"] == {1, 2, 3} and ablated["depths"] == {3}
     assert ablated["inner_calls"] == harmony_round["inner_calls"] and ablated["contrastive_calls"] > 0

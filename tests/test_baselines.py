@@ -8,8 +8,8 @@ from pydantic import ValidationError
 from harmony_mobile.algorithms.registry import ALGORITHMS, build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
-from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, run_rounds
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead, load_tiers
 from harmony_mobile.training import TrainConfig, build_clients, initial_family_weights, train
 
@@ -29,11 +29,11 @@ def tiny_federation(algorithm: str, overrides=None, seed=0) -> Federation:
     algo = build_algorithm(algorithm, {**TINY, **(overrides or {})})
     clients = build_clients(config, tiers, dataset, partition, InterfaceSpec(), b"S" * 32, "e-test")
     torch.manual_seed(seed)
-    server_config = algo.server_config()
+    split_trainer_config = algo.split_trainer_config()
     server = None
-    if server_config is not None:
+    if split_trainer_config is not None:
         backend = Backend(InterfaceSpec(), 10)
-        server = SplitServer(backend, ProjectionHead(backend.feature_dim), server_config, "e-test")
+        server = SplitTrainer(backend, ProjectionHead(backend.feature_dim), split_trainer_config, "e-test")
     return Federation(algo, clients, initial_family_weights(config, tiers, dataset, InterfaceSpec()), server)
 
 
@@ -53,7 +53,7 @@ def test_every_baseline_and_ablation_is_registered_with_a_validated_config():
         algo = build_algorithm(name, TINY)
         assert algo.name == name
         assert algo.exit_rule in ("max_softmax", "neg_entropy")
-        assert (algo.server_config() is None) == (not algo.uses_split)
+        assert (algo.split_trainer_config() is None) == (not algo.uses_split)
         with pytest.raises(ValidationError):
             build_algorithm(name, {"no_such_option": 1})
     assert build_algorithm("harmony").config.own_classes_only

@@ -45,3 +45,33 @@ def test_train_rejects_bad_flags_with_the_reason(tmp_path):
     result = runner.invoke(app, ["train", str(tmp_path / "run5"), "--config", str(bad_config)])
     assert result.exit_code == 2
     assert "learning_rate" in result.output
+
+
+def test_demo_and_export_pass_only_the_flags_given(monkeypatch, tmp_path):
+    """A flag left out keeps the default of the object it configures (written there only)."""
+    import harmony_mobile.export.pipeline as pipeline
+
+    import harmony_mobile.demo as demo_package
+    from harmony_mobile.demo import DemoConfig
+
+    demos, exports = [], []
+    monkeypatch.setattr(demo_package, "run_demo", lambda config, console: demos.append(config))
+    monkeypatch.setattr(pipeline, "export_run", lambda *args, **kwargs: exports.append(kwargs) or _raise())
+    assert runner.invoke(app, ["demo"]).exit_code == 0
+    assert runner.invoke(app, ["demo", "--seed", "4", "--rounds", "2", "--out", str(tmp_path)]).exit_code == 0
+    assert demos[0] == DemoConfig()
+    assert (demos[1].seed, demos[1].rounds, demos[1].out, demos[1].dataset) == (
+        4,
+        2,
+        tmp_path,
+        DemoConfig().dataset,
+    )
+
+    runner.invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "x")])
+    runner.invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "y"), "--threads", "2"])
+    assert "threads" not in exports[0] and "max_batch" not in exports[0]
+    assert exports[1]["threads"] == 2 and "max_batch" not in exports[1]
+
+
+def _raise():
+    raise ValueError("stopped after the call was recorded")

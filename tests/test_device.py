@@ -34,7 +34,7 @@ from harmony_mobile.device import (
 )
 from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 from tests.export_fixtures import FIXTURE_EPOCH, FIXTURE_SECRET, make_run_dir
-from tests.test_server_support import ADMIN, enrol, make_settings
+from tests.helpers.fallback_server import ADMIN, enrol, make_settings
 
 TIER = "tiny"
 

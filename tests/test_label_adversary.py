@@ -37,8 +37,8 @@ from scipy.optimize import linear_sum_assignment
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
-from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import Federation, run_rounds
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, load_tiers
 from harmony_mobile.privacy.label_dp import keep_probability
 from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
@@ -65,7 +65,7 @@ class ServerView:
     updates: list = field(default_factory=list)  # (broadcast meta-weights, ClientUpdate)
     leaked: list = field(default_factory=list)  # mutant only: per-row dL/dlogits
     truth: list = field(default_factory=list)  # scoring only: true class index per upload row
-    server: SplitServer | None = None
+    server: SplitTrainer | None = None
     family_weights: dict = field(default_factory=dict)
     clients: dict = field(default_factory=dict)  # scoring only: the phones and their secrets
 
@@ -89,7 +89,9 @@ def run_trial(
     algorithm = build_algorithm("harmony", TINY)
     torch.manual_seed(seed)
     backend = Backend(InterfaceSpec(), NUM_CLASSES)
-    server = SplitServer(backend, ProjectionHead(backend.feature_dim), algorithm.server_config(), EPOCH)
+    server = SplitTrainer(
+        backend, ProjectionHead(backend.feature_dim), algorithm.split_trainer_config(), EPOCH
+    )
     weights = initial_family_weights(config, tiers, dataset, InterfaceSpec())
     federation = Federation(algorithm, clients, weights, server)
     _wiretap(federation, view, leak_gradients, class_order_on_wire)

@@ -1,9 +1,22 @@
+import ast
+import inspect
 import math
+from pathlib import Path
 
+import harmony_mobile.server
+import pytest
 import torch
 import torch.nn.functional as F
+from harmony_mobile.server.schemas import AlignmentParams
 
-from harmony_mobile.models.losses import cross_family_supcon, distillation_loss, supcon_loss
+import harmony_mobile
+from harmony_mobile.algorithms.registry import ALGORITHMS, build_algorithm
+from harmony_mobile.models.losses import (
+    SUPCON_TEMPERATURE,
+    cross_family_supcon,
+    distillation_loss,
+    supcon_loss,
+)
 
 
 def test_supcon_matches_a_hand_computed_batch():
@@ -23,12 +36,12 @@ def test_supcon_is_lower_when_positives_are_aligned():
     groups = torch.tensor([0, 0, 1, 1])
     aligned = F.normalize(torch.tensor([[1.0, 0.1], [1.0, -0.1], [0.1, 1.0], [-0.1, 1.0]]), dim=1)
     crossed = F.normalize(torch.tensor([[1.0, 0.1], [0.1, 1.0], [1.0, -0.1], [-0.1, 1.0]]), dim=1)
-    assert supcon_loss(aligned, groups) < supcon_loss(crossed, groups)
+    assert supcon_loss(aligned, groups, 0.1) < supcon_loss(crossed, groups, 0.1)
 
 
 def test_supcon_without_positives_is_zero_with_a_gradient_path():
     embeddings = F.normalize(torch.randn(3, 4), dim=1).requires_grad_(True)
-    loss = supcon_loss(embeddings, torch.tensor([0, 1, 2]))
+    loss = supcon_loss(embeddings, torch.tensor([0, 1, 2]), 0.1)
     assert loss.item() == 0.0
     loss.backward()
     assert embeddings.grad is not None
@@ -36,8 +49,8 @@ def test_supcon_without_positives_is_zero_with_a_gradient_path():
 
 def test_distillation_is_zero_for_identical_logits_and_positive_otherwise():
     logits = torch.randn(5, 10)
-    assert distillation_loss(logits, logits).abs().item() < 1e-6
-    assert distillation_loss(logits, logits.flip(1)).item() > 0.01
+    assert distillation_loss(logits, logits, 2.0).abs().item() < 1e-6
+    assert distillation_loss(logits, logits.flip(1), 2.0).item() > 0.01
 
 
 def test_cross_family_supcon_matches_a_hand_computed_case():
@@ -68,7 +81,9 @@ def test_cross_family_supcon_pulls_other_families_together():
     groups = torch.tensor([0, 0, 1, 1])
     pool = F.normalize(torch.randn(6, 8), dim=1)
     pool_groups, pool_families = torch.tensor([0, 1, 0, 1, 2, 2]), torch.tensor([1, 1, 2, 2, 1, 2])
-    loss = cross_family_supcon(anchors, groups, 0, torch.tensor([0, 1]), pool, pool_groups, pool_families)
+    loss = cross_family_supcon(
+        anchors, groups, 0, torch.tensor([0, 1]), pool, pool_groups, pool_families, 0.1
+    )
     loss.backward()
     # a small step against the gradient moves each anchor towards its cross-family positives
     moved = F.normalize(anchors.detach() - 0.1 * anchors.grad, dim=1)
@@ -82,8 +97,67 @@ def test_cross_family_supcon_without_a_cross_family_positive_is_zero_with_a_grad
     pool = F.normalize(torch.randn(2, 4), dim=1)
     # the only rows of the anchors' group come from the anchors' own family
     loss = cross_family_supcon(
-        anchors, torch.tensor([0, 0]), 3, torch.tensor([0]), pool, torch.tensor([0, 0]), torch.tensor([3, 3])
+        anchors,
+        torch.tensor([0, 0]),
+        3,
+        torch.tensor([0]),
+        pool,
+        torch.tensor([0, 0]),
+        torch.tensor([3, 3]),
+        0.1,
     )
     assert loss.item() == 0.0
     loss.backward()
     assert anchors.grad is not None
+
+
+@pytest.mark.parametrize("loss", [supcon_loss, cross_family_supcon, distillation_loss])
+def test_a_loss_takes_its_temperature_from_its_caller(loss):
+    """A default here would be a second copy of the configs' default, free to drift from it."""
+    assert inspect.signature(loss).parameters["temperature"].default is inspect.Parameter.empty
+
+
+def test_every_config_that_resolves_the_supcon_temperature_agrees_on_its_default():
+    """The training server (through each method's server config) and the fallback server's alignment
+    round start from the one SUPCON_TEMPERATURE; a method's config can change it, its default cannot."""
+    assert AlignmentParams().temperature == SUPCON_TEMPERATURE
+    terms = {}
+    for name in ALGORITHMS:
+        split_trainer_config = build_algorithm(name).split_trainer_config()
+        if split_trainer_config is not None and split_trainer_config.contrastive is not None:
+            terms[name] = split_trainer_config.contrastive.temperature
+    assert {"harmony", "harmony-no-meta", "harmony-full-softmax"} <= set(terms)
+    assert set(terms.values()) == {SUPCON_TEMPERATURE}
+    assert (
+        build_algorithm("harmony", {"temperature": 0.2}).split_trainer_config().contrastive.temperature == 0.2
+    )
+
+
+def _literal_temperature_defaults(path: Path) -> list[str]:
+    """`*temperature` parameters or fields given a number literal as default in one source file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.arguments):
+            positional = [*node.posonlyargs, *node.args]
+            with_default = positional[len(positional) - len(node.defaults) :]
+            pairs = [*zip(with_default, node.defaults, strict=True)]
+            pairs += [(a, d) for a, d in zip(node.kwonlyargs, node.kw_defaults, strict=True) if d is not None]
+            found += [f"{path.name}:{a.lineno} {a.arg}" for a, d in pairs if a.arg.endswith("temperature")]
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            if not node.target.id.endswith("temperature"):
+                continue
+            value = node.value
+            if isinstance(value, ast.Call):
+                value = next((k.value for k in value.keywords if k.arg == "default"), None)
+            if isinstance(value, ast.Constant):
+                found.append(f"{path.name}:{node.lineno} {node.target.id}")
+    return found
+
+
+def test_no_temperature_default_is_written_twice():
+    """Every temperature default in the package and the server names the constant in losses.py."""
+    roots = [Path(harmony_mobile.__file__).parent, Path(harmony_mobile.server.__file__).parent]
+    found = [
+        hit for root in roots for path in root.rglob("*.py") for hit in _literal_temperature_defaults(path)
+    ]
+    assert found == []

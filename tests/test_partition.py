@@ -13,7 +13,7 @@ from harmony_mobile.data import (
     ood_test_indices,
     shard_partition,
 )
-from harmony_mobile.data.partition import MIN_TRAIN_PER_ID_CLASS
+from harmony_mobile.data.partition import MIN_TRAIN_PER_ID_CLASS, SplitOptions
 
 FAMILIES = ["cnn", "cnn", "mobilenet", "mobilenet", "resnet", "resnet"]
 
@@ -23,6 +23,7 @@ def balanced_labels(num_classes=10, per_class=100, seed=0):
 
 
 def partition(scheme, labels, seed=0, num_clients=6, **kwargs):
+    kwargs = {"alpha": 0.5, "classes_per_client": 2, **kwargs}
     return make_partition(scheme, labels, num_clients, seed, client_families=FAMILIES[:num_clients], **kwargs)
 
 
@@ -70,7 +71,9 @@ def test_reproducible_from_seed_and_different_with_another(scheme):
 
 def test_client_splits_are_stratified_with_the_requested_fractions():
     labels = balanced_labels(num_classes=5, per_class=200)
-    [client] = dirichlet_partition(labels, 1, 1.0, seed=0, val_fraction=0.1, test_fraction=0.2)
+    [client] = dirichlet_partition(
+        labels, 1, 1.0, seed=0, options=SplitOptions(val_fraction=0.1, test_fraction=0.2)
+    )
     for c in range(5):
         assert np.sum(labels[client.test] == c) in (40, 41)  # 20 % of 200, up to rounding
         assert np.sum(labels[client.val] == c) in (19, 20, 21)
@@ -79,14 +82,16 @@ def test_client_splits_are_stratified_with_the_requested_fractions():
 
 def test_a_stray_sample_does_not_make_its_class_id():
     labels = np.array([0] * 20 + [1])
-    [client] = dirichlet_partition(labels, 1, 1.0, seed=0, min_samples_per_client=1)
+    [client] = dirichlet_partition(labels, 1, 1.0, seed=0, options=SplitOptions(min_samples_per_client=1))
     assert client.classes == (0,) and 20 in client.train
 
 
 def test_rare_classes_stay_in_train_instead_of_leaking_into_val_or_test():
     labels = np.array([0] * 30 + [1] * 2)  # a split of class 1 would leave one training sample
     for seed in range(10):
-        [client] = dirichlet_partition(labels, 1, 1.0, seed=seed, min_samples_per_client=1)
+        [client] = dirichlet_partition(
+            labels, 1, 1.0, seed=seed, options=SplitOptions(min_samples_per_client=1)
+        )
         check_invariants([client], labels)
         assert client.classes == (0, 1) and {30, 31} <= set(client.train)
 
@@ -103,7 +108,9 @@ def test_small_alpha_is_more_skewed_than_large_alpha():
     labels = balanced_labels()
 
     def mean_id_classes(alpha):
-        clients = dirichlet_partition(labels, 10, alpha, seed=0, min_samples_per_client=5)
+        clients = dirichlet_partition(
+            labels, 10, alpha, seed=0, options=SplitOptions(min_samples_per_client=5)
+        )
         return np.mean([len(c.classes) for c in clients])
 
     assert mean_id_classes(0.1) < mean_id_classes(100.0) == 10
@@ -187,7 +194,7 @@ def test_partitions_of_random_labels_keep_every_invariant(
             alpha=alpha,
             classes_per_client=2,
             client_families=families,
-            min_samples_per_client=1,
+            options=SplitOptions(min_samples_per_client=1),
             ood_pool_fraction=0.15,
         )
     except ValueError as error:  # only a genuine shortage of data may stop a valid request
@@ -232,6 +239,8 @@ LABELS = balanced_labels(num_classes=4, per_class=10)
             "one family per client \\(3\\)",
         ),
         (lambda: make_partition("family", LABELS, 3, 0), "needs client_families"),
+        (lambda: make_partition("dirichlet", LABELS, 2, 0), "needs alpha"),
+        (lambda: make_partition("shard", LABELS, 2, 0), "needs classes_per_client"),
         (lambda: make_partition("shard", LABELS, 2, 0, ood_pool_fraction=1.0), "ood_pool_fraction"),
         (lambda: family_partition(LABELS, ["a", "a"], seed=0), "at least 2 families"),
         (lambda: family_partition(LABELS, ["a", "b"], seed=0, classes_per_family=4), "misses a class"),
@@ -240,7 +249,9 @@ LABELS = balanced_labels(num_classes=4, per_class=10)
             "cover all 4 classes",
         ),
         (
-            lambda: dirichlet_partition(LABELS, 2, 1.0, seed=0, val_fraction=0.5, test_fraction=0.5),
+            lambda: dirichlet_partition(
+                LABELS, 2, 1.0, seed=0, options=SplitOptions(val_fraction=0.5, test_fraction=0.5)
+            ),
             "sum to less than 1",
         ),
         (lambda: dirichlet_partition(np.array([0.5, 1.5]), 1, 1.0, seed=0), "integer class ids"),
@@ -255,15 +266,21 @@ def test_a_client_without_samples_is_named_with_advice():
     with pytest.raises(
         ValueError, match=r"client \d+ received only 0 samples.*fewer clients, a larger alpha"
     ):
-        dirichlet_partition(LABELS, 30, 0.01, seed=0, min_samples_per_client=1)
+        dirichlet_partition(LABELS, 30, 0.01, seed=0, options=SplitOptions(min_samples_per_client=1))
     labels = np.array([0, 0, 0, 1])  # class 1 has a single sample for its two holders
     with pytest.raises(ValueError, match=r"client \d received only .*fewer clients"):
-        shard_partition(labels, 4, 1, seed=0, min_samples_per_client=1)
+        shard_partition(labels, 4, 1, seed=0, options=SplitOptions(min_samples_per_client=1))
 
 
 def test_ood_fraction_outside_unit_interval_and_an_empty_pool():
     part = make_partition(
-        "dirichlet", LABELS, 2, 0, alpha=100.0, min_samples_per_client=1, ood_pool_fraction=0.2
+        "dirichlet",
+        LABELS,
+        2,
+        0,
+        alpha=100.0,
+        options=SplitOptions(min_samples_per_client=1),
+        ood_pool_fraction=0.2,
     )
     client = part.clients[0]
     for p_ood in (-0.1, 1.5):

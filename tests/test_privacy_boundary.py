@@ -11,8 +11,8 @@ import typing
 
 import torch
 
-from harmony_mobile.federation.server import SplitServer
 from harmony_mobile.federation.simulation import run_rounds
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol import messages
 from tests.test_training import tiny_federation
 
@@ -48,22 +48,24 @@ def test_nothing_crosses_the_boundary_as_logits_or_a_gradient_wrt_logits():
 
 def test_every_server_entry_point_takes_only_messages():
     allowed = (*messages.SERVER_BOUND, bool, int, str, torch.Tensor)
-    for name, method in inspect.getmembers(SplitServer, inspect.isfunction):
+    for name, method in inspect.getmembers(SplitTrainer, inspect.isfunction):
         if name.startswith("_") or name == "load_state":  # load_state: the server's own checkpoint
             continue
         hints = typing.get_type_hints(method)
         for parameter in inspect.signature(method).parameters:
             if parameter == "self":
                 continue
-            assert not looks_like_label(parameter), f"SplitServer.{name}({parameter})"
-            assert hints.get(parameter) in allowed, f"SplitServer.{name}({parameter}: {hints.get(parameter)})"
+            assert not looks_like_label(parameter), f"SplitTrainer.{name}({parameter})"
+            assert hints.get(parameter) in allowed, (
+                f"SplitTrainer.{name}({parameter}: {hints.get(parameter)})"
+            )
 
 
 class RecordingServer:
     """Sits on the wire: checks and records every message, and hands the server a deep copy in
     which every integer field (the shape labels would take: int tensors, tuples of ints) is poisoned."""
 
-    def __init__(self, server: SplitServer):
+    def __init__(self, server: SplitTrainer):
         self.server = server
         self.seen: list[object] = []
 

@@ -19,7 +19,7 @@ from harmony_mobile.protocol.messages import FeatureUpload
 from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import load_backend_file
 from tests.conftest import STORE_BACKENDS, database_url_for
-from tests.test_server_support import (
+from tests.helpers.fallback_server import (
     ADMIN,
     INTERFACE,
     LABEL_EPOCH,

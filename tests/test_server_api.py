@@ -16,7 +16,7 @@ from harmony_mobile.server import create_app
 
 from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import load_backend_file
-from tests.test_server_support import (
+from tests.helpers.fallback_server import (
     ADMIN,
     ADMIN_TOKEN,
     LABEL_EPOCH,

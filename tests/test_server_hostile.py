@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
+from tests.helpers.fallback_server import ADMIN_TOKEN, make_model_dir
 from tests.server_process import serve
-from tests.test_server_support import ADMIN_TOKEN, make_model_dir
 
 TIMEOUT = 1.0
 MAX_CONNECTIONS = 12

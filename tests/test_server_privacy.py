@@ -24,7 +24,7 @@ from pydantic import BaseModel
 from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 from harmony_mobile.protocol.messages import SERVER_BOUND
 from harmony_mobile.protocol.wire import UploadMetadata
-from tests.test_server_support import (
+from tests.helpers.fallback_server import (
     ADMIN,
     CLASS_NAMES,
     FEDERATION_SECRET,

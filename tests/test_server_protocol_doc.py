@@ -9,7 +9,7 @@ from pathlib import Path
 from fastapi.routing import APIRoute
 from harmony_mobile.server import admin, create_app, devices, uploads, v2, v2_infer
 
-from tests.test_server_support import make_settings
+from tests.helpers.fallback_server import make_settings
 
 PROTOCOL = Path(__file__).resolve().parents[1] / "docs" / "PROTOCOL.md"
 ROW = re.compile(r"^\| `(?P<method>[A-Z]+) (?P<path>\S+)` \| (?P<statuses>[0-9, ]+) \|$")

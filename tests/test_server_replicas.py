@@ -12,9 +12,9 @@ import uuid
 
 import httpx
 
+from tests.helpers.fallback_server import ADMIN, LABEL_EPOCH, bearer, make_model_dir, sealed_upload
 from tests.postgres import create_database
 from tests.server_process import serve
-from tests.test_server_support import ADMIN, LABEL_EPOCH, bearer, make_model_dir, sealed_upload
 
 
 def test_two_replicas_share_one_postgresql(tmp_path, postgres_server):

@@ -18,8 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers.fallback_server import ADMIN, ADMIN_TOKEN, make_model_dir
 from tests.server_process import serve
-from tests.test_server_support import ADMIN, ADMIN_TOKEN, make_model_dir
 
 SPEC = Path(__file__).resolve().parents[1] / "server" / "openapi.json"
 MAX_EXAMPLES = 4

@@ -15,8 +15,8 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from harmony_mobile.run_dir import load_backend_file
+from tests.helpers.fallback_server import ADMIN, class_features, make_model_dir
 from tests.server_process import serve
-from tests.test_server_support import ADMIN, class_features, make_model_dir
 
 torch.set_num_threads(1)
 MODEL = "harmony-backend"

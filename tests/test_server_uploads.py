@@ -18,7 +18,7 @@ from harmony_mobile.server.uploads import stored_to_feature_upload
 from harmony_mobile.protocol.sealing import AssociatedData, seal
 from harmony_mobile.protocol.wire import UploadMetadata, encode_upload
 from tests.conftest import STORE_BACKENDS, database_url_for
-from tests.test_server_support import (
+from tests.helpers.fallback_server import (
     ADMIN,
     LABEL_EPOCH,
     bearer,

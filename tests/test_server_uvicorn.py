@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 
 from harmony_mobile.protocol.wire import encode_tensor
-from tests.test_server_support import (
+from tests.helpers.fallback_server import (
     ADMIN,
     ADMIN_TOKEN,
     LABEL_EPOCH,

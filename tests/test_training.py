@@ -10,8 +10,8 @@ from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
-from harmony_mobile.federation.server import SplitServer, aggregate_by_parameter
 from harmony_mobile.federation.simulation import Federation, run_rounds
+from harmony_mobile.federation.split_trainer import SplitTrainer, aggregate_by_parameter
 from harmony_mobile.models import (
     Backend,
     FamilyModel,
@@ -48,7 +48,9 @@ def tiny_federation(algorithm="harmony", seed=0, overrides=None, **train_options
     )
     torch.manual_seed(seed)
     backend = Backend(InterfaceSpec(), 10)
-    server = SplitServer(backend, ProjectionHead(backend.feature_dim), algo.server_config(), LABEL_EPOCH)
+    server = SplitTrainer(
+        backend, ProjectionHead(backend.feature_dim), algo.split_trainer_config(), LABEL_EPOCH
+    )
     weights = initial_family_weights(config, tiers, dataset, InterfaceSpec())
     return Federation(algo, clients, weights, server)
 

@@ -1,7 +1,7 @@
 """The one small protocol every training method implements, and the client-side pieces they share.
 
 A method is a file: it says how a client trains in a round (`client_round`), how the server
-trains (`server_config`: None means no server at all), how updates aggregate (`aggregate`), how
+trains (`split_trainer_config`: None means no server at all), how updates aggregate (`aggregate`), how
 the final personalization runs (`personalize`), and how a phone decides to exit (`exit_rule`).
 The round loop in federation/simulation.py drives any of them the same way.
 """
@@ -13,28 +13,75 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.protocol.messages import ClientUpdate
+
+
+class LocalTrainingConfig(BaseModel):
+    """The per-round budget every method has: the one place its defaults are written, so that the
+    methods compare at equal budgets unless a method's config says otherwise."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    local_steps: int = Field(default=16, ge=1, description="optimizer steps per client per round")
+    batch_size: int = Field(default=64, ge=2, description="samples per step")
+    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of what the client trains")
+
+
+class SplitTrainingConfig(LocalTrainingConfig):
+    """What a split method adds: the server back-end's optimizer and the phone's final personalization
+    and exit calibration."""
+
+    server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of the server back-end")
+    personalize_epochs: int = Field(default=0, ge=0, description="final personalization epochs on local data")
+    personalize_batch_size: int | None = Field(
+        default=None, ge=2, description="batch size of the final personalization; None = batch_size"
+    )
+    calibration_target: float = Field(
+        default=0.98, gt=0, le=1, description="local-exit accuracy target the exit threshold is calibrated to"
+    )
+
+    @property
+    def personalization_batch_size(self) -> int:
+        return self.personalize_batch_size or self.batch_size
+
+
+class FullModelMethod:
+    """What the methods without a split share: no server back-end, and the client's full model
+    answers every query (so the exit rule is never used)."""
+
+    uses_split = False
+    exit_rule = "max_softmax"
+    Config: type[LocalTrainingConfig] = LocalTrainingConfig
+
+    def __init__(self, config: LocalTrainingConfig | None = None):
+        self.config = config or self.Config()
+
+    def split_trainer_config(self) -> None:
+        return None
 
 
 class Algorithm(Protocol):
     name: str
     uses_split: bool  # True: the phone runs a front-end and falls back to the server back-end
 
-    def server_config(self) -> ServerConfig | None: ...
+    def split_trainer_config(self) -> SplitTrainerConfig | None: ...
 
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate: ...
 
     def aggregate(
         self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
     ) -> dict[str, torch.Tensor]: ...
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None: ...
+    def personalize(
+        self, client: Client, server: SplitTrainer | None, generator: torch.Generator
+    ) -> None: ...
 
     exit_rule: (
         str  # "max_softmax" or "neg_entropy": exit locally iff exit_confidence(logits, rule) >= threshold
@@ -53,7 +100,7 @@ def exit_loss(model: FamilyModel, images: torch.Tensor, labels: torch.Tensor, ma
 
 def split_step(
     client: Client,
-    server: SplitServer,
+    server: SplitTrainer,
     features: torch.Tensor,
     labels: torch.Tensor,
     depths: tuple[int, ...],
@@ -110,7 +157,7 @@ def calibrate_threshold(confidences: torch.Tensor, correct: torch.Tensor, target
 
 def personalize_split(
     client: Client,
-    server: SplitServer,
+    server: SplitTrainer,
     epochs: int,
     batch_size: int,
     lr: float,

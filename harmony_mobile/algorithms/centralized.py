@@ -15,36 +15,27 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
+from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class CentralizedConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    local_steps: int = Field(default=16, ge=1, description="steps per client turn (same budget as FL)")
-    batch_size: int = Field(default=64, ge=2, description="samples per step, drawn from the pool")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate")
+class CentralizedConfig(LocalTrainingConfig):
+    """The shared budget: `local_steps` per client turn, batches drawn from the whole pool."""
 
 
-class Centralized:
+class Centralized(FullModelMethod):
     name = "centralized"
-    uses_split = False
-    exit_rule = "max_softmax"  # unused: the full model answers everything
     Config = CentralizedConfig
 
     def __init__(self, config: CentralizedConfig | None = None):
-        self.config = config or CentralizedConfig()
+        super().__init__(config)
         self._pooled: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # client name -> its raw data
         self._images = self._labels = None
         self._models: dict[str, dict[str, torch.Tensor]] = {}  # family -> the one model's weights
         self._optimizers: dict[str, dict] = {}
-
-    def server_config(self) -> ServerConfig | None:
-        return None
 
     def _pool(self, client: Client) -> int:
         """Add the client's raw training data to the pool once; returns the bytes it uploaded."""
@@ -56,7 +47,7 @@ class Centralized:
         return client.train_x.nbytes + client.train_y.nbytes
 
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c, family = self.config, client.tier.family
         uploaded = self._pool(client)
@@ -94,5 +85,5 @@ class Centralized:
         family = updates[0].family
         return {k: v.clone() for k, v in self._models.get(family, family_weights).items()}
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer | None, generator: torch.Generator) -> None:
         """None: the broadcast already loaded the family's centrally trained model."""

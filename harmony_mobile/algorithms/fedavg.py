@@ -9,47 +9,31 @@ same global model and answers every query with it.
 from __future__ import annotations
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
 
-from harmony_mobile.algorithms.base import client_update
+from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig, client_update
 from harmony_mobile.algorithms.local import full_model_step
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
+from harmony_mobile.federation.split_trainer import SplitTrainer, aggregate_by_parameter
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class FedAvgConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    local_steps: int = Field(default=16, ge=1, description="SGD steps per client per round")
-    batch_size: int = Field(default=64, ge=2, description="samples per step")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate (fresh optimizer every round)")
+class FedAvgConfig(LocalTrainingConfig):
+    """The shared budget; the optimizer is fresh every round."""
 
 
-class FedAvg:
+class FedAvg(FullModelMethod):
     name = "fedavg"
-    uses_split = False
-    exit_rule = "max_softmax"  # unused: the full model answers everything
     Config = FedAvgConfig
 
-    def __init__(self, config: FedAvgConfig | None = None):
-        self.config = config or FedAvgConfig()
-
-    def server_config(self) -> ServerConfig | None:
-        return None
-
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         optimizer = torch.optim.Adam(client.held_parameters(full=True).values(), lr=c.lr)
         total = sum(full_model_step(client, optimizer, c.batch_size, generator) for _ in range(c.local_steps))
         return client_update(client, round_id, {"loss": total / c.local_steps}, full=True)
 
-    def aggregate(
-        self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
-    ) -> dict[str, torch.Tensor]:
-        return aggregate_by_parameter(family_weights, updates)
+    aggregate = staticmethod(aggregate_by_parameter)
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer | None, generator: torch.Generator) -> None:
         """None: the client keeps its family's global model (training already broadcast it)."""

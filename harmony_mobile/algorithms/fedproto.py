@@ -34,12 +34,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from torch import nn
 
-from harmony_mobile.algorithms.base import calibrate_client
+from harmony_mobile.algorithms.base import SplitTrainingConfig, calibrate_client
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig
 from harmony_mobile.protocol.messages import ClientUpdate
 
 FLOAT_BYTES = 4
@@ -47,21 +47,10 @@ TOKEN_BYTES = 8
 COUNT_BYTES = 4
 
 
-class FedProtoConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FedProtoConfig(SplitTrainingConfig):
+    """The split budget (fine-tuning with the same loss for `personalize_epochs`), plus lambda."""
 
-    local_steps: int = Field(default=16, ge=1, description="SGD steps per client per round")
-    batch_size: int = Field(default=64, ge=2, description="samples per step")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of the front-end")
     proto_weight: float = Field(default=1.0, ge=0, description="lambda: weight of the prototype MSE")
-    server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of g")
-    personalize_epochs: int = Field(
-        default=0, ge=0, description="final fine-tuning epochs with the same loss (equal budgets)"
-    )
-    personalize_batch_size: int | None = Field(
-        default=None, ge=2, description="batch size of the fine-tuning; None = batch_size"
-    )
-    calibration_target: float = Field(default=0.98, gt=0, le=1, description="local-exit accuracy target")
 
 
 class PrototypeStore:
@@ -101,8 +90,8 @@ class FedProto:
         self._optimizer_state: dict[str, dict] = {}
         self._decision_layers: dict[str, nn.Linear] = {}
 
-    def server_config(self) -> ServerConfig:
-        return ServerConfig(lr=self.config.server_lr, contrastive_weight=0.0, restrict_to_client_slots=True)
+    def split_trainer_config(self) -> SplitTrainerConfig:
+        return SplitTrainerConfig(lr=self.config.server_lr, restrict_to_client_slots=True, contrastive=None)
 
     def _restore(self, client: Client) -> None:
         if client.name in self._weights:
@@ -123,7 +112,7 @@ class FedProto:
         return [*client.held_parameters().values(), *self._decision_layer(client).parameters()]
 
     def _step(
-        self, client: Client, server: SplitServer, optimizer, images, labels, round_id: int
+        self, client: Client, server: SplitTrainer, optimizer, images, labels, round_id: int
     ) -> tuple[float, torch.Tensor, tuple[bytes, ...]]:
         """One step of exit CE + decision-layer CE on z + lambda * prototype MSE; the uploaded features
         also train g (not the front-end)."""
@@ -145,7 +134,7 @@ class FedProto:
         return loss.item(), sent.detach(), tokens
 
     def client_round(
-        self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         self.store.start_round(round_id)
@@ -185,13 +174,13 @@ class FedProto:
     ) -> dict[str, torch.Tensor]:
         return family_weights
 
-    def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer, generator: torch.Generator) -> None:
         c = self.config
         self.store.start_round(-1)  # the last round's uploads become the global prototypes
         self._restore(client)
         if c.personalize_epochs > 0:
             optimizer = torch.optim.Adam(self._trained_parameters(client), lr=c.lr)
-            batch = c.personalize_batch_size or c.batch_size
+            batch = c.personalization_batch_size
             steps = c.personalize_epochs * max(1, len(client.train_y) // batch)
             for _ in range(steps):
                 images, labels = client.batch(batch, generator)

@@ -1,5 +1,5 @@
-"""HARMONY (docs/ALGORITHM.md, "Training"): meta-adaptation over simulated extractors, stochastic
-split depth, and label-private supervised contrastive alignment on the server.
+"""HARMONY (docs/ALGORITHM.md, "Training"): meta-adaptation over simulated extractors, a random
+split depth per extractor, and label-private supervised contrastive alignment on the server.
 
 One local step of client k, top to bottom:
   1. inner loop   theta' = theta - inner_lr * grad L_exit(theta; support), `inner_steps` times
@@ -12,10 +12,10 @@ One local step of client k, top to bottom:
                   full softmax taught g that a family's features never show the classes it
                   misses) + SupCon; g_v = gamma * dL_srv/dz_v back-propagated at theta_v
   4. update       theta <- Adam(theta, g_exit + mean_v g_v)
-The server computes both terms itself from tokens (`SplitServer.step`); only dL/dz comes back.
+The server computes both terms itself from tokens (`SplitTrainer.step`); only dL/dz comes back.
 
 Each mechanism has one switch, so that an ablation turns off exactly one (algorithms/registry.py):
-`meta` (the inner loop, hence the personalization path), `stochastic_depth`, `contrastive_weight`
+`meta` (the inner loop, hence the personalization path), `random_split_depth`, `contrastive_weight`
 and `own_classes_only`. The round's metrics measure how diverse the simulated extractors are:
 the path length ||theta' - theta|| next to the weight noise actually drawn, and how far a class's
 mean feature moves across the variants relative to the class's own spread.
@@ -29,9 +29,10 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field, model_validator
 
 from harmony_mobile.algorithms.base import (
+    SplitTrainingConfig,
     calibrate_client,
     client_update,
     exit_loss,
@@ -39,17 +40,23 @@ from harmony_mobile.algorithms.base import (
     split_step,
 )
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
+from harmony_mobile.federation.split_trainer import (
+    ContrastiveTerm,
+    SplitTrainer,
+    SplitTrainerConfig,
+    aggregate_by_parameter,
+)
 from harmony_mobile.models import FamilyModel
+from harmony_mobile.models.losses import SUPCON_TEMPERATURE
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class HarmonyConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HarmonyConfig(SplitTrainingConfig):
+    """The split budget (`local_steps` meta steps, `lr` of the meta-update, `server_lr` of g and h),
+    HARMONY's mechanisms, and the server's contrastive term, whose knobs default here only."""
 
-    local_steps: int = Field(default=16, ge=1, description="meta steps per client per round")
     batch_size: int = Field(default=32, ge=2, description="support and query batch size")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of the meta-update")
+    personalize_epochs: int = Field(default=2, ge=0, description="final personalization epochs on local data")
     inner_steps: int = Field(default=1, ge=0, description="I: SGD steps of the inner personalization loop")
     inner_lr: float = Field(
         default=0.005,
@@ -66,8 +73,8 @@ class HarmonyConfig(BaseModel):
     channel_drop: float = Field(
         default=0.1, ge=0, lt=1, description="channel dropout on variant activations; 0 = off"
     )
-    stochastic_depth: bool = Field(
-        default=True, description="draw variant depths from 1..d_k (False: always d_k)"
+    random_split_depth: bool = Field(
+        default=True, description="draw each variant's split depth from 1..d_k (False: always d_k)"
     )
     meta: bool = Field(
         default=True,
@@ -86,13 +93,23 @@ class HarmonyConfig(BaseModel):
         description="cross_family: positives from other families, negatives from the client's own slots "
         "(docs/ALGORITHM.md step 7); token: every same-token row a positive, every other row a negative",
     )
-    temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
-    bank_size: int = Field(default=512, ge=0, description="server's same-round contrastive memory (rows)")
-    server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of g and h")
-    personalize_epochs: int = Field(default=2, ge=0, description="final personalization epochs on local data")
-    calibration_target: float = Field(
-        default=0.98, gt=0, le=1, description="local-exit accuracy target for tau"
+    temperature: float = Field(default=SUPCON_TEMPERATURE, gt=0, description="SupCon temperature")
+    bank_size: int = Field(
+        default=512,
+        ge=0,
+        description="server's contrastive memory of earlier rows (ContrastiveTerm.bank_size)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_misleading_names(cls, data):
+        """A config key that reads like another mechanism is refused with the key it means."""
+        if isinstance(data, dict) and "stochastic_depth" in data:
+            raise ValueError(
+                "'stochastic_depth' is not a HARMONY setting (stochastic depth drops layers); "
+                "the random split depth of the simulated extractors is 'random_split_depth'"
+            )
+        return data
 
 
 class Harmony:
@@ -105,19 +122,22 @@ class Harmony:
         if name:
             self.name = name
 
-    def server_config(self) -> ServerConfig:
+    def split_trainer_config(self) -> SplitTrainerConfig:
         c = self.config
-        return ServerConfig(
-            lr=c.server_lr,
-            contrastive_weight=c.contrastive_weight,
-            temperature=c.temperature,
-            bank_size=c.bank_size,
-            restrict_to_client_slots=c.own_classes_only,
-            contrastive=c.contrastive,
+        contrastive = None
+        if c.contrastive_weight > 0:
+            contrastive = ContrastiveTerm(
+                weight=c.contrastive_weight,
+                temperature=c.temperature,
+                bank_size=c.bank_size,
+                mode=c.contrastive,
+            )
+        return SplitTrainerConfig(
+            lr=c.server_lr, restrict_to_client_slots=c.own_classes_only, contrastive=contrastive
         )
 
     def client_round(
-        self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         theta = client.held_parameters()
@@ -159,7 +179,7 @@ class Harmony:
         return query_loss.item()
 
     def _variant_steps(
-        self, client: Client, server: SplitServer, adapted, variant, query_x, query_y, round_id, generator
+        self, client: Client, server: SplitTrainer, adapted, variant, query_x, query_y, round_id, generator
     ) -> dict[str, float]:
         """Simulated extractors -> split steps (server CE + SupCon reach theta_v); adds mean_v g_v to
         theta's grads and returns the step's server loss and diversity measurements."""
@@ -221,18 +241,17 @@ class Harmony:
                     noise_sq += float(noise.pow(2).sum())
             p.copy_(value)
         depth = client.split_depth
-        if c.stochastic_depth:
+        if c.random_split_depth:
             depth = int(torch.randint(1, client.split_depth + 1, (), generator=generator))
         return depth, math.sqrt(noise_sq)
 
-    def aggregate(
-        self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
-    ) -> dict[str, torch.Tensor]:
-        return aggregate_by_parameter(family_weights, updates)
+    aggregate = staticmethod(aggregate_by_parameter)
 
-    def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer, generator: torch.Generator) -> None:
         c = self.config
-        personalize_split(client, server, c.personalize_epochs, c.batch_size, c.lr, c.gamma, generator)
+        personalize_split(
+            client, server, c.personalize_epochs, c.personalization_batch_size, c.lr, c.gamma, generator
+        )
         calibrate_client(client, c.calibration_target, self.exit_rule)
 
 

@@ -11,19 +11,15 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
 
+from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class LocalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    local_steps: int = Field(default=16, ge=1, description="SGD steps per client per round")
-    batch_size: int = Field(default=64, ge=2, description="samples per step")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate")
+class LocalConfig(LocalTrainingConfig):
+    """The shared budget; each client's optimizer state carries over between rounds."""
 
 
 def full_model_step(client: Client, optimizer: torch.optim.Optimizer, batch_size: int, generator) -> float:
@@ -36,26 +32,21 @@ def full_model_step(client: Client, optimizer: torch.optim.Optimizer, batch_size
     return loss.item()
 
 
-class Local:
+class Local(FullModelMethod):
     name = "local"
-    uses_split = False
-    exit_rule = "max_softmax"  # unused: the full model answers everything
     Config = LocalConfig
 
     def __init__(self, config: LocalConfig | None = None):
-        self.config = config or LocalConfig()
+        super().__init__(config)
         self._weights: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its own model
         self._optimizer_state: dict[str, dict] = {}
-
-    def server_config(self) -> ServerConfig | None:
-        return None
 
     def _restore(self, client: Client) -> None:
         if client.name in self._weights:
             client.model.load_state_dict(self._weights[client.name])
 
     def client_round(
-        self, client: Client, server: SplitServer | None, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         self._restore(client)
@@ -82,5 +73,5 @@ class Local:
     ) -> dict[str, torch.Tensor]:
         return family_weights
 
-    def personalize(self, client: Client, server: SplitServer | None, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer | None, generator: torch.Generator) -> None:
         self._restore(client)  # the client's own model is its final model

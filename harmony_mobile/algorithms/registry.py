@@ -18,9 +18,9 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony": (Harmony, {}),
     # ablations: each turns off exactly one mechanism (one config field; tests/test_ablations.py)
     "harmony-no-meta": (Harmony, {"meta": False}),  # no inner loop: variants are theta plus noise
-    "harmony-fixed-depth": (Harmony, {"stochastic_depth": False}),  # every variant at the client's depth
+    "harmony-fixed-depth": (Harmony, {"random_split_depth": False}),  # every variant at the client's depth
     "harmony-no-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # no SupCon on the server
-    # ablation: the server CE over every slot instead of the uploading client's slots (federation/server.py)
+    # ablation: the server CE over every slot instead of the uploading client's slots (federation/split_trainer.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
     # baselines (docs/ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server

@@ -4,7 +4,7 @@ generalization and personalization in federated learning", INFOCOM 2023), the pr
 One local step of client k at its fixed split depth d:
     loss = gamma * CE(e_d(B_1..d(x)), y) + (1 - gamma) * CE(g(phi_d(B_1..d(x))), y)
 The front-end moves with both terms, the server back-end g with the second one (no contrastive
-alignment, no simulated extractors, no stochastic depth).
+alignment, no simulated extractors, no random split depth).
 Personalization: the client model the next round (and the final one) starts from is
     lambda * own + (1 - lambda) * family average
 of the parameters it holds, where `own` is its model after its last local training.
@@ -22,20 +22,24 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from harmony_mobile.algorithms.base import calibrate_client, client_update, personalize_split, split_step
+from harmony_mobile.algorithms.base import (
+    SplitTrainingConfig,
+    calibrate_client,
+    client_update,
+    personalize_split,
+    split_step,
+)
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import ServerConfig, SplitServer, aggregate_by_parameter
+from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig, aggregate_by_parameter
 from harmony_mobile.protocol.messages import ClientUpdate
 
 
-class SplitGPConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SplitGPConfig(SplitTrainingConfig):
+    """The split budget (`personalize_epochs`: optional fine-tuning after the mix, SplitGP has none;
+    the entropy threshold is calibrated to `calibration_target`), plus SplitGP's own knobs."""
 
-    local_steps: int = Field(default=16, ge=1, description="SGD steps per client per round")
-    batch_size: int = Field(default=64, ge=2, description="samples per step")
-    lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of the front-end")
     gamma: float = Field(
         default=0.5, ge=0, le=1, description="weight of the exit CE; 1 - gamma for the server CE"
     )
@@ -44,16 +48,6 @@ class SplitGPConfig(BaseModel):
         ge=0,
         le=1,
         description="lambda: weight of the client's own model in the personalized mix",
-    )
-    server_lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of g")
-    personalize_epochs: int = Field(
-        default=0, ge=0, description="optional fine-tuning epochs after the mix (SplitGP has none)"
-    )
-    personalize_batch_size: int | None = Field(
-        default=None, ge=2, description="batch size of the fine-tuning; None = batch_size"
-    )
-    calibration_target: float = Field(
-        default=0.98, gt=0, le=1, description="local-exit accuracy target for the entropy threshold"
     )
     restricted_softmax: bool = Field(
         default=False,
@@ -72,11 +66,11 @@ class SplitGP:
         self.config = config or SplitGPConfig()
         self._own: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its model after local training
 
-    def server_config(self) -> ServerConfig:
-        return ServerConfig(
+    def split_trainer_config(self) -> SplitTrainerConfig:
+        return SplitTrainerConfig(
             lr=self.config.server_lr,
-            contrastive_weight=0.0,
             restrict_to_client_slots=self.config.restricted_softmax,
+            contrastive=None,
         )
 
     @torch.no_grad()
@@ -89,7 +83,7 @@ class SplitGP:
             p.copy_(lam * own[name] + (1 - lam) * p)
 
     def client_round(
-        self, client: Client, server: SplitServer, round_id: int, generator: torch.Generator
+        self, client: Client, server: SplitTrainer, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
         self._mix(client)
@@ -114,15 +108,12 @@ class SplitGP:
         metrics = {"exit_loss": exit_total / c.local_steps, "server_ce": server_total / c.local_steps}
         return client_update(client, round_id, metrics)
 
-    def aggregate(
-        self, family_weights: dict[str, torch.Tensor], updates: list[ClientUpdate]
-    ) -> dict[str, torch.Tensor]:
-        return aggregate_by_parameter(family_weights, updates)
+    aggregate = staticmethod(aggregate_by_parameter)
 
-    def personalize(self, client: Client, server: SplitServer, generator: torch.Generator) -> None:
+    def personalize(self, client: Client, server: SplitTrainer, generator: torch.Generator) -> None:
         c = self.config
         self._mix(client)
         if c.personalize_epochs > 0:
-            batch = c.personalize_batch_size or c.batch_size
+            batch = c.personalization_batch_size
             personalize_split(client, server, c.personalize_epochs, batch, c.lr, 1 - c.gamma, generator)
         calibrate_client(client, c.calibration_target, self.exit_rule)

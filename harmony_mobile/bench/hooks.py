@@ -28,7 +28,7 @@ import torch
 from harmony_mobile import training
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
 from harmony_mobile.evaluation import predict
-from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
 
 LABEL_BYTES = 8  # a token is trunc64(HMAC): 8 bytes; SplitGP's original int64 label is 8 bytes too
@@ -76,7 +76,7 @@ def _server_patches(counter: UplinkCounter) -> dict:
     computes the CE itself) or `forward(upload)` + `backward(dL/dlogits)` (U-shaped)."""
     patches = {}
     for name in ("step", "forward"):
-        original = getattr(SplitServer, name, None)
+        original = getattr(SplitTrainer, name, None)
         if original is None:
             continue
 
@@ -85,7 +85,7 @@ def _server_patches(counter: UplinkCounter) -> dict:
             return _original(server, upload, *args, **kwargs)
 
         patches[name] = counted
-    backward = getattr(SplitServer, "backward", None)
+    backward = getattr(SplitTrainer, "backward", None)
     if backward is not None:
 
         def counted_backward(server, gradients, *args, **kwargs):
@@ -100,7 +100,7 @@ def _server_patches(counter: UplinkCounter) -> dict:
 def instrument(counter: UplinkCounter, extras: RunExtras, seed: int) -> Iterator[None]:
     """Count every client -> server message and record the extra metrics of the training runs
     inside the block; restores everything on exit."""
-    originals = {name: getattr(SplitServer, name) for name in _server_patches(counter)}
+    originals = {name: getattr(SplitTrainer, name) for name in _server_patches(counter)}
     build, evaluate = training.build_algorithm, training.evaluate
 
     def counted_build(name, config=None):
@@ -137,14 +137,14 @@ def instrument(counter: UplinkCounter, extras: RunExtras, seed: int) -> Iterator
         return secret, f"e-bench-{seed}"
 
     for name, patched in _server_patches(counter).items():
-        setattr(SplitServer, name, patched)
+        setattr(SplitTrainer, name, patched)
     training.build_algorithm, training.evaluate = counted_build, evaluate_and_measure
     training.lineage_secrets = seeded_lineage
     try:
         yield
     finally:
         for name, original in originals.items():
-            setattr(SplitServer, name, original)
+            setattr(SplitTrainer, name, original)
         training.build_algorithm, training.evaluate = build, evaluate
         training.lineage_secrets = lineage
 

@@ -20,18 +20,24 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harmony_mobile.algorithms.harmony import Harmony
 from harmony_mobile.algorithms.registry import ALGORITHMS, check_algorithm
+from harmony_mobile.training import TrainConfig
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
 
 
+_TRAIN_FIELDS = TrainConfig.model_fields
+
+
 class Setting(BaseModel):
+    """A data setting of the benchmark: the TrainConfig fields it sets, defaulting as TrainConfig does."""
+
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    dataset: str = "mnist5k"
-    dataset_limit: int | None = None
-    partition: Literal["family", "dirichlet", "shard"] = "family"
-    alpha: float = Field(default=0.5, gt=0)
+    dataset: str = _TRAIN_FIELDS["dataset"].default
+    dataset_limit: int | None = Field(default=_TRAIN_FIELDS["dataset_limit"].default, ge=10)
+    partition: Literal["family", "dirichlet", "shard"] = _TRAIN_FIELDS["partition"].default
+    alpha: float = Field(default=_TRAIN_FIELDS["alpha"].default, gt=0)
 
     def label(self) -> str:
         scheme = f"Dirichlet alpha={self.alpha:g}" if self.partition == "dirichlet" else self.partition

@@ -281,7 +281,7 @@ def _json_safe(value):
 
 
 METHOD_NOTES = """\
-- `harmony`: docs/ALGORITHM.md (meta-adaptation over simulated extractors, stochastic split depth,
+- `harmony`: docs/ALGORITHM.md (meta-adaptation over simulated extractors, random split depth,
   label-token SupCon on the server, final personalization, max-softmax exit calibrated on val),
   with the client's server CE a softmax over the client's own classes (restricted softmax).
   Each ablation turns off exactly one mechanism, same hyper-parameters otherwise.

@@ -23,14 +23,24 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 SCHEMES = ("dirichlet", "shard", "family")
 MIN_TRAIN_PER_ID_CLASS = 2
-DEFAULT_MIN_SAMPLES = 10
 DIRICHLET_DRAWS = 100  # redraws before giving up on giving every client min_samples_per_client
+
+
+@dataclass(frozen=True)
+class SplitOptions:
+    """What every scheme shares: how a client's samples split into train/val/test, the fewest samples
+    a client may end with, and which samples take part (`indices`; None = all)."""
+
+    val_fraction: float = 0.1
+    test_fraction: float = 0.2
+    min_samples_per_client: int = 10
+    indices: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -54,16 +64,16 @@ def make_partition(
     num_clients: int,
     seed: int,
     *,
-    alpha: float = 0.5,
-    classes_per_client: int = 2,
+    alpha: float | None = None,
+    classes_per_client: int | None = None,
     client_families: Sequence[str] | None = None,
     classes_per_family: int | None = None,
     ood_pool_fraction: float = 0.1,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
-    min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
+    options: SplitOptions = SplitOptions(),
 ) -> Partition:
-    """Set aside `ood_pool_fraction` of every class as the OOD pool, then split the rest with `scheme`."""
+    """Set aside `ood_pool_fraction` of every class as the OOD pool, then split the rest with `scheme`.
+    `alpha` is dirichlet's and `classes_per_client` shard's (each required by its scheme; TrainConfig
+    holds their defaults)."""
     labels = _as_labels(labels)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown partition scheme {scheme!r}; known schemes: {', '.join(SCHEMES)}")
@@ -77,15 +87,14 @@ def make_partition(
     ood_pool = np.sort(np.concatenate(pool))
     rest = np.setdiff1d(np.arange(len(labels)), ood_pool)
 
-    common = dict(
-        val_fraction=val_fraction,
-        test_fraction=test_fraction,
-        min_samples_per_client=min_samples_per_client,
-        indices=rest,
-    )
+    common = {"options": replace(options, indices=rest)}
     if scheme == "dirichlet":
+        if alpha is None:
+            raise ValueError("scheme 'dirichlet' needs alpha (the Dirichlet concentration)")
         clients = dirichlet_partition(labels, num_clients, alpha, seed, **common)
     elif scheme == "shard":
+        if classes_per_client is None:
+            raise ValueError("scheme 'shard' needs classes_per_client")
         clients = shard_partition(labels, num_clients, classes_per_client, seed, **common)
     else:
         if client_families is None or len(client_families) != num_clients:
@@ -102,21 +111,14 @@ def dirichlet_partition(
     num_clients: int,
     alpha: float,
     seed: int,
-    *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
-    min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
-    indices: np.ndarray | None = None,
+    options: SplitOptions = SplitOptions(),
 ) -> list[ClientSplit]:
     """Per class, give each client a share drawn from Dirichlet(alpha, ..., alpha).
 
     The whole draw is repeated (up to DIRICHLET_DRAWS times) until every client has at least
-    `min_samples_per_client` samples, the usual remedy for tiny clients at small alpha.
-    `indices` restricts the split to those samples (default: all).
+    `options.min_samples_per_client` samples, the usual remedy for tiny clients at small alpha.
     """
-    labels, candidates = _check_common(
-        labels, indices, num_clients, val_fraction, test_fraction, min_samples_per_client
-    )
+    labels, candidates = _check_common(labels, num_clients, options)
     if not alpha > 0:
         raise ValueError(f"alpha must be > 0, got {alpha}")
     rng = np.random.default_rng(seed)
@@ -129,12 +131,12 @@ def dirichlet_partition(
             for client, part in enumerate(np.split(members, cuts)):
                 owned[client].append(part)
         sizes = [sum(len(p) for p in parts) for parts in owned]
-        if min(sizes) >= min_samples_per_client:
-            return _split_clients(owned, labels, rng, val_fraction, test_fraction)
+        if min(sizes) >= options.min_samples_per_client:
+            return _split_clients(owned, labels, rng, options)
     smallest = int(np.argmin(sizes))
     raise ValueError(
         f"client {smallest} received only {sizes[smallest]} samples (fewer than "
-        f"min_samples_per_client={min_samples_per_client}) in each of {DIRICHLET_DRAWS} "
+        f"min_samples_per_client={options.min_samples_per_client}) in each of {DIRICHLET_DRAWS} "
         f"Dirichlet draws; use fewer clients, a larger alpha or a smaller min_samples_per_client"
     )
 
@@ -144,11 +146,7 @@ def shard_partition(
     num_clients: int,
     classes_per_client: int,
     seed: int,
-    *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
-    min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
-    indices: np.ndarray | None = None,
+    options: SplitOptions = SplitOptions(),
 ) -> list[ClientSplit]:
     """Each client holds `classes_per_client` classes; a class's samples are split evenly among its holders.
 
@@ -156,9 +154,7 @@ def shard_partition(
     permutation, so its classes are distinct and every class has about num_clients*m/C holders.
     With num_clients*m < C some classes have no holder: their samples are left out.
     """
-    labels, candidates = _check_common(
-        labels, indices, num_clients, val_fraction, test_fraction, min_samples_per_client
-    )
+    labels, candidates = _check_common(labels, num_clients, options)
     classes = np.unique(labels[candidates])
     if not 1 <= classes_per_client <= len(classes):
         raise ValueError(
@@ -171,7 +167,7 @@ def shard_partition(
         order[(k * classes_per_client + np.arange(classes_per_client)) % len(classes)]
         for k in range(num_clients)
     ]
-    return _deal(labels, candidates, client_classes, rng, val_fraction, test_fraction, min_samples_per_client)
+    return _deal(labels, candidates, client_classes, rng, options)
 
 
 def family_partition(
@@ -179,11 +175,7 @@ def family_partition(
     client_families: Sequence[str],
     seed: int,
     classes_per_family: int | None = None,
-    *,
-    val_fraction: float = 0.1,
-    test_fraction: float = 0.2,
-    min_samples_per_client: int = DEFAULT_MIN_SAMPLES,
-    indices: np.ndarray | None = None,
+    options: SplitOptions = SplitOptions(),
 ) -> list[ClientSplit]:
     """Clients of one model family share a class pool; client k belongs to family client_families[k].
 
@@ -195,9 +187,7 @@ def family_partition(
     round(0.6*C)), capped at C-1.
     """
     num_clients = len(client_families)
-    labels, candidates = _check_common(
-        labels, indices, num_clients, val_fraction, test_fraction, min_samples_per_client
-    )
+    labels, candidates = _check_common(labels, num_clients, options)
     families = list(dict.fromkeys(client_families))  # distinct, in order of first appearance
     classes = np.unique(labels[candidates])
     num_classes, num_families = len(classes), len(families)
@@ -219,7 +209,7 @@ def family_partition(
         for i, family in enumerate(families)
     }
     client_classes = [pools[family] for family in client_families]
-    return _deal(labels, candidates, client_classes, rng, val_fraction, test_fraction, min_samples_per_client)
+    return _deal(labels, candidates, client_classes, rng, options)
 
 
 def ood_test_indices(
@@ -271,10 +261,10 @@ def _as_labels(labels) -> np.ndarray:
     return labels.astype(np.int64)
 
 
-def _check_common(
-    labels, indices, num_clients: int, val_fraction: float, test_fraction: float, min_samples_per_client: int
-) -> tuple[np.ndarray, np.ndarray]:
+def _check_common(labels, num_clients: int, options: SplitOptions) -> tuple[np.ndarray, np.ndarray]:
     """Validate the arguments every scheme shares; return (labels, the sample indices to distribute)."""
+    indices, min_samples_per_client = options.indices, options.min_samples_per_client
+    val_fraction, test_fraction = options.val_fraction, options.test_fraction
     labels = _as_labels(labels)
     candidates = np.arange(len(labels)) if indices is None else np.unique(np.asarray(indices, dtype=np.int64))
     if len(candidates) and not 0 <= candidates[0] <= candidates[-1] < len(labels):
@@ -298,9 +288,7 @@ def _deal(
     candidates,
     client_classes: list[np.ndarray],
     rng: np.random.Generator,
-    val_fraction: float,
-    test_fraction: float,
-    min_samples_per_client: int,
+    options: SplitOptions,
 ) -> list[ClientSplit]:
     """Split each class's samples evenly among the clients that hold it, then split every client."""
     holders: dict[int, list[int]] = {}
@@ -314,24 +302,23 @@ def _deal(
             owned[client].append(part)
     for client, parts in enumerate(owned):
         size = sum(len(p) for p in parts)
-        if size < min_samples_per_client:
+        if size < options.min_samples_per_client:
             raise ValueError(
                 f"client {client} received only {size} samples (min_samples_per_client="
-                f"{min_samples_per_client}): its classes have too few samples for their "
+                f"{options.min_samples_per_client}): its classes have too few samples for their "
                 f"holders; use fewer clients or more data"
             )
-    return _split_clients(owned, labels, rng, val_fraction, test_fraction)
+    return _split_clients(owned, labels, rng, options)
 
 
 def _split_clients(
     owned: list[list[np.ndarray]],
     labels: np.ndarray,
     rng: np.random.Generator,
-    val_fraction: float,
-    test_fraction: float,
+    options: SplitOptions,
 ) -> list[ClientSplit]:
     return [
-        _split_client(k, np.concatenate(parts), labels, rng, val_fraction, test_fraction)
+        _split_client(k, np.concatenate(parts), labels, rng, options.val_fraction, options.test_fraction)
         for k, parts in enumerate(owned)
     ]
 

@@ -11,12 +11,13 @@ import numpy as np
 import torch
 from rich.progress import Progress
 
-from harmony_mobile.data.partition import ClientSplit, make_partition, ood_test_indices
+from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.demo.config import UPLOAD_ROWS, DemoConfig, DemoError
 from harmony_mobile.device.phone import Phone
 from harmony_mobile.device.server import MODEL_NAME
 from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import ClientArtifact, RunDir
+from harmony_mobile.training import TrainConfig, client_partition
 
 
 @dataclass
@@ -57,19 +58,10 @@ def confirmation_sets(client: ClientArtifact, clients, labels: np.ndarray, confi
 def phone_data(run: RunDir, dataset, manifest: dict, config: DemoConfig) -> dict[str, PhoneData]:
     """Each tier's exported client, its ID test samples plus OOD samples (p = ood_fraction) drawn
     from the run's held-out OOD pool exactly as training's evaluation draws them."""
-    info, train = run.info, run.info.train_config
-    families = [t.family for t in info.tiers.tiers for _ in range(train["clients_per_tier"])]
-    labels = dataset.labels.numpy()
-    partition = make_partition(
-        train["partition"],
-        labels,
-        len(families),
-        train["seed"],
-        alpha=train["alpha"],
-        classes_per_client=train["classes_per_client"],
-        client_families=families,
-        classes_per_family=train["classes_per_family"],
-    )
+    info, labels = run.info, dataset.labels.numpy()
+    if not info.train_config:
+        raise DemoError("the run records no training configuration: the demo needs a run of `harmony train`")
+    partition = client_partition(TrainConfig(**info.train_config), info.tiers, dataset)
     clients = {c.client_id: c for c in run.clients()}
     result = {}
     rng = np.random.default_rng(config.seed)

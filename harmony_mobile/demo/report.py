@@ -17,6 +17,17 @@ def _pct(value: float) -> str:
     return "n/a" if value != value else f"{100 * value:.1f}%"
 
 
+def _exit_and_accuracy_cells(r: dict) -> list[str]:
+    """The cells the live table and the summary share: where answers came from and how right they were."""
+    return [
+        _pct(r["exit_rate"]),
+        _pct(r["fallback_rate"]),
+        _pct(r["accuracy_without_ood"]),
+        _pct(r["accuracy_with_ood"]),
+        _pct(r["exit_only_accuracy_with_ood"]),
+    ]
+
+
 def show_phase(console: Console, results: dict, phase: str) -> None:
     table = Table(title=PHASE_TITLES[phase])
     columns = (
@@ -35,11 +46,7 @@ def show_phase(console: Console, results: dict, phase: str) -> None:
         r = phases[phase]
         table.add_row(
             tier,
-            _pct(r["exit_rate"]),
-            _pct(r["fallback_rate"]),
-            _pct(r["accuracy_without_ood"]),
-            _pct(r["accuracy_with_ood"]),
-            _pct(r["exit_only_accuracy_with_ood"]),
+            *_exit_and_accuracy_cells(r),
             _pct(r["server_fallback_accuracy"]),
             f"{_pct(r['server_accuracy_id'])} / {_pct(r['server_accuracy_ood'])}",
         )
@@ -72,11 +79,7 @@ def summary_rows(report: dict) -> list[list[str]]:
                 [
                     tier,
                     phase,
-                    _pct(r["exit_rate"]),
-                    _pct(r["fallback_rate"]),
-                    _pct(r["accuracy_without_ood"]),
-                    _pct(r["accuracy_with_ood"]),
-                    _pct(r["exit_only_accuracy_with_ood"]),
+                    *_exit_and_accuracy_cells(r),
                     _pct(r["server_accuracy_ood"]),
                     f"{r['median_latency_ms']:.3f}",
                     f"{r['infer_bytes'] / 1024:.0f} + {uploaded / 1024:.0f}",

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from harmony_mobile.algorithms.base import Algorithm
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.server import SplitServer
+from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol.messages import Broadcast
 
 
@@ -29,7 +29,7 @@ class Federation:
     algorithm: Algorithm
     clients: list[Client]
     family_weights: dict[str, dict[str, torch.Tensor]]  # meta-weights per model family
-    server: SplitServer | None
+    server: SplitTrainer | None
 
     def broadcast(self, client: Client, round_id: int = -1) -> None:
         """Send a client its family's meta-weights as a Broadcast message (round -1: after the rounds)."""

@@ -5,7 +5,7 @@ through `algorithm.client_round`. So the server drives the turn, one message per
 
   server -> client   train.round: Broadcast + RNG state            (turn start)
   client -> server   FeatureUpload (+ whether the server updates)   (the turn's first split step)
-  server -> client   InterfaceGradients of SplitServer.step(upload) (continue)
+  server -> client   InterfaceGradients of SplitTrainer.step(upload) (continue)
   client -> server   next FeatureUpload ... or, at the end, ClientUpdate + RNG state
 
 The client does not keep a suspended Python frame between messages (a SuperNode may run every
@@ -51,7 +51,7 @@ def upload_digest(upload: FeatureUpload, update: bool) -> str:
 
 
 class ReplayServer:
-    """Stands in for the SplitServer inside a client's turn on Flower (see the module docstring)."""
+    """Stands in for the SplitTrainer inside a client's turn on Flower (see the module docstring)."""
 
     def __init__(self, replies: list[InterfaceGradients], digests: list[str]):
         self.replies, self.digests, self.calls = replies, digests, 0

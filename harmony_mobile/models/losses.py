@@ -5,8 +5,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+# The SupCon temperature the training server and the fallback server's alignment round use unless
+# configured (Khosla et al.'s value). The losses below take their temperature as a required argument,
+# so this is the only place the default is written.
+SUPCON_TEMPERATURE = 0.1
+# The distillation temperature of the alignment round unless configured (Hinton et al.'s soft targets).
+DISTILLATION_TEMPERATURE = 2.0
 
-def supcon_loss(embeddings: torch.Tensor, groups: torch.Tensor, temperature: float = 0.1) -> torch.Tensor:
+
+def supcon_loss(embeddings: torch.Tensor, groups: torch.Tensor, temperature: float) -> torch.Tensor:
     """Supervised contrastive loss (Khosla et al. 2020, L_out) with positives = equal group ids.
 
     `embeddings` are L2-normalized rows; `groups` are token-group indices (equal label tokens ->
@@ -40,7 +47,7 @@ def cross_family_supcon(
     candidates: torch.Tensor,
     candidate_groups: torch.Tensor,
     candidate_families: torch.Tensor,
-    temperature: float = 0.1,
+    temperature: float,
 ) -> torch.Tensor:
     """SupCon that aligns model families (docs/ALGORITHM.md, step 7), for one client's upload against
     the features pooled over the round.
@@ -78,7 +85,7 @@ def cross_family_supcon(
 
 
 def distillation_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 2.0
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float
 ) -> torch.Tensor:
     """KL(teacher || student) on softened predictions, scaled by T^2 (Hinton et al.)."""
     teacher = F.log_softmax(teacher_logits / temperature, dim=1)

@@ -4,7 +4,7 @@ Server-side code receives only these types. None of them has a field that can ho
 function of one other than a label *token* (a keyed HMAC of the class name under the lineage's
 label epoch, see protocol/label_tokens.py): the server sees features, tokens, split depths,
 family, tier, model version and the label epoch. It computes its own cross-entropy in slot space
-(federation/server.py) and sends back only dL/dz. tests/test_privacy_boundary.py and
+(federation/split_trainer.py) and sends back only dL/dz. tests/test_privacy_boundary.py and
 tests/test_label_adversary.py fail if a field or a server entry point changes that.
 """
 

@@ -38,9 +38,6 @@ from harmony_mobile.export.keys import (
 from harmony_mobile.export.manifest import (
     BackendEntry,
     Normalization,
-    TensorSpec,
-    TierEntry,
-    artifact_entry,
     build_manifest,
     encode_signature,
     manifest_to_bytes,
@@ -59,6 +56,10 @@ from harmony_mobile.models.tier_selection import (
 from harmony_mobile.protocol import sealing
 from harmony_mobile.protocol.label_tokens import class_token, epoch_key, slot_classes
 from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
+
+# run as a script, only tests/vectors is on the path: the repo root makes tests.helpers importable
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.helpers.manifest import digits_tier_entry, write_files
 
 VECTORS_DIR = Path(__file__).resolve().parent
 GENERATOR = "tests/vectors/generate.py"
@@ -93,27 +94,18 @@ def _document(description: str, **content) -> dict:
 
 
 def _tier(directory: Path, name: str, family: str, depth: int, width: float, threshold: float, artifacts):
-    return TierEntry(
-        name=name,
+    return digits_tier_entry(
+        directory,
+        name,
+        artifacts,
         family=family,
         split_depth=depth,
         width=width,
+        threshold=threshold,
+        normalization=Normalization(mean=[0.1307], std=[0.3081]),
         client_id=depth,
         parameters=1000 * depth,
-        input=TensorSpec(name="image", shape=[1, 1, 28, 28]),
-        normalization=Normalization(mean=[0.1307], std=[0.3081]),
-        outputs=[
-            TensorSpec(name="exit_logits", shape=[1, 10]),
-            TensorSpec(name="features", shape=[1, 64, 8, 8]),
-        ],
-        class_names=[str(i) for i in range(10)],
-        interface_shape=[64, 8, 8],
-        threshold=threshold,
-        threshold_source="calibrated",
-        quantization=[q for _, q, _ in artifacts],
-        backends=sorted({b for b, _, _ in artifacts}),
         latency_budget_ms=2.0 * depth,
-        artifacts=[artifact_entry(directory, p, backend=b, quantization=q) for b, q, p in artifacts],
     )
 
 
@@ -127,9 +119,7 @@ def manifest_vectors() -> dict:
     p256_key = ec.derive_private_key(MANIFEST_P256_SCALAR, ec.SECP256R1())
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
-        for relpath, data in ARTIFACTS.items():
-            (directory / relpath).parent.mkdir(parents=True, exist_ok=True)
-            (directory / relpath).write_bytes(data)
+        write_files(directory, ARTIFACTS)
         tiers = [
             _tier(
                 directory,

@@ -14,7 +14,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.models import Backend, ProjectionHead
 from harmony_mobile.models.losses import cross_family_supcon, supcon_loss
@@ -23,40 +23,56 @@ from harmony_mobile.protocol.messages import ClientUpdate, FeatureUpload, Interf
 from harmony_mobile.protocol.slots import SlotTable
 
 
-class ServerConfig(BaseModel):
-    """How the server trains during federated rounds."""
+class ContrastiveTerm(BaseModel):
+    """The server's supervised contrastive term on h(g(z)) (docs/ALGORITHM.md, step 7). No defaults
+    here: the algorithm that turns the term on (HarmonyConfig) is the one place its knobs default."""
 
-    lr: float = Field(default=1e-3, gt=0, description="Adam learning rate of g and h")
-    contrastive_weight: float = Field(default=0.5, ge=0, description="weight of SupCon on h(g(z)); 0 = off")
-    temperature: float = Field(default=0.1, gt=0, description="SupCon temperature")
+    model_config = ConfigDict(extra="forbid")
+
+    weight: float = Field(gt=0, description="weight of SupCon next to the server CE")
+    temperature: float = Field(gt=0, description="SupCon temperature")
     bank_size: int = Field(
-        default=512,
         ge=0,
         description="projected embeddings of earlier uploads kept (detached, MoCo-style memory bank) as "
         "extra contrastive candidates, so positives come from other clients and families; token mode: "
         "this round's last rows; cross_family: the last rows of each family",
     )
-    contrastive: Literal["cross_family", "token"] = Field(
-        default="cross_family",
+    mode: Literal["cross_family", "token"] = Field(
         description="cross_family (docs/ALGORITHM.md step 7): an anchor's positives are the round's rows of its "
         "slot from OTHER families, its negatives only rows of slots its own client holds; token: plain "
         "SupCon, every same-token row a positive and every other row a negative",
     )
+    # a diagnostic no algorithm config exposes, so its default lives here and only here
     ratio_every: int = Field(
         default=4,
         ge=0,
         description="every n-th contrastive step, measure ||weight * dSupCon/dz|| / ||dCE/dz|| (0 = never)",
     )
+
+
+class SplitTrainerConfig(BaseModel):
+    """How the server trains during federated rounds, built by each split method's `split_trainer_config`
+    from its own config (no defaults here, so a knob's default is written once, in that config)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lr: float = Field(gt=0, description="Adam learning rate of g and h")
     restrict_to_client_slots: bool = Field(
-        default=True,
         description="softmax of the server CE over the uploading client's slots only (False: over every "
         "slot of the table). The full softmax teaches g that a family's features never show the classes "
         "it does not hold, which is exactly what g must answer for that family's OOD fallbacks",
     )
+    contrastive: ContrastiveTerm | None = Field(description="the SupCon term; None = server CE only")
 
 
-class SplitServer:
-    def __init__(self, backend: Backend, projection: ProjectionHead, config: ServerConfig, label_epoch: str):
+class SplitTrainer:
+    """The training side of the split, in the simulation: trains the back-end g and the projection h on
+    each client's uploaded features (slot CE + SupCon) and answers with dL/dz. Not the fallback
+    server (server/), which serves a trained g to phones."""
+
+    def __init__(
+        self, backend: Backend, projection: ProjectionHead, config: SplitTrainerConfig, label_epoch: str
+    ):
         self.backend = backend
         self.projection = projection
         self.config = config
@@ -99,11 +115,10 @@ class SplitServer:
         loss = F.cross_entropy(logits, slots)
         embeddings = None
         family = self._family_ids.setdefault(upload.family, len(self._family_ids))
-        if self.config.contrastive_weight > 0 and update:
+        term = self.config.contrastive
+        if term is not None and update:
             embeddings = self.projection(penultimate)
-            contrastive = self.config.contrastive_weight * self._contrastive_loss(
-                embeddings, upload, slots, family
-            )
+            contrastive = term.weight * self._contrastive_loss(embeddings, upload, slots, family)
             self._measure_ratio(loss, contrastive, features)
             loss = loss + contrastive
         self.optimizer.zero_grad()
@@ -125,13 +140,14 @@ class SplitServer:
     def _contrastive_loss(
         self, embeddings: torch.Tensor, upload: FeatureUpload, slots: torch.Tensor, family: int
     ) -> torch.Tensor:
-        if self.config.contrastive == "token":
+        term = self.config.contrastive
+        if term.mode == "token":
             tokens = list(upload.label_tokens)
             if self._bank_embeddings:
                 embeddings = torch.cat([embeddings, *self._bank_embeddings])
                 tokens += self._bank_tokens
             groups = torch.tensor(tokens_to_groups(tokens))
-            return supcon_loss(embeddings, groups, self.config.temperature)
+            return supcon_loss(embeddings, groups, term.temperature)
         # the upload's own rows (detached) are candidates too: same family, so only ever negatives
         banked = [(f, e, s) for f, (e, s) in self._family_bank.items()]
         candidates = torch.cat([*(e for _, e, _ in banked), embeddings.detach()])
@@ -148,12 +164,12 @@ class SplitServer:
             candidates,
             candidate_slots,
             candidate_families,
-            self.config.temperature,
+            term.temperature,
         )
 
     def _measure_ratio(self, ce: torch.Tensor, contrastive: torch.Tensor, features: torch.Tensor) -> None:
         """Record ||dSupCon/dz|| / ||dCE/dz|| (weighted) on every `ratio_every`-th contrastive step."""
-        every = self.config.ratio_every
+        every = self.config.contrastive.ratio_every
         self._contrastive_steps += 1
         if every == 0 or self._contrastive_steps % every:
             return
@@ -171,11 +187,12 @@ class SplitServer:
     def _remember(
         self, embeddings: torch.Tensor | None, tokens: tuple[bytes, ...], slots: torch.Tensor, family: int
     ) -> None:
-        if self.config.bank_size == 0 or embeddings is None:
+        term = self.config.contrastive
+        if embeddings is None or term.bank_size == 0:  # embeddings exist only when the term is on
             return
-        if self.config.contrastive == "cross_family":
+        if term.mode == "cross_family":
             kept_embeddings, kept_slots = self._family_bank.get(family, (embeddings.detach()[:0], slots[:0]))
-            size = self.config.bank_size
+            size = term.bank_size
             self._family_bank[family] = (
                 torch.cat([kept_embeddings, embeddings.detach()])[-size:],
                 torch.cat([kept_slots, slots])[-size:],
@@ -183,7 +200,7 @@ class SplitServer:
             return
         self._bank_embeddings.append(embeddings.detach())
         self._bank_tokens.extend(tokens)
-        while len(self._bank_tokens) > self.config.bank_size:
+        while len(self._bank_tokens) > term.bank_size:
             dropped = self._bank_embeddings.pop(0)
             del self._bank_tokens[: len(dropped)]
 

@@ -1,0 +1,1 @@
+"""Helpers the tests share (imported, not collected: no test lives here)."""
