@@ -33,7 +33,7 @@ is nothing to distill on and (b) cannot be measured. With `require_replay` (the 
 is rejected before training; with `require_replay=false` it trains without distillation and
 publishes on (a) alone. Either way the metrics say so (`replay_rows` 0, `distillation`,
 `replay_check`). A round that raises is `failed`; a round whose process died is marked
-`interrupted` on the next start. Either way the old version keeps serving and the uploads stay
+`interrupted` when its lease expires (AlignmentWorker). Either way the old version keeps serving and the uploads stay
 untouched.
 """
 
@@ -41,6 +41,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import secrets
+import socket
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -301,18 +304,65 @@ def _publish_check(
     return reasons
 
 
-class AlignmentWorker:
-    """Runs rounds one at a time on a single background thread (training is CPU-bound)."""
+def process_identity() -> str:
+    """host:pid:random: unique per process, also for a restarted container that gets the same pid."""
+    return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
 
-    def __init__(self, store: Store, registry: ModelRegistry, server_key, metrics: ServerMetrics):
+
+class AlignmentWorker:
+    """Runs this process's rounds one at a time on a background thread (training is CPU-bound), and
+    keeps their leases alive on a heartbeat thread (docs/PROTOCOL.md, "Rounds across processes").
+
+    Every `lease_seconds / 3` the heartbeat renews the leases of this process's unfinished rounds and
+    marks interrupted any round (of any process) whose lease expired. So a process starting beside a
+    live one leaves that one's round alone, and a round whose process died is marked interrupted
+    within about one lease. A round that lost its lease (this process froze past it) stops at its
+    next step and is not published. Across processes at most one round runs at a time: a round
+    stays queued while another one holds a live lease."""
+
+    def __init__(
+        self, store: Store, registry: ModelRegistry, server_key, metrics: ServerMetrics, lease_seconds: float
+    ):
         self.store, self.registry, self.server_key, self.metrics = store, registry, server_key, metrics
+        self.lease_seconds = lease_seconds
+        self.owner = process_identity()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="harmony-alignment")
         self._stopping = threading.Event()
-        self._submitted: list[int] = []
+        self._heartbeat: threading.Thread | None = None
+        self._submitted: set[int] = set()
+        self._lost: set[int] = set()  # rounds whose lease a renewal found gone (marked interrupted)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        return self.lease_seconds / 3
+
+    def start(self) -> None:
+        """Sweep expired leases once (rounds of a process that died), then keep beating."""
+        self.beat()
+        self._heartbeat = threading.Thread(target=self._beat_until_stopped, name="harmony-lease", daemon=True)
+        self._heartbeat.start()
+
+    def beat(self) -> None:
+        submitted = set(self._submitted)  # before renewing: a round created later is not judged yet
+        renewed = self.store.renew_round_leases(self.owner, self.lease_seconds)
+        self._lost |= submitted - renewed  # (a round that finished here is in it too: harmless)
+        interrupted = self.store.interrupt_expired_rounds()
+        if interrupted:
+            log.warning(
+                "marked %d alignment round(s) interrupted: their process stopped renewing its lease",
+                interrupted,
+            )
+
+    def _beat_until_stopped(self) -> None:
+        while not self._stopping.wait(self.heartbeat_seconds):
+            try:
+                self.beat()
+            except Exception:  # a store outage must not end the heartbeat; the next one retries
+                log.warning("could not renew alignment round leases", exc_info=True)
 
     def submit(self, params: AlignmentParams) -> int:
-        round_id = self.store.create_round(params.model_dump())
-        self._submitted.append(round_id)
+        round_id = self.store.create_round(params.model_dump(), self.owner, self.lease_seconds)
+        self._submitted.add(round_id)
         self._executor.submit(self._run, round_id, params)
         return round_id
 
@@ -320,52 +370,67 @@ class AlignmentWorker:
         """Cancel queued rounds and ask a running one to stop at its next step (it ends `interrupted`)."""
         self._stopping.set()
         self._executor.shutdown(wait=True, cancel_futures=True)
-        # Only this process's rounds: another replica's running round is none of its business.
-        self.store.interrupt_unfinished_rounds(self._submitted)
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        # Only this process's rounds: another process's running round is none of its business.
+        self.store.interrupt_rounds_of(self.owner)
+
+    def _cancelled(self, round_id: int) -> bool:
+        return self._stopping.is_set() or round_id in self._lost
+
+    def _wait_for_start(self, round_id: int) -> bool:
+        """Start the round once no other process's round is running; False if it was interrupted or
+        this process is stopping first."""
+        while not self.store.start_round(round_id):
+            record = self.store.round(round_id)
+            if record is None or record.status != "queued":
+                return False
+            if self._stopping.wait(min(1.0, self.heartbeat_seconds)):
+                return False
+        return True
 
     def _run(self, round_id: int, params: AlignmentParams) -> None:
-        teacher = self.registry.default()
-        if teacher is None:
-            self._finish(round_id, "failed", {}, error="no back-end version is loaded")
-            return
-        if not self.store.start_round(round_id, teacher.version):
+        if not self._wait_for_start(round_id):
             return
         try:
-            # only uploads of the lineage's epoch: other epochs' tokens are unrelated to its slots
-            stored = self.store.envelopes(limit_rows=params.max_rows, label_epoch=teacher.label_epoch)
-            trained_through = self._trained_through(teacher.version)
-            opened = [(s.upload_id, stored_to_feature_upload(self.server_key, s)) for s in stored]
-            new = [u for upload_id, u in opened if upload_id > trained_through]
-            older = [u for upload_id, u in opened if upload_id <= trained_through]
-            result = run_alignment(
-                new,
-                ReplaySet.build(teacher.replay, older),
-                teacher,
-                params,
-                progress=lambda fraction, metrics: self.store.update_round_progress(
-                    round_id, fraction, metrics
-                ),
-                cancelled=self._stopping.is_set,
-            )
-            if stored:
-                result.metrics["trained_through_upload_id"] = max(s.upload_id for s in stored)
-        except RoundCancelled:
+            self._align_and_publish(round_id, params)
+        except RoundCancelled:  # stopping (a lost lease already made the round interrupted)
             self._finish(round_id, "interrupted", {}, error="the server stopped during this round")
-            return
         except NotEnoughRows as error:
             log.warning("alignment round %d failed: %s", round_id, error)
             self._finish(round_id, "failed", {}, error=f"{type(error).__name__}: {error}")
-            return
         except Exception as error:  # the message names the step, never feature values or tokens
+            # Finishing matters: a round left running under a live lease would hold back every other.
             log.exception("alignment round %d failed", round_id)
             self._finish(round_id, "failed", {}, error=f"{type(error).__name__}: {error}")
+
+    def _align_and_publish(self, round_id: int, params: AlignmentParams) -> None:
+        # The store's default, read after the start: a round another process ran may have just published.
+        teacher = self.registry.load_default()
+        if teacher is None:
+            self._finish(round_id, "failed", {}, error="no back-end version is loaded")
             return
+        self.store.set_round_parent(round_id, teacher.version)
+        # only uploads of the lineage's epoch: other epochs' tokens are unrelated to its slots
+        stored = self.store.envelopes(limit_rows=params.max_rows, label_epoch=teacher.label_epoch)
+        trained_through = self._trained_through(teacher.version)
+        opened = [(s.upload_id, stored_to_feature_upload(self.server_key, s)) for s in stored]
+        result = run_alignment(
+            [u for upload_id, u in opened if upload_id > trained_through],
+            ReplaySet.build(teacher.replay, [u for upload_id, u in opened if upload_id <= trained_through]),
+            teacher,
+            params,
+            progress=lambda fraction, metrics: self.store.update_round_progress(round_id, fraction, metrics),
+            cancelled=lambda: self._cancelled(round_id),
+        )
+        if stored:
+            result.metrics["trained_through_upload_id"] = max(s.upload_id for s in stored)
         if not result.accepted:
             self._finish(round_id, "rejected", result.metrics)
             return
         current = self.store.round(round_id)
         if current is None or current.status != "running":
-            return  # a restart marked this round interrupted while this stale thread ran: do not publish
+            return  # its lease expired and another process marked it interrupted: do not publish
         version = f"{teacher.version}-r{round_id}"
         self.registry.publish(
             version,

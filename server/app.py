@@ -76,12 +76,6 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
     data_dir.mkdir(parents=True, exist_ok=True)
     url = settings.database_url.get_secret_value() if settings.database_url else None
     store = Store(data_dir, url)
-    # With replicas, only the one that runs rounds may decide that an unfinished round is dead.
-    interrupted = store.interrupt_unfinished_rounds() if settings.run_alignment else 0
-    if interrupted:
-        log.warning(
-            "marked %d alignment round(s) interrupted: the previous process stopped during them", interrupted
-        )
     server_key = load_or_create_server_key(data_dir)
     registry = ModelRegistry(store, data_dir)
     if settings.model_dir is not None:
@@ -109,7 +103,7 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
         server_key=server_key,
         registry=registry,
         batcher=MicroBatcher(settings.max_batch, settings.max_wait_ms, settings.queue_size, metrics),
-        alignment=AlignmentWorker(store, registry, server_key, metrics),
+        alignment=AlignmentWorker(store, registry, server_key, metrics, settings.round_lease_seconds),
         metrics=metrics,
         rate_limiter=RateLimiter(settings.rate_limit_per_second, settings.rate_limit_burst),
         token_cache=TokenCache(settings.auth_cache_seconds),
@@ -147,6 +141,8 @@ def create_app(settings: Settings) -> FastAPI:
         if settings.torch_threads is not None:
             torch.set_num_threads(settings.torch_threads)
         state.batcher.start()
+        # every process sweeps expired round leases, also one that runs no rounds itself
+        state.alignment.start()
         follower = asyncio.create_task(_follow_default_version(state))
         try:
             yield

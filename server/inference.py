@@ -63,13 +63,24 @@ class _Job:
 _STOP = object()
 
 
-def _resolve(future: asyncio.Future, result: object, error: BaseException | None) -> None:
-    if future.done():  # the client went away and the request was cancelled
-        return
-    if error is not None:
-        future.set_exception(error)
-    else:
-        future.set_result(result)
+def _resolve(outcomes: list[tuple[asyncio.Future, object, BaseException | None]]) -> None:
+    for future, result, error in outcomes:
+        if future.done():  # the client went away and the request was cancelled
+            continue
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+
+def _hand_back(outcomes: list[tuple[_Job, object, BaseException | None]]) -> None:
+    """One wake-up per event loop for a whole batch: each call_soon_threadsafe writes to the loop's
+    self-pipe, so one per request would cost a syscall and a loop iteration per row."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for job, result, error in outcomes:
+        by_loop.setdefault(job.loop, []).append((job.future, result, error))
+    for loop, resolved in by_loop.items():
+        loop.call_soon_threadsafe(_resolve, resolved)
 
 
 class MicroBatcher:
@@ -156,21 +167,21 @@ class MicroBatcher:
             slot_scores, top_slot, confidence = (t.numpy() for t in predict(model, features))
         except Exception as error:  # a bug must fail these requests, not kill the worker
             self._count(model.version, jobs, started, failed=True)
-            for job in jobs:
-                job.loop.call_soon_threadsafe(_resolve, job.future, None, error)
+            _hand_back([(job, None, error) for job in jobs])
             return
         self.metrics.batches.inc()
         self.metrics.batch_rows.observe(features.shape[0])
         self.metrics.inferred_rows.inc(features.shape[0])
         self._count(model.version, jobs, started, failed=False)
-        start = 0
+        outcomes, start = [], 0
         for job in jobs:
             end = start + job.rows
             result = Prediction(
                 model.version, slot_scores[start:end], top_slot[start:end], confidence[start:end]
             )
-            job.loop.call_soon_threadsafe(_resolve, job.future, result, None)
+            outcomes.append((job, result, None))
             start = end
+        _hand_back(outcomes)
 
     def _count(self, version: str, jobs: list[_Job], started: int, failed: bool) -> None:
         finished = time.perf_counter_ns()

@@ -68,6 +68,25 @@ class ServerMetrics:
             "harmony_alignment_rounds", "finished alignment rounds by status", ["status"], registry=r
         )
         self.model_swaps = Counter("harmony_model_swaps", "default back-end version changes", registry=r)
+        # labelled children by label values: prometheus_client's labels() validates and locks on each
+        # call, a per-request cost the counts do not need (the key sets are bounded like the labels)
+        self._request_children: dict[tuple[str, str, int], tuple] = {}
+        self._fallback_children: dict[str, object] = {}
+
+    def count_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        key = (route, method, status)
+        children = self._request_children.get(key)
+        if children is None:
+            children = (self.requests.labels(route, method, str(status)), self.latency.labels(route, method))
+            self._request_children[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def count_fallback_rows(self, tier: str, rows: int) -> None:
+        child = self._fallback_children.get(tier)
+        if child is None:
+            child = self._fallback_children[tier] = self.fallbacks.labels(tier)
+        child.inc(rows)
 
     def watch_queue(self, depth: Callable[[], int]) -> None:
         self.queue_depth.set_function(depth)
@@ -119,5 +138,4 @@ class MetricsMiddleware:
             route = scope.get("route")
             route_name = getattr(route, "path", None) or "unmatched"
             method = scope["method"]
-            self.metrics.requests.labels(route_name, method, str(status_code)).inc()
-            self.metrics.latency.labels(route_name, method).observe(time.perf_counter() - started)
+            self.metrics.count_request(route_name, method, status_code, time.perf_counter() - started)

@@ -30,7 +30,14 @@ class Settings(BaseSettings):
     )
     run_alignment: bool = Field(
         default=True,
-        description="this process runs alignment rounds (with replicas: exactly one of them should)",
+        description="this process accepts and runs alignment rounds (off: 409; keeps training off a"
+        " serving replica)",
+    )
+    round_lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="an alignment round's lease, renewed every third of it by the process running it;"
+        " a round whose lease expired (its process died) is marked interrupted by any process",
     )
     auth_cache_seconds: float = Field(
         default=2.0,

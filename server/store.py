@@ -5,6 +5,11 @@
 * PostgreSQL (`--database-url postgresql://...`, psycopg 3): what several server replicas behind a
   load balancer share. Commits wait for the WAL flush (synchronous_commit on, the default).
 
+Alignment rounds carry a lease: the process that runs a round (its `owner`) renews
+`lease_expires_at` while the round is queued or running, and any process marks a round whose lease
+expired `interrupted`. Lease times are the *database's* clock (`db_epoch_now`), so replicas on
+machines whose clocks disagree still agree on which leases expired.
+
 Uploads are committed before the endpoint answers 201, so an acknowledged upload survives a crash.
 Only the *sealed* envelope is stored: features and tokens exist in the clear only inside the
 alignment worker (docs/PRIVACY.md). Idempotency is the UNIQUE (device_id, message_id) constraint,
@@ -37,18 +42,24 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    inspect,
     select,
+    text,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import FunctionElement
 
 DB_FILE = "harmony.sqlite3"
 INT64_MAX = 2**63 - 1
 UNFINISHED_ROUND_STATES = ("queued", "running")
 SCHEMA_LOCK_ID = 0x4841524D  # pg_advisory_xact_lock key: replicas starting together create tables once
+ROUND_START_LOCK_ID = 0x48524E44  # pg_advisory_xact_lock key: one round starts at a time across replicas
+INTERRUPTED_ERROR = "the server stopped while this round was queued or running"
 
 # SQLite needs INTEGER (not BIGINT) for an auto-increment primary key; both hold int64.
 ID = BigInteger().with_variant(Integer, "sqlite")
@@ -98,8 +109,11 @@ alignment_rounds = Table(
     Column("created_at", Text, nullable=False),
     Column("started_at", Text),
     Column("finished_at", Text),
+    Column("owner", Text),  # host:pid:random of the process running the round
+    Column("lease_expires_at", Float),  # seconds since the epoch, database clock; NULL = expired
     sqlite_autoincrement=True,
 )
+LEASE_COLUMNS = ("owner", "lease_expires_at")
 model_versions = Table(
     "model_versions",
     metadata,
@@ -122,6 +136,23 @@ registry_state = Table(
     Column("key", Text, primary_key=True),
     Column("value", Text, nullable=False),
 )
+
+
+class db_epoch_now(FunctionElement):
+    """The database server's clock in seconds since the epoch (float): lease times come from one clock."""
+
+    type = Float()
+    inherit_cache = True
+
+
+@compiles(db_epoch_now, "postgresql")
+def _postgresql_epoch_now(element, compiler, **kw) -> str:
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+@compiles(db_epoch_now, "sqlite")
+def _sqlite_epoch_now(element, compiler, **kw) -> str:
+    return "((julianday('now') - 2440587.5) * 86400.0)"
 
 
 def utc_now() -> str:
@@ -247,6 +278,16 @@ class Store:
             if self.backend == "postgresql":
                 db.execute(select(func.pg_advisory_xact_lock(SCHEMA_LOCK_ID)))
             metadata.create_all(db)
+            self._add_lease_columns(db)
+
+    def _add_lease_columns(self, db: Connection) -> None:
+        """A store created before rounds had leases gets the two (nullable) columns; its unfinished
+        rounds have no lease, so they count as expired."""
+        existing = {column["name"] for column in inspect(db).get_columns("alignment_rounds")}
+        for name in LEASE_COLUMNS:
+            if name not in existing:
+                column_type = alignment_rounds.c[name].type.compile(dialect=db.dialect)
+                db.execute(text(f"ALTER TABLE alignment_rounds ADD COLUMN {name} {column_type}"))
 
     def close(self) -> None:
         self.engine.dispose()
@@ -362,23 +403,53 @@ class Store:
 
     # ---------------------------------------------------------------- alignment rounds
 
-    def create_round(self, params: dict[str, Any]) -> int:
+    def create_round(self, params: dict[str, Any], owner: str, lease_seconds: float) -> int:
+        """A queued round leased to `owner` (the process that will run it) for `lease_seconds`."""
         with self._transaction() as db:
             result = db.execute(
                 insert(alignment_rounds).values(
-                    status="queued", params=json.dumps(params), created_at=utc_now()
+                    status="queued",
+                    params=json.dumps(params),
+                    created_at=utc_now(),
+                    owner=owner,
+                    lease_expires_at=db_epoch_now() + lease_seconds,
                 )
             )
             return int(result.inserted_primary_key[0])
 
-    def start_round(self, round_id: int, parent_version: str) -> bool:
+    def start_round(self, round_id: int) -> bool:
+        """queued -> running, only while no other round runs under a live lease: rounds run one at a
+        time across every process that shares the store. False = still waiting, or no longer queued."""
         with self._transaction() as db:
+            if self.backend == "postgresql":  # SQLite's BEGIN IMMEDIATE already serializes writers
+                db.execute(select(func.pg_advisory_xact_lock(ROUND_START_LOCK_ID)))
+            other = alignment_rounds.alias("other")
+            another_running = (
+                select(other.c.id)
+                .where(
+                    other.c.status == "running",
+                    other.c.id != round_id,
+                    other.c.lease_expires_at >= db_epoch_now(),
+                )
+                .exists()
+            )
             result = db.execute(
                 update(alignment_rounds)
-                .where(alignment_rounds.c.id == round_id, alignment_rounds.c.status == "queued")
-                .values(status="running", started_at=utc_now(), parent_version=parent_version)
+                .where(
+                    alignment_rounds.c.id == round_id, alignment_rounds.c.status == "queued", ~another_running
+                )
+                .values(status="running", started_at=utc_now())
             )
             return result.rowcount == 1
+
+    def set_round_parent(self, round_id: int, parent_version: str) -> None:
+        """The version the running round fine-tunes (read once the round has started)."""
+        with self._transaction() as db:
+            db.execute(
+                update(alignment_rounds)
+                .where(alignment_rounds.c.id == round_id)
+                .values(parent_version=parent_version)
+            )
 
     def update_round_progress(self, round_id: int, progress: float, metrics: dict[str, Any]) -> None:
         with self._transaction() as db:
@@ -396,14 +467,15 @@ class Store:
         new_version: str | None = None,
         error: str | None = None,
     ) -> bool:
-        """Only a round still queued/running can finish: a worker that outlived a restart (which marked
-        its round interrupted) must not overwrite that verdict."""
+        """Only a round still queued/running can finish: a worker whose lease expired (its round was
+        marked interrupted meanwhile) must not overwrite that verdict."""
         values: dict[str, Any] = dict(
             status=status,
             metrics=json.dumps(metrics),
             new_version=new_version,
             error=error,
             finished_at=utc_now(),
+            lease_expires_at=None,
         )
         if status in ("published", "rejected"):
             values["progress"] = 1.0
@@ -417,32 +489,59 @@ class Store:
             )
             return result.rowcount == 1
 
-    def interrupt_unfinished_rounds(self, round_ids: list[int] | None = None) -> int:
-        """On start (all rounds): a round left queued/running belonged to a process that died.
-        On shutdown (`round_ids`): the rounds this process ran."""
-        unfinished = alignment_rounds.c.status.in_(UNFINISHED_ROUND_STATES)
-        if round_ids is not None:
-            unfinished = unfinished & alignment_rounds.c.id.in_(round_ids)
+    def renew_round_leases(self, owner: str, lease_seconds: float) -> set[int]:
+        """Extend the lease of every unfinished round `owner` holds; returns their ids (a round of
+        `owner` missing from it was marked interrupted by another process: its lease had expired)."""
         with self._transaction() as db:
             result = db.execute(
                 update(alignment_rounds)
-                .where(unfinished)
+                .where(
+                    alignment_rounds.c.owner == owner,
+                    alignment_rounds.c.status.in_(UNFINISHED_ROUND_STATES),
+                )
+                .values(lease_expires_at=db_epoch_now() + lease_seconds)
+                .returning(alignment_rounds.c.id)
+            )
+            return {int(row.id) for row in result}
+
+    def interrupt_expired_rounds(self) -> int:
+        """Mark `interrupted` every unfinished round whose lease expired: its process died or froze
+        (a live one renews well before expiry). Safe to call from any process at any time."""
+        expired = alignment_rounds.c.lease_expires_at.is_(None) | (
+            alignment_rounds.c.lease_expires_at < db_epoch_now()
+        )
+        return self._interrupt(alignment_rounds.c.status.in_(UNFINISHED_ROUND_STATES) & expired)
+
+    def interrupt_rounds_of(self, owner: str) -> int:
+        """On a graceful shutdown: the unfinished rounds this process holds."""
+        return self._interrupt(
+            alignment_rounds.c.status.in_(UNFINISHED_ROUND_STATES) & (alignment_rounds.c.owner == owner)
+        )
+
+    def _interrupt(self, condition) -> int:
+        with self._transaction() as db:
+            result = db.execute(
+                update(alignment_rounds)
+                .where(condition)
                 .values(
                     status="interrupted",
                     finished_at=utc_now(),
-                    error="the server stopped while this round was queued or running",
+                    error=INTERRUPTED_ERROR,
+                    lease_expires_at=None,
                 )
             )
             return result.rowcount
 
+    _ROUND_COLUMNS = tuple(c for c in alignment_rounds.c if c.name not in LEASE_COLUMNS)
+
     def round(self, round_id: int) -> RoundRecord | None:
         if not 0 <= round_id <= INT64_MAX:  # no such row, and the driver would refuse to bind it
             return None
-        rows = self._rows(select(alignment_rounds).where(alignment_rounds.c.id == round_id))
+        rows = self._rows(select(*self._ROUND_COLUMNS).where(alignment_rounds.c.id == round_id))
         return self._round(rows[0]) if rows else None
 
     def rounds(self, limit: int = 50) -> list[RoundRecord]:
-        rows = self._rows(select(alignment_rounds).order_by(alignment_rounds.c.id.desc()).limit(limit))
+        rows = self._rows(select(*self._ROUND_COLUMNS).order_by(alignment_rounds.c.id.desc()).limit(limit))
         return [self._round(r) for r in rows]
 
     def round_counts(self) -> dict[str, int]:

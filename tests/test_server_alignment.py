@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 import threading
 import time
+from contextlib import contextmanager
 
 import harmony_mobile.server.alignment as alignment_module
 import numpy as np
@@ -37,6 +38,7 @@ torch.set_num_threads(1)
 ROUNDS = "/v1/alignment/rounds"
 INFER = "/v2/models/harmony-backend/infer"
 FAST = {"steps": 12, "batch_size": 32}
+LEASE = 2.0
 
 
 def store_uploads(client, device, uploads: int = 4, rows: int = 30, label_epoch: str = LABEL_EPOCH) -> None:
@@ -70,18 +72,31 @@ def fitted_model_dir(tmp_path_factory):
     return make_model_dir(tmp_path_factory.mktemp("fitted"), fit_steps=20)
 
 
-@pytest.fixture
-def server(request, tmp_path, fitted_model_dir):
-    """SQLite unless a test parametrizes it (indirect) with "postgresql"."""
+@contextmanager
+def running_server(request, tmp_path, fitted_model_dir, **overrides):
+    """SQLite unless the test parametrizes the fixture (indirect) with "postgresql"."""
     model_dir = tmp_path / "model"
     shutil.copytree(fitted_model_dir, model_dir)
     url = database_url_for(getattr(request, "param", "sqlite"), request)
-    settings = make_settings(tmp_path, model_dir, database_url=url)
+    settings = make_settings(tmp_path, model_dir, database_url=url, **overrides)
     with TestClient(create_app(settings)) as client:
         device = enrol(client)
         store_uploads(client, device)
         store_uploads(client, device, uploads=2, label_epoch="e-another-lineage")  # never used: other epoch
         yield client, device, settings
+
+
+@pytest.fixture
+def server(request, tmp_path, fitted_model_dir):
+    with running_server(request, tmp_path, fitted_model_dir) as started:
+        yield started
+
+
+@pytest.fixture
+def leased_server(request, tmp_path, fitted_model_dir):
+    """Rounds leased for LEASE seconds, so an expired lease is seen within a test."""
+    with running_server(request, tmp_path, fitted_model_dir, round_lease_seconds=LEASE) as started:
+        yield started
 
 
 @pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
@@ -283,18 +298,29 @@ def block_round_at_step(monkeypatch, step: int):
     return reached, release
 
 
-@pytest.mark.parametrize("server", STORE_BACKENDS, indirect=True)
-def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(server, monkeypatch):
-    client, device, settings = server
+def wait_for_status(client, round_id: int, status: str, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = client.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()
+        if record["status"] == status:
+            return record
+        time.sleep(0.1)
+    raise AssertionError(f"round {round_id} did not become {status}: {record}")
+
+
+@pytest.mark.parametrize("leased_server", STORE_BACKENDS, indirect=True)
+def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(leased_server, monkeypatch):
+    client, device, settings = leased_server
     reached, release = block_round_at_step(monkeypatch, step=3)
     round_id = client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
     assert reached.wait(30)
+    # The old process freezes mid-round, as after a kill -9: its heartbeat renews nothing any more.
+    monkeypatch.setattr(client.app.state.harmony.alignment, "beat", lambda: None)
     uploads = client.app.state.harmony.store.upload_stats()
     try:
-        # A new process on the same data dir (the old one is frozen mid-round, as after a kill -9).
-        with TestClient(create_app(settings)) as restarted:
-            record = restarted.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()
-            assert record["status"] == "interrupted" and "stopped while this round" in record["error"]
+        with TestClient(create_app(settings)) as restarted:  # a new process on the same store
+            record = wait_for_status(restarted, round_id, "interrupted", timeout=6 * LEASE)
+            assert "stopped while this round" in record["error"]
             assert restarted.app.state.harmony.store.upload_stats() == uploads
             assert restarted.get("/v1/registry/versions", headers=ADMIN).json()["default"] == "v1"
             assert infer_version(restarted, device)[0] == "v1"
@@ -305,6 +331,42 @@ def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(server, m
             monkeypatch.undo()
             fresh = wait_for_round(restarted, restarted.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
             assert fresh["status"] == "published"
+    finally:
+        release.set()
+
+
+@pytest.mark.parametrize("leased_server", STORE_BACKENDS, indirect=True)
+def test_a_worker_starting_beside_a_live_round_leaves_it_running(leased_server, monkeypatch):
+    """`--workers N` or replicas: a process starting (or restarting) while another one runs a round
+    does not interrupt that round, and a round it queues waits until the live one is done."""
+    client, device, settings = leased_server
+    reached, release = threading.Event(), threading.Event()
+    real = alignment_module.supcon_loss
+    calls = 0
+
+    def pause_once(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            reached.set()
+            release.wait(60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(alignment_module, "supcon_loss", pause_once)
+    round_id = client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
+    assert reached.wait(30)
+    try:
+        with TestClient(create_app(settings)) as other:
+            queued = other.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
+            store_uploads(other, device, uploads=2)  # new rows for the queued round
+            time.sleep(2 * LEASE)  # several heartbeats and sweeps of both processes
+            assert other.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()["status"] == "running"
+            assert other.get(f"{ROUNDS}/{queued}", headers=ADMIN).json()["status"] == "queued"
+            release.set()
+            first = wait_for_round(other, round_id)
+            assert first["status"] == "published" and first["new_version"] == "v1-r1"
+            second = wait_for_round(other, queued)
+            assert second["status"] == "published" and second["parent_version"] == "v1-r1"
     finally:
         release.set()
 

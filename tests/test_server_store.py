@@ -100,12 +100,13 @@ def test_devices_and_revocation(store):
 
 
 def test_round_bookkeeping(store):
-    first, second = store.create_round({"steps": 1}), store.create_round({"steps": 2})
-    assert store.start_round(first, "v1") and not store.start_round(first, "v1")
+    first = store.create_round({"steps": 1}, "proc-a", 60)
+    second = store.create_round({"steps": 2}, "proc-b", 60)
+    assert store.start_round(first) and not store.start_round(first)
     store.update_round_progress(first, 0.5, {"loss": 1.0})
     assert store.round(first).progress == 0.5 and store.round(first).metrics == {"loss": 1.0}
-    # shutdown interrupts only the rounds this process ran; the other stays queued
-    assert store.interrupt_unfinished_rounds([first]) == 1
+    # shutdown interrupts only the rounds this process holds; the other stays queued
+    assert store.interrupt_rounds_of("proc-a") == 1
     assert store.round(first).status == "interrupted" and store.round(second).status == "queued"
     assert not store.finish_round(first, "published", {})  # an interrupted round stays interrupted
     assert store.finish_round(second, "rejected", {"why": "x"}) and store.round(second).progress == 1.0
@@ -113,6 +114,57 @@ def test_round_bookkeeping(store):
     assert [r.id for r in store.rounds()] == [second, first]
     for outside in (0, -1, INT64_MAX, INT64_MAX + 1, 10**400):
         assert store.round(outside) is None
+
+
+def test_only_rounds_whose_lease_expired_are_interrupted(store):
+    """A process starting (or sweeping) beside a live one leaves the live one's round alone; a round
+    whose owner stopped renewing is interrupted once its lease is over, whoever sweeps."""
+    live = store.create_round({}, "alive", 60)
+    dead = store.create_round({}, "dead", 0.5)
+    assert store.start_round(live)
+    assert store.interrupt_expired_rounds() == 0  # both leases still run
+    time.sleep(0.7)
+    assert store.renew_round_leases("alive", 60) == {live}  # 'dead' renews nothing
+    assert store.interrupt_expired_rounds() == 1
+    assert store.round(live).status == "running" and store.round(dead).status == "interrupted"
+    assert "stopped while this round" in store.round(dead).error
+    assert store.renew_round_leases("dead", 60) == set()  # too late: the round is over
+    assert store.finish_round(live, "published", {}, new_version="v1-r1")
+    assert store.renew_round_leases("alive", 60) == set()  # a finished round holds no lease
+
+
+def test_a_round_starts_only_while_no_other_holds_a_live_lease(store):
+    """Rounds run one at a time across every process on the store; a dead owner's round does not
+    block the next one once its lease has expired."""
+    running = store.create_round({}, "proc-a", 0.5)
+    waiting = store.create_round({}, "proc-b", 60)
+    assert store.start_round(running)
+    assert not store.start_round(waiting) and store.round(waiting).status == "queued"
+    time.sleep(0.7)  # proc-a died without renewing: its lease is over
+    assert store.start_round(waiting)
+    assert store.interrupt_expired_rounds() == 1 and store.round(running).status == "interrupted"
+
+
+def test_a_store_from_before_leases_gains_the_columns(tmp_path):
+    """An existing SQLite store without the lease columns is upgraded in place; its unfinished rounds
+    have no lease, so they count as expired."""
+    import sqlite3
+
+    Store(tmp_path).close()
+    with sqlite3.connect(tmp_path / "harmony.sqlite3") as db:
+        db.execute("DROP TABLE alignment_rounds")
+        db.execute(
+            "CREATE TABLE alignment_rounds (id INTEGER PRIMARY KEY AUTOINCREMENT, status TEXT NOT NULL,"
+            " params TEXT NOT NULL, parent_version TEXT, new_version TEXT, progress FLOAT NOT NULL DEFAULT 0,"
+            " metrics TEXT NOT NULL DEFAULT '{}', error TEXT, created_at TEXT NOT NULL, started_at TEXT,"
+            " finished_at TEXT)"
+        )
+        db.execute("INSERT INTO alignment_rounds (status, params, created_at) VALUES ('running', '{}', 'x')")
+    store = Store(tmp_path)
+    try:
+        assert store.interrupt_expired_rounds() == 1 and store.round(1).status == "interrupted"
+    finally:
+        store.close()
 
 
 def test_versions_and_default(store):

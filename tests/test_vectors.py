@@ -14,11 +14,13 @@ import re
 import uuid
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from harmony_mobile.export.manifest import ManifestError, verify_manifest
 
+from harmony_mobile.device.server import error_detail
 from harmony_mobile.protocol import sealing
 from harmony_mobile.protocol.wire import decode_upload
 
@@ -121,3 +123,18 @@ def test_tier_selection_vector_follows_the_documented_rule():
     assert cases[("ties and boundaries", "android entry by RAM")]["selected"] == "boundary"  # cost == budget
     assert cases[("ties and boundaries", "android mid at 3 GiB")]["selected"] == "a-tier"  # name tie
     assert cases[("core ml only", "android mid at 3 GiB")]["selected"] is None
+
+
+@pytest.mark.parametrize("case", _load("error_bodies.json")["cases"], ids=lambda case: case["name"])
+def test_the_python_device_shows_the_servers_error_sentence(case):
+    """`error` on /v2 routes, `detail` on /v1 routes, the body itself otherwise (as Java and Swift)."""
+    response = httpx.Response(case["status"], content=case["body"].encode("utf-8"))
+    assert error_detail(response) == case["message"]
+
+
+def test_error_vectors_match_the_server_routes():
+    """The vector's server cases are what the app answers on those routes today."""
+    for case in _load("error_bodies.json")["cases"]:
+        if case["path"] is not None:
+            key = "error" if case["path"] == "/v2" or case["path"].startswith("/v2/") else "detail"
+            assert json.loads(case["body"]) == {key: case["message"]}

@@ -61,9 +61,13 @@ def parse_slot_table(slot_table: list[str]) -> list[bytes]:
 
 
 def error_detail(response: httpx.Response) -> str:
-    """The error sentence: `error` on /v2 routes (Open Inference Protocol), `detail` elsewhere."""
+    """The error sentence: a string `error` (/v2 routes, Open Inference Protocol), else a string
+    `detail` (/v1 routes), else the body itself (a proxy's page; tests/vectors/error_bodies.json)."""
     try:
         body = response.json()
-        return str(body.get("error") or body.get("detail") or response.text)
     except ValueError:
         return response.text[:200]
+    for key in ("error", "detail"):
+        if isinstance(body, dict) and isinstance(body.get(key), str):
+            return body[key]
+    return response.text[:200]

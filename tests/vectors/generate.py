@@ -1,8 +1,9 @@
 """Golden vectors shared by the Python code, harmony-core (Java) and HarmonyKit (Swift).
 
 Every number here is computed by the project's own Python functions (export/manifest.py,
-protocol/sealing.py, protocol/label_tokens.py, protocol/wire.py, algorithms/base.py), from fixed
-keys, nonces and inputs, so the phone implementations can assert byte equality against them.
+protocol/sealing.py, protocol/label_tokens.py, protocol/wire.py, algorithms/base.py,
+server/errors.py), from fixed keys, nonces and inputs, so the phone implementations can assert
+byte equality against them.
 
     .venv/bin/python tests/vectors/generate.py          # rewrite tests/vectors/*.json
     .venv/bin/python tests/vectors/generate.py --check  # exit 1 if a committed file is stale
@@ -44,6 +45,7 @@ from harmony_mobile.export.manifest import (
     sign_manifest,
     sign_manifest_p256,
 )
+from harmony_mobile.server.errors import error_response
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.models.tier_selection import (
@@ -560,6 +562,54 @@ def pixel_normalization_vectors() -> dict:
     )
 
 
+# --------------------------------------------------------------------------- error bodies
+
+# (name, status, path, message): bodies the server writes, through its own error_response.
+SERVER_ERRORS = [
+    (
+        "v2 infer, wrong shape",
+        422,
+        "/v2/models/harmony-backend/infer",
+        "input 'features' has shape [1, 64, 4, 4]; expected [N, 64, 8, 8]",
+    ),
+    ("v2 not ready", 503, "/v2/health/ready", "no back-end is loaded yet"),
+    (
+        "v2 unknown model, non-ASCII",
+        404,
+        "/v2/models/modèle",
+        "unknown model 'modèle'; this server serves 'harmony-backend'",
+    ),
+    ("v2 root", 404, "/v2", "no route '/v2'; see docs/PROTOCOL.md"),
+    ("v1 upload conflict", 409, "/v1/uploads", "message_id reused with different envelope bytes"),
+    ("v1 unknown round", 404, "/v1/alignment/rounds/7", "unknown alignment round 7"),
+    ("v2-like prefix is not v2", 404, "/v2x", "no route '/v2x'; see docs/PROTOCOL.md"),
+]
+# (name, status, body): what a proxy or another server in between may answer; the message is the body.
+FOREIGN_ERRORS = [
+    ("plain text from a proxy", 502, "Bad Gateway"),
+    ("JSON without either key", 500, '{"message": "upstream failed"}'),
+    ("JSON array", 400, '["not", "an", "object"]'),
+    ("non-string error", 500, '{"error": 5}'),
+    ("empty body", 503, ""),
+]
+
+
+def error_body_vectors() -> dict:
+    cases = []
+    for name, status, path, message in SERVER_ERRORS:
+        body = error_response(path, status, message).body.decode("utf-8")
+        cases.append({"name": name, "status": status, "path": path, "body": body, "message": message})
+    for name, status, body in FOREIGN_ERRORS:
+        cases.append({"name": name, "status": status, "path": None, "body": body, "message": body})
+    return _document(
+        "Error bodies (server/errors.py error_response) -> the message a client shows. The server puts "
+        "its one sentence under `error` on /v2 routes (the V2 inference protocol) and under `detail` "
+        "everywhere else; a client reads a string `error`, else a string `detail`, else shows the body "
+        "text itself (cases with path null: what a proxy in between may send). Bodies are UTF-8.",
+        cases=cases,
+    )
+
+
 # --------------------------------------------------------------------------- files
 
 
@@ -587,6 +637,7 @@ def render() -> dict[str, str]:
         "sealed_upload.json": sealed_upload_vectors(),
         "tier_selection.json": tier_selection_vectors(),
         "pixel_normalization.json": pixel_normalization_vectors(),
+        "error_bodies.json": error_body_vectors(),
     }
     return {name: _dumps(doc) for name, doc in documents.items()}
 

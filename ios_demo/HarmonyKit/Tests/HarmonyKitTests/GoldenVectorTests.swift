@@ -4,6 +4,28 @@ import XCTest
 
 /// Byte equality with the Python implementation on every golden vector kind of tests/vectors.
 final class GoldenVectorTests: XCTestCase {
+    // MARK: - error_bodies.json (`error` on /v2 routes, `detail` on /v1 routes)
+
+    func testErrorBodiesGiveTheServersSentence() throws {
+        struct ErrorVectors: Decodable {
+            struct Case: Decodable {
+                let name: String
+                let status: Int
+                let body: String
+                let message: String
+            }
+            let cases: [Case]
+        }
+        let vectors = try Vectors.load("error_bodies.json", as: ErrorVectors.self)
+        XCTAssertGreaterThanOrEqual(vectors.cases.count, 10)
+        for vector in vectors.cases {
+            let response = HTTPResponse(status: vector.status, body: Data(vector.body.utf8))
+            let error = HarmonyHTTPClient.error(from: response)
+            XCTAssertEqual(error.detail, vector.message, vector.name)
+            XCTAssertEqual(error.status, vector.status, vector.name)
+        }
+    }
+
     // MARK: - feature_encoding.json (HMFT tensors, HMUP plaintexts)
 
     func testTensorsEncodeToTheGoldenBytes() throws {

@@ -320,16 +320,24 @@ public struct HarmonyHTTPClient: Sendable {
         }
     }
 
-    /// Every error body is `{"detail": "<sentence>"}` (422 validation errors may carry a list).
     static func error(from response: HTTPResponse) -> ServerError {
-        struct Detail: Decodable {
-            let detail: String
-        }
-        let detail = (try? JSONDecoder().decode(Detail.self, from: response.body))?.detail
-            ?? String(decoding: response.body.prefix(512), as: UTF8.self)
-        return ServerError(
-            status: response.status, detail: detail,
+        ServerError(
+            status: response.status, detail: errorMessage(from: response.body),
             retryAfter: RetryAfter.parse(response.header("Retry-After"), now: Date()))
+    }
+
+    /// The server's sentence: a string `error` (the /v2 routes, as the V2 inference protocol has it),
+    /// else a string `detail` (the /v1 routes), else the body itself (a proxy's page); see
+    /// tests/vectors/error_bodies.json.
+    static func errorMessage(from body: Data) -> String {
+        if let object = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] {
+            for key in ["error", "detail"] {
+                if let sentence = object[key] as? String {
+                    return sentence
+                }
+            }
+        }
+        return String(decoding: body.prefix(512), as: UTF8.self)
     }
 
     static func predictions(_ response: InferResponse) throws -> [ServerPrediction] {

@@ -27,6 +27,7 @@ public final class HarmonyServerClient {
     public static final String MODEL_NAME = "harmony-backend";
     private static final String JSON = "application/json";
     private static final String BINARY = "application/octet-stream";
+    private static final List<String> ERROR_KEYS = List.of("error", "detail");
 
     private final HttpTransport transport;
 
@@ -115,14 +116,26 @@ public final class HarmonyServerClient {
     }
 
     static ServerException error(HttpResponse response) {
-        String detail;
-        try {
-            detail = response.json().optString("detail", response.bodyText());
-        } catch (JsonException notJson) {
-            detail = response.bodyText();
-        }
-        return new ServerException(response.status(), detail,
+        return new ServerException(response.status(), errorMessage(response.bodyText()),
                 RetryAfter.parse(response.header("Retry-After"), Clock.systemUTC()).orElse(null));
+    }
+
+    /**
+     * The server's sentence: a string {@code error} (the /v2 routes, as the V2 inference protocol
+     * has it), else a string {@code detail} (the /v1 routes), else the body itself (a proxy's page).
+     */
+    static String errorMessage(String body) {
+        try {
+            JsonObject json = Json.parseObject(body);
+            for (String key : ERROR_KEYS) {
+                if (json.has(key) && json.get(key) instanceof String message) {
+                    return message;
+                }
+            }
+        } catch (JsonException notAnObject) {
+            // fall through: show what the server (or whatever answered) sent
+        }
+        return body;
     }
 
     private static List<ServerPrediction> predictions(JsonObject json) {
