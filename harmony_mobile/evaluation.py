@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.neighbors import KNeighborsClassifier
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.data.partition import Partition, ood_test_indices
@@ -118,6 +117,8 @@ def alignment_score(
     """kNN accuracy of back-end features across families: for each family, a kNN classifier fit on
     the other families' features of their ID test samples predicts this family's samples. High when
     same-class features of different extractors land together in the server's space."""
+    from sklearn.neighbors import KNeighborsClassifier  # seconds of import a training-only process skips
+
     features, classes, families = [], [], []
     for client in clients:
         index = partition.clients[client.client_id].test

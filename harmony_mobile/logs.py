@@ -63,8 +63,22 @@ def _adopt_self_handling_loggers() -> None:
     import torch  # noqa: F401  (installs torch's handlers, which are removed below)
 
     for name in SELF_HANDLING_LOGGERS:
-        logger = logging.getLogger(name)
-        for handler in list(logger.handlers):
-            if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-                logger.removeHandler(handler)
-        logger.propagate = True
+        _propagate_only(logging.getLogger(name))
+
+
+def adopt_loggers(*names: str) -> None:
+    """For libraries imported only on some paths (Flower, Ray): once imported, their loggers'
+    own terminal handlers go and their records reach the log file (and the terminal with `-v`),
+    as everything else's. Does nothing unless configure_logging installed our handlers: a program
+    that embeds harmony_mobile keeps its own logging setup."""
+    if not any(getattr(h, "harmony_mobile", False) for h in logging.getLogger().handlers):
+        return
+    for name in names:
+        _propagate_only(logging.getLogger(name))
+
+
+def _propagate_only(logger: logging.Logger) -> None:
+    for handler in list(logger.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            logger.removeHandler(handler)
+    logger.propagate = True

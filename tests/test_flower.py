@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from harmony_mobile.flower import split
-from harmony_mobile.flower.client_app import make_client_app
+from harmony_mobile.flower.client_app import client_count, make_client_app
 from harmony_mobile.flower.records import RecordError, message_to_record, record_to_message
 from harmony_mobile.flower.run import FlowerRunError, check_supported, train_on_grid
 from harmony_mobile.flower.settings import FlowerSettings
@@ -111,9 +111,16 @@ def same_lineage(source, target) -> None:
         shutil.copy2(source / name, target / name)
 
 
-def run_on_loopback(tmp_path, config, name="flower", **grid_options):
-    settings = FlowerSettings(train_config=config, run_dir=str(tmp_path / name), reply_timeout=5)
-    grid = LoopbackGrid(make_client_app(settings), 4, **grid_options)
+def run_on_loopback(tmp_path, config, name="flower", min_replies=1, keep_turns=True, **grid_options):
+    # the loopback Grid has every reply ready at the first pull: a silent node costs the timeouts
+    settings = FlowerSettings(
+        train_config=config,
+        run_dir=str(tmp_path / name),
+        min_replies=min_replies,
+        reply_timeout=0.5,
+        node_wait_timeout=0.5,
+    )
+    grid = LoopbackGrid(make_client_app(settings, keep_turns), client_count(config), **grid_options)
     return train_on_grid(grid, settings), tmp_path / name
 
 
@@ -121,7 +128,7 @@ def metric_lines(run_path) -> list[dict]:
     return [json.loads(line) for line in (run_path / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "local", "harmony", "splitgp"])
+@pytest.mark.parametrize("algorithm", ["fedavg", "local", "harmony", "splitgp", "multi-exit"])
 def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, algorithm):
     """Same seed, data and budget: every client turn is the same arithmetic in the same order with
     the same random streams, so metrics, thresholds and every saved front-end are bit-identical."""
@@ -142,6 +149,30 @@ def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, algorithm
     assert all(t["bytes_sent"] > 0 and t["bytes_received"] > 0 for t in transport)
 
 
+@pytest.mark.parametrize("keep_turns", [True, False], ids=["paused-turns", "process-per-message"])
+def test_split_turns_cost_their_steps_once_where_the_process_lives_and_replay_where_it_does_not(
+    tmp_path, monkeypatch, keep_turns
+):
+    """A split turn pauses in its thread between messages: each split step is computed once. A
+    process per message (keep_turns=False) replays the turn from its start for every step; both
+    give the in-process numbers."""
+    config = tiny_config("harmony", rounds=1, clients_per_round=2)
+    config = config.model_copy(update={"algorithm_config": {**SPLIT_TINY, "local_steps": 3}})
+    train(config, tmp_path / "inprocess", show_progress=False)
+    same_lineage(tmp_path / "inprocess", tmp_path / "flower")
+    computed, answered = [], []
+    digest, record_reply = split.upload_digest, split.record_reply
+    monkeypatch.setattr(split, "upload_digest", lambda *a: computed.append(1) or digest(*a))
+    monkeypatch.setattr(split, "record_reply", lambda *a: answered.append(1) or record_reply(*a))
+    run_on_loopback(tmp_path, config, keep_turns=keep_turns)
+    assert metric_lines(tmp_path / "flower") == metric_lines(tmp_path / "inprocess")
+    assert len(answered) >= 2 * 3  # two clients' turns of 3 local steps, then personalization
+    if keep_turns:
+        assert len(computed) == len(answered)
+    else:
+        assert len(computed) > len(answered)
+
+
 def test_a_silent_client_is_left_out_and_the_round_proceeds(tmp_path):
     results, run_path = run_on_loopback(tmp_path, tiny_config(), dead=[1])
     assert [m["clients"] for m in metric_lines(run_path)] == [3, 3]
@@ -152,7 +183,7 @@ def test_a_silent_client_is_left_out_and_the_round_proceeds(tmp_path):
 def test_too_few_replies_stop_the_run_and_a_rerun_resumes_from_the_checkpoint(tmp_path):
     config = tiny_config(rounds=3)
     with pytest.raises(FlowerRunError, match="round 1: 0 of 4 sampled clients replied"):
-        run_on_loopback(tmp_path, config, fail_from_round=1)
+        run_on_loopback(tmp_path, config, dies_at=dict.fromkeys(range(4), 1))
     run_path = tmp_path / "flower"
     assert [m["round"] for m in metric_lines(run_path)] == [0]
     assert torch.load(run_path / "checkpoints/last.pt", weights_only=True)["completed_round"] == 0

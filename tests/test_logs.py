@@ -48,3 +48,18 @@ def test_importing_the_export_stack_prints_nothing(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
     assert "coremltools" in (tmp_path / "h.log").read_text()
+
+
+def test_flowers_deprecation_notice_goes_to_the_log_file(tmp_path):
+    """Flower logs through its own terminal handler; the Flower engine adopts its logger."""
+    code = (
+        "from pathlib import Path; from harmony_mobile.logs import configure_logging;"
+        f"configure_logging(log_file=Path({str(tmp_path / 'h.log')!r}));"
+        "from harmony_mobile.flower.run import quiet_simulation_entry; quiet_simulation_entry();"
+        "from flwr.common.logger import warn_deprecated_feature;"
+        "warn_deprecated_feature('The `run_simulation` function')"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == "" and result.stdout == ""
+    assert "The `run_simulation` function" in (tmp_path / "h.log").read_text()

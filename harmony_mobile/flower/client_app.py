@@ -19,8 +19,10 @@ state (Client.private_state) and, during a split turn, the turn's start and the 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -38,7 +40,7 @@ from harmony_mobile.flower.records import (
 )
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.models import FamilyModel, InterfaceSpec, load_tiers
-from harmony_mobile.protocol.messages import Broadcast
+from harmony_mobile.protocol.messages import Broadcast, InterfaceGradients
 from harmony_mobile.run_dir import SECRET_FILE
 from harmony_mobile.training import TrainConfig, client_partition, upload_privacy
 
@@ -144,40 +146,77 @@ def save_algorithm_state(algorithm, context: Context) -> None:
         context.state.config_records[ALGORITHM_STATE] = ConfigRecord({"blob": buffer.getvalue()})
 
 
-def run_turn(context: Context, content: RecordDict, settings: FlowerSettings | None, work) -> RecordDict:
-    """One message of a client's turn: run `work(algorithm, client, server, broadcast, generator)`
-    from the turn's start, with the server's answers so far (split.py); returns the reply's content:
-    the next split-step request, or `work`'s result plus the RNG state it leaves."""
-    run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
-    config = run_settings.train_config
-    torch.set_num_threads(config.threads)
-    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
-    server = None
-    if algorithm.uses_split:
-        if split.is_continuation(content):
-            split.record_reply(context.state, content)
-            content = split.turn_start(context.state)
-        else:
-            split.save_turn_start(context.state, content)
-        server = split.ReplayServer(*split.recorded_steps(context.state))
+@dataclass
+class Turn:
+    """One client's turn as its ClientApp runs it: the registry's algorithm and the client rebuilt
+    from the node's data and context.state, the broadcast and the round's random stream."""
+
+    algorithm: Any
+    client: Client
+    broadcast: Broadcast
+    generator: torch.Generator
+
+
+def begin_turn(context: Context, content: RecordDict, settings: FlowerSettings, algorithm) -> Turn:
     load_algorithm_state(algorithm, context)
     label_epoch = str(content.config_records[LINEAGE_RECORD]["label-epoch"])
-    client = build_client(context, run_settings, label_epoch)
+    client = build_client(context, settings, label_epoch)
     if CLIENT_STATE in context.state.array_records:
         client.load_private_state(record_to_tensor_dict(context.state.array_records[CLIENT_STATE]))
     broadcast = record_to_message(content, Broadcast)
     generator = restore_rng(content.array_records[RNG_RECORD])
     client.receive(broadcast)
-    try:
-        result = work(algorithm, client, server, broadcast, generator)
-    except split.SplitStepNeeded as needed:
-        split.set_pending(context.state, needed.digest)
-        return split.step_request(needed)
-    save_algorithm_state(algorithm, context)
-    context.state[CLIENT_STATE] = tensor_dict_to_record(client.private_state())
-    result[RNG_RECORD] = rng_record(generator)
+    return Turn(algorithm, client, broadcast, generator)
+
+
+def end_turn(context: Context, turn: Turn, result: RecordDict) -> RecordDict:
+    """The turn's reply: `work`'s result, the RNG state it leaves and the client's private state,
+    which context.state keeps for the client's next turn."""
+    save_algorithm_state(turn.algorithm, context)
+    context.state[CLIENT_STATE] = tensor_dict_to_record(turn.client.private_state())
+    result[RNG_RECORD] = rng_record(turn.generator)
     result[CLIENT_STATE] = context.state[CLIENT_STATE]
     return result
+
+
+def run_turn(
+    context: Context, content: RecordDict, settings: FlowerSettings | None, work, keep_turns: bool = True
+) -> RecordDict:
+    """One message of a client's turn: run `work(algorithm, client, server, broadcast, generator)`
+    from the turn's start; returns the reply's content: the next split-step request, or `work`'s
+    result plus the RNG state it leaves. A split turn continues its paused thread when this
+    process holds it (and `keep_turns`), else replays from the turn's start (split.py)."""
+    run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+    config = run_settings.train_config
+    torch.set_num_threads(config.threads)
+    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
+    if not algorithm.uses_split:
+        turn = begin_turn(context, content, run_settings, algorithm)
+        return end_turn(context, turn, work(algorithm, turn.client, None, turn.broadcast, turn.generator))
+    key = (context.run_id, context.node_id)
+    if split.is_continuation(content):
+        answered = split.record_reply(context.state, content)
+        paused = split.LiveTurn.waiting_for(key, answered) if keep_turns else None
+        if paused is not None:
+            gradients = record_to_message(content, InterfaceGradients)
+            return split_reply(context, paused, paused.resume(gradients), keep_turns)
+        content = split.turn_start(context.state)
+    else:
+        split.save_turn_start(context.state, content)
+    turn = begin_turn(context, content, run_settings, algorithm)
+    live = split.LiveTurn(key, config.threads, turn)
+    server = split.ReplayServer(*split.recorded_steps(context.state), on_new_step=live.pause)
+    event = live.start(lambda: work(turn.algorithm, turn.client, server, turn.broadcast, turn.generator))
+    return split_reply(context, live, event, keep_turns)
+
+
+def split_reply(context: Context, live: split.LiveTurn, event, keep_turns: bool) -> RecordDict:
+    if isinstance(event, split.SplitStepNeeded):
+        split.set_pending(context.state, event.digest)
+        if not keep_turns:
+            split.LiveTurn.abandon_current()
+        return split.step_request(event)
+    return end_turn(context, live.turn, event)
 
 
 def client_round(algorithm, client: Client, server, broadcast: Broadcast, generator) -> RecordDict:
@@ -194,8 +233,9 @@ def personalize(algorithm, client: Client, server, broadcast: Broadcast, generat
     )
 
 
-def make_client_app(settings: FlowerSettings | None = None) -> ClientApp:
-    """A ClientApp; without `settings` it reads them from the run config (`flwr run`)."""
+def make_client_app(settings: FlowerSettings | None = None, keep_turns: bool = True) -> ClientApp:
+    """A ClientApp; without `settings` it reads them from the run config (`flwr run`). With
+    `keep_turns=False` every split step replays its turn, as in a process per message."""
     app = ClientApp()
 
     @app.query("hello")
@@ -206,11 +246,15 @@ def make_client_app(settings: FlowerSettings | None = None) -> ClientApp:
 
     @app.train("round")
     def train_round(message: Message, context: Context) -> Message:
-        return Message(run_turn(context, message.content, settings, client_round), reply_to=message)
+        return Message(
+            run_turn(context, message.content, settings, client_round, keep_turns), reply_to=message
+        )
 
     @app.train("personalize")
     def train_personalize(message: Message, context: Context) -> Message:
-        return Message(run_turn(context, message.content, settings, personalize), reply_to=message)
+        return Message(
+            run_turn(context, message.content, settings, personalize, keep_turns), reply_to=message
+        )
 
     return app
 

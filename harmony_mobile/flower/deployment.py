@@ -57,6 +57,7 @@ class LocalDeployment:
     work_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="harmony-flower-")))
     secret_file: Path | None = None  # federation secret every SuperNode reads (node config)
     processes: list[subprocess.Popen] = field(default_factory=list)
+    supernodes: dict[int, subprocess.Popen] = field(default_factory=dict)  # partition -> latest
     port: int = 0
 
     def environment(self) -> dict[str, str]:
@@ -115,7 +116,11 @@ class LocalDeployment:
             node_config += f' federation-secret-file="{self.secret_file}"'
         args = [flower_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{self.port}"]
         args += ["--host", "127.0.0.1", "--port", str(free_port()), "--node-config", node_config]
-        return self._spawn(f"supernode-{partition}", args)
+        self.supernodes[partition] = self._spawn(f"supernode-{partition}", args)
+        return self.supernodes[partition]
+
+    def supernode_log(self, partition: int) -> Path:
+        return self.work_dir / f"supernode-{partition}.log"
 
     def _wait_for_port(self, port: int, name: str, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

@@ -31,9 +31,15 @@ from harmony_mobile.training import (
     write_final_metrics,
 )
 
+FLOWER_LOGGERS = ("flwr", "ray")  # they print to the terminal themselves unless adopted
 UNSUPPORTED = {
-    "centralized": "pools every client's raw data in one trainer; it is the non-federated upper bound "
-    "and runs only on the in-process engine",
+    "centralized": "is the non-federated upper bound: one model per family trained on every client's "
+    "pooled raw data. Its trainer (the pool, each family's model and optimizer) is one object that all "
+    "clients' turns share, which the in-process engine has and Flower does not: each ClientApp keeps "
+    "its own state, so on Flower every client would train alone on its own data. Running it there "
+    "honestly means sending every client's raw images to the ServerApp, the transfer federated "
+    "training exists to avoid, for a bound that is the same number on either engine: train it on the "
+    "in-process engine (--engine inprocess)",
 }
 
 
@@ -94,20 +100,40 @@ def train_on_grid(grid, settings: FlowerSettings) -> dict:
     return write_final_metrics(run, results)
 
 
+def quiet_simulation_entry():
+    """Flower's `run_simulation`, with Flower's and Ray's log lines (its deprecation notice among
+    them) going to harmony's log file instead of the terminal.
+
+    Flower 1.42 deprecates this in-process entry point in favour of `flwr run` against a local
+    SuperLink in simulation mode: a detached, long-lived SuperLink on a fixed port (39091) that
+    runs the app from flower_app/ in processes it starts, i.e. the deployment path (deployment.py).
+    It has no in-process replacement, so harmony keeps it."""
+    from flwr.simulation import run_simulation
+
+    from harmony_mobile.logs import adopt_loggers
+
+    adopt_loggers(*FLOWER_LOGGERS)
+    return run_simulation
+
+
 def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -> dict:
     """Train on Flower's Simulation Engine: one virtual SuperNode per client, this process's
     ServerApp writing the run dir. Returns the final metrics."""
-    from flwr.simulation import run_simulation
-
     from harmony_mobile.flower.client_app import client_count, make_client_app
     from harmony_mobile.flower.server_app import make_server_app
+
+    run_simulation = quiet_simulation_entry()
 
     config = settings.train_config
     check_supported(config)
     check_config(config)
     prepare_run_dir(Path(settings.run_dir), config)  # bad run dirs fail before Ray starts
     # a round's client turns run one after another (server_app.py), so one actor serves them all
-    resources = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": {"num_cpus": 1}}
+    # the actors' own output (Flower's per-message lines) stays in Ray's session logs
+    resources = {
+        "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+        "init_args": {"num_cpus": 1, "log_to_driver": False},
+    }
     run_simulation(
         server_app=make_server_app(settings),
         client_app=make_client_app(settings),

@@ -35,6 +35,7 @@ from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.protocol.messages import Broadcast, ClientUpdate
 
 log = logging.getLogger(__name__)
+POLL_START, POLL_MAX = 0.02, 0.25  # seconds between pulls of the replies: doubling up to the max
 TRANSPORT_LOG = "flower_rounds.jsonl"  # per round: replies, missing clients, bytes each way, seconds
 
 
@@ -58,27 +59,60 @@ class FlowerClients:
     bytes_received: int = 0
 
     def connect(self, expected: int) -> None:
-        """Wait for the SuperNodes, then ask each which client (partition) it holds."""
-        deadline = time.monotonic() + self.settings.node_wait_timeout
-        node_ids = list(self.grid.get_node_ids())
-        while len(node_ids) < expected and time.monotonic() < deadline:
-            time.sleep(0.5)
-            node_ids = list(self.grid.get_node_ids())
-        if len(node_ids) < self.settings.min_replies:
+        """Ask each SuperNode which client (partition) it holds, as nodes appear during
+        node_wait_timeout, each with reply_timeout to answer; done early once every client has a
+        node. A SuperNode that died stays listed until the SuperLink marks it offline (two missed
+        heartbeats, up to a minute) and never answers; its restarted successor does."""
+        discover_until = time.monotonic() + self.settings.node_wait_timeout
+        answer_until = 0.0
+        asked: set[int] = set()
+        waiting: set[str] = set()
+        while len(self.node_of_client) < expected:
+            now = time.monotonic()
+            new = [n for n in self.grid.get_node_ids() if n not in asked] if now < discover_until else []
+            if new:
+                asked.update(new)
+                hello = [Message(RecordDict(), dst_node_id=n, message_type="query.hello") for n in new]
+                waiting |= set(self.grid.push_messages(hello))
+                answer_until = now + self.settings.reply_timeout
+            replies = list(self.grid.pull_messages(waiting)) if waiting else []
+            waiting -= {reply.metadata.reply_to_message_id for reply in replies}
+            for reply in replies:
+                self.add_node(reply)
+            if now >= discover_until and (not waiting or now >= answer_until):
+                break
+            time.sleep(POLL_MAX)
+        if len(self.node_of_client) < self.settings.min_replies:
             raise FlowerRunError(
-                f"{len(node_ids)} SuperNodes connected within {self.settings.node_wait_timeout:g} s; "
-                f"the run needs at least min_replies={self.settings.min_replies}"
+                f"{len(self.node_of_client)} SuperNodes answered (waited {self.settings.node_wait_timeout:g} s "
+                f"for nodes); the run needs at least min_replies={self.settings.min_replies}"
             )
-        hello = [Message(RecordDict(), dst_node_id=n, message_type="query.hello") for n in node_ids]
-        for reply in self.grid.send_and_receive(hello, timeout=self.settings.reply_timeout):
-            if reply.has_error():
-                log.warning("node %s: %s", reply.metadata.src_node_id, reply.error.reason)
-                continue
-            partition = int(reply.content.config_records["node"]["partition-id"])
-            if partition in self.node_of_client:
-                raise FlowerRunError(f"two SuperNodes claim partition-id {partition}")
-            self.node_of_client[partition] = reply.metadata.src_node_id
         log.info("%d of %d clients connected", len(self.node_of_client), expected)
+
+    def add_node(self, reply: Message) -> None:
+        if reply.has_error():
+            log.warning("node %s: %s", reply.metadata.src_node_id, reply.error.reason)
+            return
+        partition = int(reply.content.config_records["node"]["partition-id"])
+        if partition in self.node_of_client:
+            raise FlowerRunError(f"two SuperNodes claim partition-id {partition}")
+        self.node_of_client[partition] = reply.metadata.src_node_id
+
+    def exchange(self, messages: list[Message]) -> list[Message]:
+        """Grid.send_and_receive with a short poll: a deployed Grid's own polls every 3 s, which
+        adds seconds to every split step. Returns when every message has its reply or after
+        reply_timeout."""
+        waiting = set(self.grid.push_messages(messages))
+        deadline = time.monotonic() + self.settings.reply_timeout
+        replies: list[Message] = []
+        interval = POLL_START
+        while waiting and time.monotonic() < deadline:
+            time.sleep(interval)
+            pulled = list(self.grid.pull_messages(waiting))
+            replies += pulled
+            waiting -= {reply.metadata.reply_to_message_id for reply in pulled}
+            interval = min(interval * 2, POLL_MAX)
+        return replies
 
     def ask(self, client_id: int, message_type: str, content: RecordDict, round_id: int) -> RecordDict | None:
         """One client's turn: the reply's content, or None when it does not come in time."""
@@ -87,7 +121,7 @@ class FlowerClients:
             return None
         message = Message(content, dst_node_id=node, message_type=message_type, group_id=str(round_id))
         self.bytes_sent += record_bytes(content)
-        replies = list(self.grid.send_and_receive([message], timeout=self.settings.reply_timeout))
+        replies = self.exchange([message])
         if not replies or replies[0].has_error():
             reason = replies[0].error.reason if replies else "no reply in time"
             log.warning("client %d (node %d), %s: %s", client_id, node, message_type, reason)

@@ -8,20 +8,29 @@ through `algorithm.client_round`. So the server drives the turn, one message per
   server -> client   InterfaceGradients of SplitTrainer.step(upload) (continue)
   client -> server   next FeatureUpload ... or, at the end, ClientUpdate + RNG state
 
-The client does not keep a suspended Python frame between messages (a SuperNode may run every
-message in a fresh process). It keeps the turn's start (broadcast, RNG states) and the server's
-replies so far in Flower's `context.state`, and on each message re-runs `client_round` from the
-start against `ReplayServer`, which answers the recorded steps and stops at the first new one.
-The turn is deterministic given its start and the replies, which `ReplayServer` checks: a replayed
-upload must hash to the one the server answered. Cost: a turn of S split steps computes
-S (S + 1) / 2 client steps instead of S; fine for the few steps per round of phones, and the price
-of running the registry's algorithms unchanged.
+The turn runs in a thread of the ClientApp's process (`LiveTurn`) that pauses at each split step
+and continues when the server's answer arrives, if that message reaches the same process (the
+Simulation Engine's actors, a long-lived ClientApp process): S split steps cost S client steps.
+
+A SuperNode may instead run every message in a fresh process (a deployed SuperNode does), where
+no paused thread survives. So the client also keeps the turn's start (broadcast, RNG states) and
+the server's replies so far in Flower's `context.state`, and a fresh process re-runs the turn from
+the start against `ReplayServer`, which answers the recorded steps and pauses at the first new
+one. The turn is deterministic given its start and the replies, which `ReplayServer` checks: a
+replayed upload must hash to the one the server answered. There a turn of S split steps costs
+S (S + 1) / 2 client steps: the price of running the registry's algorithms unchanged in a
+process that keeps nothing between messages.
 """
 
 from __future__ import annotations
 
 import hashlib
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar
 
+import torch
 from flwr.app import ConfigRecord, RecordDict
 
 from harmony_mobile.flower.records import message_to_record, record_to_message
@@ -50,11 +59,23 @@ def upload_digest(upload: FeatureUpload, update: bool) -> str:
     return digest.hexdigest()
 
 
-class ReplayServer:
-    """Stands in for the SplitTrainer inside a client's turn on Flower (see the module docstring)."""
+class TurnAbandonedError(RuntimeError):
+    """The server will not answer this paused turn (another turn started): its thread ends."""
 
-    def __init__(self, replies: list[InterfaceGradients], digests: list[str]):
+
+class ReplayServer:
+    """Stands in for the SplitTrainer inside a client's turn on Flower (see the module docstring):
+    answers the recorded split steps, then hands each new one to `on_new_step` (by default it
+    raises SplitStepNeeded)."""
+
+    def __init__(
+        self,
+        replies: list[InterfaceGradients],
+        digests: list[str],
+        on_new_step: Callable[[SplitStepNeeded], InterfaceGradients] | None = None,
+    ):
         self.replies, self.digests, self.calls = replies, digests, 0
+        self.on_new_step = on_new_step
 
     def step(self, upload: FeatureUpload, update: bool = True) -> InterfaceGradients:
         index, digest = self.calls, upload_digest(upload, update)
@@ -63,12 +84,82 @@ class ReplayServer:
             if digest != self.digests[index]:
                 raise ReplayDivergedError(f"{upload.client_id}: split step {index} differs on replay")
             return self.replies[index]
-        raise SplitStepNeeded(upload, update, digest)
+        needed = SplitStepNeeded(upload, update, digest)
+        if self.on_new_step is None:
+            raise needed
+        return self.on_new_step(needed)
 
     def take_diagnostics(self) -> dict[str, float]:
         """None here: the server's own measurements are added to the client's metrics by the
         ServerApp when the turn ends (server_app.py), as the in-process round reads them then."""
         return {}
+
+
+class LiveTurn:
+    """A client's split turn running in a thread of this process, paused at each new split step
+    until the server's answer comes in the next message (see the module docstring). A process
+    runs one client turn at a time, so it keeps at most one paused turn: starting another ends it.
+    The ClientApp calls `start`/`resume`, which return the turn's next event: a SplitStepNeeded
+    (the turn is paused) or the turn's result; an error inside the turn is raised from them."""
+
+    current: ClassVar[LiveTurn | None] = None
+
+    def __init__(self, key: tuple[int, int], threads: int, turn: Any = None):
+        self.key, self.threads = key, threads
+        self.turn = turn  # what the ClientApp needs when the turn ends (its algorithm, client, RNG)
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        self.answers: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending = ""
+
+    @classmethod
+    def waiting_for(cls, key: tuple[int, int], digest: str) -> LiveTurn | None:
+        """The paused turn of node `key` whose pending split step has this upload digest, if any."""
+        turn = cls.current
+        return turn if turn is not None and turn.key == key and turn.pending == digest else None
+
+    @classmethod
+    def abandon_current(cls) -> None:
+        if cls.current is not None:
+            cls.current.answers.put(None)
+            cls.current = None
+
+    def start(self, body: Callable[[], Any]):
+        LiveTurn.abandon_current()
+        LiveTurn.current = self
+        threading.Thread(target=self._main, args=(body,), daemon=True, name=f"turn-{self.key}").start()
+        return self._next_event()
+
+    def resume(self, gradients: InterfaceGradients):
+        self.answers.put(gradients)
+        return self._next_event()
+
+    def pause(self, needed: SplitStepNeeded) -> InterfaceGradients:
+        """ReplayServer's `on_new_step`, in the turn's thread: wait for the server's answer."""
+        self.events.put(("step", needed))
+        answer = self.answers.get()
+        if answer is None:
+            raise TurnAbandonedError(f"turn of node {self.key[1]} abandoned")
+        return answer
+
+    def _main(self, body: Callable[[], Any]) -> None:
+        torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
+        try:
+            self.events.put(("done", body()))
+        except TurnAbandonedError:
+            pass
+        except BaseException as error:  # noqa: BLE001 (re-raised in the ClientApp's thread)
+            self.events.put(("error", error))
+
+    def _next_event(self):
+        kind, value = self.events.get()
+        if kind == "step":
+            self.pending = value.digest
+            return value
+        if LiveTurn.current is self:
+            LiveTurn.current = None
+        if kind == "error":
+            raise value
+        return value
 
 
 def step_request(needed: SplitStepNeeded) -> RecordDict:
@@ -108,16 +199,19 @@ def set_pending(state: RecordDict, digest: str) -> None:
     state.config_records[TURN_PREFIX + "steps"]["pending"] = digest
 
 
-def record_reply(state: RecordDict, reply: RecordDict) -> None:
-    """Keep the server's answer to the pending split step, with the upload digest it answered."""
+def record_reply(state: RecordDict, reply: RecordDict) -> str:
+    """Keep the server's answer to the pending split step, with the upload digest it answered;
+    returns that digest."""
     steps = state.config_records[TURN_PREFIX + "steps"]
     if not steps["pending"]:
         raise ReplayDivergedError("server gradients arrived, but no split step is pending")
     digests = [d for d in steps["digests"] if d]
     for key, record in reply.items():
         state[f"{TURN_PREFIX}reply.{len(digests)}.{key}"] = record
-    steps["digests"] = [*digests, steps["pending"]]
+    answered = str(steps["pending"])
+    steps["digests"] = [*digests, answered]
     steps["pending"] = ""
+    return answered
 
 
 def recorded_steps(state: RecordDict) -> tuple[list[InterfaceGradients], list[str]]:

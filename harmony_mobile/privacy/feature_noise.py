@@ -14,9 +14,7 @@ amplification theorems need, so the bound counts releases, as a worst case.
 
 from __future__ import annotations
 
-import dp_accounting
 import torch
-from dp_accounting import rdp
 
 DEFAULT_DELTA = 1e-5
 
@@ -62,6 +60,11 @@ def gaussian_epsilon(
         return 0.0
     if not noise_multiplier > 0:
         return float("inf")
+    # imported here: dp_accounting pulls in scipy.signal and scipy.stats, seconds of import that a
+    # process which only trains (a deployed ClientApp starts one per message) need not pay
+    import dp_accounting
+    from dp_accounting import rdp
+
     effective = noise_multiplier / 2 if replace_one else noise_multiplier
     accountant = rdp.RdpAccountant()
     accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(effective), releases))
