@@ -157,7 +157,9 @@ def test_split_turns_cost_their_steps_once_where_the_process_lives_and_replay_wh
     process per message (keep_turns=False) replays the turn from its start for every step; both
     give the in-process numbers."""
     config = tiny_config("harmony", rounds=1, clients_per_round=2)
-    config = config.model_copy(update={"algorithm_config": {**SPLIT_TINY, "local_steps": 3}})
+    config = config.model_copy(
+        update={"algorithm_config": {**SPLIT_TINY, "local_steps": 3, "personalize_epochs": 0}}
+    )
     train(config, tmp_path / "inprocess", show_progress=False)
     same_lineage(tmp_path / "inprocess", tmp_path / "flower")
     computed, answered = [], []
@@ -166,7 +168,7 @@ def test_split_turns_cost_their_steps_once_where_the_process_lives_and_replay_wh
     monkeypatch.setattr(split, "record_reply", lambda *a: answered.append(1) or record_reply(*a))
     run_on_loopback(tmp_path, config, keep_turns=keep_turns)
     assert metric_lines(tmp_path / "flower") == metric_lines(tmp_path / "inprocess")
-    assert len(answered) >= 2 * 3  # two clients' turns of 3 local steps, then personalization
+    assert len(answered) >= 2 * 3  # two clients' turns of 3 local steps
     if keep_turns:
         assert len(computed) == len(answered)
     else:
