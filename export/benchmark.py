@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -54,14 +55,14 @@ def train_front_end(front_end, images, labels, epochs: int, seed: int) -> float:
     return float(loss.detach())
 
 
-def build_run(work: Path, dataset_name: str, tier_names: list[str] | None, epochs: int, seed: int) -> Path:
-    data = load_dataset(dataset_name)
+def benchmark_run_info(data, dataset_name: str, tier_names: list[str] | None, seed: int) -> RunInfo:
+    """The run description: the default tiers (or the named ones) at the data set's input shape."""
     tiers = load_tiers().with_input_shape(data.input_shape)
     if tier_names:
         from harmony_mobile.models import TierSet
 
         tiers = TierSet(tiers=tuple(tiers.get(n) for n in tier_names))
-    info = RunInfo.of_dataset(
+    return RunInfo.of_dataset(
         data,
         algorithm="supervised-exit-benchmark",
         interface=(64, 8),
@@ -70,44 +71,55 @@ def build_run(work: Path, dataset_name: str, tier_names: list[str] | None, epoch
         label_epoch=f"e-export-bench-s{seed}",
         seed=seed,
     )
-    run = work / "run"
-    shutil.rmtree(run, ignore_errors=True)
-    secret = os.urandom(32)
-    write_federation_secret(run, secret)
-    write_run_info(run, info)
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+def split_indices(count: int, seed: int) -> tuple[list[int], list[int], list[int]]:
+    """(train, val, test) indices: a seeded permutation cut 70 / 10 / 20 %."""
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
     n_train, n_val = int(0.7 * len(order)), int(0.1 * len(order))
-    train_idx, val_idx, test_idx = order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
-    metrics = {}
-    for client_id, tier in enumerate(info.tiers.tiers):
-        front_end = build_front_end(info, tier)
-        started = time.perf_counter()
-        loss = train_front_end(
-            front_end, data.images[train_idx], data.labels[train_idx], epochs, seed + client_id
+    return order[:n_train], order[n_train : n_train + n_val], order[n_train + n_val :]
+
+
+def train_and_save_client(
+    run: Path,
+    info: RunInfo,
+    data,
+    client_id: int,
+    tier,
+    splits: tuple[list[int], ...],
+    epochs: int,
+    seed: int,
+) -> dict[str, float]:
+    """Train one tier's front-end, save it as client `client_id`; its exit accuracy, loss and seconds."""
+    train_idx, val_idx, test_idx = splits
+    front_end = build_front_end(info, tier)
+    started = time.perf_counter()
+    loss = train_front_end(
+        front_end, data.images[train_idx], data.labels[train_idx], epochs, seed + client_id
+    )
+    with torch.no_grad():
+        accuracy = float(
+            (front_end(data.images[test_idx])[0].argmax(1) == data.labels[test_idx]).float().mean()
         )
-        with torch.no_grad():
-            accuracy = float(
-                (front_end(data.images[test_idx])[0].argmax(1) == data.labels[test_idx]).float().mean()
-            )
-        metrics[tier.name] = {
-            "exit_accuracy": accuracy,
-            "loss": loss,
-            "train_s": time.perf_counter() - started,
-        }
-        print(f"trained {tier.name}: exit accuracy {accuracy:.3f} ({metrics[tier.name]['train_s']:.0f} s)")
-        save_client(
-            run,
-            ClientArtifact(
-                client_id=client_id,
-                tier=tier.name,
-                classes=tuple(range(info.num_classes)),
-                threshold=0.9,
-                train_idx=train_idx,
-                val_idx=val_idx,
-                test_idx=test_idx,
-                front_end_state=front_end.state_dict(),
-            ),
-        )
+    metrics = {"exit_accuracy": accuracy, "loss": loss, "train_s": time.perf_counter() - started}
+    save_client(
+        run,
+        ClientArtifact(
+            client_id=client_id,
+            tier=tier.name,
+            classes=tuple(range(info.num_classes)),
+            threshold=0.9,
+            train_idx=train_idx,
+            val_idx=val_idx,
+            test_idx=test_idx,
+            front_end_state=front_end.state_dict(),
+        ),
+    )
+    return metrics
+
+
+def save_random_backend(run: Path, info: RunInfo, secret: bytes) -> None:
+    """An untrained back-end whose slot i is class i: the export benchmark measures only the front-ends."""
     backend = Backend(info.interface_spec, info.num_classes)
     save_backend(
         run / "backend.pt",
@@ -121,6 +133,33 @@ def build_run(work: Path, dataset_name: str, tier_names: list[str] | None, epoch
             class_tokens(epoch_key(secret, info.label_epoch), info.class_names),
         ),
     )
+
+
+def build_run(
+    work: Path,
+    dataset_name: str,
+    tier_names: list[str] | None,
+    epochs: int,
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """A run directory under `work` with one trained front-end per tier and a random back-end."""
+    data = load_dataset(dataset_name)
+    info = benchmark_run_info(data, dataset_name, tier_names, seed)
+    run = work / "run"
+    shutil.rmtree(run, ignore_errors=True)
+    secret = os.urandom(32)
+    write_federation_secret(run, secret)
+    write_run_info(run, info)
+    splits = split_indices(len(data), seed)
+    metrics = {}
+    for client_id, tier in enumerate(info.tiers.tiers):
+        metrics[tier.name] = train_and_save_client(run, info, data, client_id, tier, splits, epochs, seed)
+        log(
+            f"trained {tier.name}: exit accuracy {metrics[tier.name]['exit_accuracy']:.3f} "
+            f"({metrics[tier.name]['train_s']:.0f} s)"
+        )
+    save_random_backend(run, info, secret)
     (run / "final_metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     return run
 

@@ -447,6 +447,107 @@ def _p256_problems(
     return problems
 
 
+def _pinned_key(
+    directory: Path, public_key: Ed25519PublicKey | bytes | str | Path | None
+) -> tuple[Ed25519PublicKey | None, list[str]]:
+    """The Ed25519 key to verify with (the pinned one, else the shipped signing_key.pub), and the
+    problems that stop verification before anything is read: missing manifest/signature, bad key."""
+    problems = [
+        f"{name}: missing" for name in (MANIFEST_FILE, SIGNATURE_FILE) if not (directory / name).is_file()
+    ]
+    try:
+        key = (
+            _coerce_public_key(public_key)
+            if public_key is not None
+            else load_public_key(directory / PUBLIC_KEY_FILE)
+        )
+    except (SigningKeyError, ValueError) as error:
+        problems.append(f"{PUBLIC_KEY_FILE}: {error}")
+        key = None
+    return key, problems
+
+
+def _shipped_key_problems(directory: Path, key: Ed25519PublicKey) -> list[str]:
+    """A shipped signing_key.pub next to a pinned key must be that key."""
+    if not (directory / PUBLIC_KEY_FILE).is_file():
+        return []
+    try:
+        shipped = load_public_key(directory / PUBLIC_KEY_FILE)
+    except SigningKeyError as error:
+        return [f"{PUBLIC_KEY_FILE}: {error}"]
+    return [f"{PUBLIC_KEY_FILE}: is not the pinned public key"] if shipped != key else []
+
+
+def _ed25519_problems(directory: Path, key: Ed25519PublicKey, data: bytes) -> list[str]:
+    """manifest.sig must be a valid Ed25519 signature over the exact manifest bytes."""
+    try:
+        key.verify(decode_signature((directory / SIGNATURE_FILE).read_bytes()), data)
+    except ValueError as error:
+        return [f"{SIGNATURE_FILE}: {error}"]
+    except InvalidSignature:
+        return [f"{SIGNATURE_FILE}: signature does not match {MANIFEST_FILE} under the public key"]
+    return []
+
+
+def _listed_file_problems(directory: Path, manifest: Manifest) -> tuple[dict[str, FileEntry], list[str]]:
+    """The safely-pathed entries of `files` by path, and every listed file that is missing or whose
+    size or sha256 differs."""
+    listed: dict[str, FileEntry] = {}
+    problems = []
+    for entry in manifest.files:
+        if not _safe_relpath(entry.path):
+            problems.append(f"{entry.path}: unsafe path in manifest")
+            continue
+        listed[entry.path] = entry
+        path = directory / entry.path
+        if not path.is_file():
+            problems.append(f"{entry.path}: missing")
+            continue
+        size = path.stat().st_size
+        if size != entry.size:
+            problems.append(f"{entry.path}: size {size} bytes, manifest says {entry.size}")
+        digest = sha256_file(path)
+        if digest != entry.sha256:
+            problems.append(f"{entry.path}: sha256 {digest} does not match manifest {entry.sha256}")
+    return listed, problems
+
+
+def _unlisted_file_problems(directory: Path, listed: dict[str, FileEntry]) -> list[str]:
+    return [
+        f"{entry.path}: present but not listed in {MANIFEST_FILE}"
+        for entry in list_files(directory)
+        if entry.path not in listed
+    ]
+
+
+def _referenced_file_problems(directory: Path, manifest: Manifest, listed: dict[str, FileEntry]) -> list[str]:
+    """Every path a tier artifact, the back-end or the reports name must exist and be listed; a tier
+    artifact's digest and size (a tree digest for an .mlpackage) must match its entry."""
+    referenced = [(f"tier {t.name}", a.path, a.sha256, a.size) for t in manifest.tiers for a in t.artifacts]
+    referenced += [("backend", manifest.backend.state_dict_file, None, None)]
+    referenced += [("backend", manifest.backend.exported_program_file, None, None)]
+    referenced += [("reports", r, None, None) for r in manifest.reports]
+    problems = []
+    for owner, relpath, sha, size in referenced:
+        if not _safe_relpath(relpath):
+            problems.append(f"{relpath}: unsafe path in manifest ({owner})")
+            continue
+        path = directory / relpath
+        if not path.exists():
+            problems.append(f"{relpath}: missing ({owner})")
+            continue
+        if path.is_file() and relpath not in listed:
+            problems.append(f"{relpath}: referenced by {owner} but not listed in files")
+        if sha is not None:
+            actual_sha, actual_size = path_digest(path)
+            if (actual_sha, actual_size) != (sha, size):
+                problems.append(
+                    f"{relpath}: digest/size {actual_sha}/{actual_size} does not match {owner} "
+                    f"artifact entry {sha}/{size}"
+                )
+    return problems
+
+
 def verify_manifest(
     directory: str | Path,
     public_key: Ed25519PublicKey | bytes | str | Path | None = None,
@@ -465,38 +566,13 @@ def verify_manifest(
     directory = Path(directory)
     if not directory.is_dir():
         raise ManifestError(directory, [f"{directory}: not a directory"])
-    problems: list[str] = []
-    manifest_path, signature_path = directory / MANIFEST_FILE, directory / SIGNATURE_FILE
-    for required in (manifest_path, signature_path):
-        if not required.is_file():
-            problems.append(f"{required.name}: missing")
-    try:
-        key = (
-            _coerce_public_key(public_key)
-            if public_key is not None
-            else load_public_key(directory / PUBLIC_KEY_FILE)
-        )
-    except (SigningKeyError, ValueError) as error:
-        problems.append(f"{PUBLIC_KEY_FILE}: {error}")
-        key = None
+    key, problems = _pinned_key(directory, public_key)
     if problems:
         raise ManifestError(directory, problems)
-    if public_key is not None and (directory / PUBLIC_KEY_FILE).is_file():
-        try:
-            shipped = load_public_key(directory / PUBLIC_KEY_FILE)
-        except SigningKeyError as error:
-            problems.append(f"{PUBLIC_KEY_FILE}: {error}")
-        else:
-            if shipped != key:
-                problems.append(f"{PUBLIC_KEY_FILE}: is not the pinned public key")
-
-    data = manifest_path.read_bytes()
-    try:
-        key.verify(decode_signature(signature_path.read_bytes()), data)
-    except ValueError as error:
-        problems.append(f"{SIGNATURE_FILE}: {error}")
-    except InvalidSignature:
-        problems.append(f"{SIGNATURE_FILE}: signature does not match {MANIFEST_FILE} under the public key")
+    if public_key is not None:
+        problems += _shipped_key_problems(directory, key)
+    data = (directory / MANIFEST_FILE).read_bytes()
+    problems += _ed25519_problems(directory, key, data)
     try:
         manifest = Manifest.model_validate_json(data)
     except ValidationError as error:
@@ -505,48 +581,10 @@ def verify_manifest(
     if manifest.signature.public_key_sha256 != key_fingerprint(key):
         problems.append(f"{MANIFEST_FILE}: signature.public_key_sha256 names another key")
     problems += _p256_problems(directory, manifest, data, p256_public_key)
-
-    listed: dict[str, FileEntry] = {}
-    for entry in manifest.files:
-        if not _safe_relpath(entry.path):
-            problems.append(f"{entry.path}: unsafe path in manifest")
-            continue
-        listed[entry.path] = entry
-        path = directory / entry.path
-        if not path.is_file():
-            problems.append(f"{entry.path}: missing")
-            continue
-        size = path.stat().st_size
-        if size != entry.size:
-            problems.append(f"{entry.path}: size {size} bytes, manifest says {entry.size}")
-        digest = sha256_file(path)
-        if digest != entry.sha256:
-            problems.append(f"{entry.path}: sha256 {digest} does not match manifest {entry.sha256}")
-    for entry in list_files(directory):
-        if entry.path not in listed:
-            problems.append(f"{entry.path}: present but not listed in {MANIFEST_FILE}")
-
-    referenced = [(f"tier {t.name}", a.path, a.sha256, a.size) for t in manifest.tiers for a in t.artifacts]
-    referenced += [("backend", manifest.backend.state_dict_file, None, None)]
-    referenced += [("backend", manifest.backend.exported_program_file, None, None)]
-    referenced += [("reports", r, None, None) for r in manifest.reports]
-    for owner, relpath, sha, size in referenced:
-        if not _safe_relpath(relpath):
-            problems.append(f"{relpath}: unsafe path in manifest ({owner})")
-            continue
-        path = directory / relpath
-        if not path.exists():
-            problems.append(f"{relpath}: missing ({owner})")
-            continue
-        if path.is_file() and relpath not in listed:
-            problems.append(f"{relpath}: referenced by {owner} but not listed in files")
-        if sha is not None:
-            actual_sha, actual_size = path_digest(path)
-            if (actual_sha, actual_size) != (sha, size):
-                problems.append(
-                    f"{relpath}: digest/size {actual_sha}/{actual_size} does not match {owner} "
-                    f"artifact entry {sha}/{size}"
-                )
+    listed, listed_problems = _listed_file_problems(directory, manifest)
+    problems += listed_problems
+    problems += _unlisted_file_problems(directory, listed)
+    problems += _referenced_file_problems(directory, manifest, listed)
     if problems:
         raise ManifestError(directory, problems)
     return manifest

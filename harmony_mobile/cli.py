@@ -46,15 +46,48 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+# Options of `harmony train` (DataRootOption also of `harmony bench`), named so that the signature
+# reads as a list of settings. A train flag left at None is not passed on: the --config file's value
+# (else TrainConfig's default) stands.
+TrainRunDirArgument = Annotated[
+    Path, typer.Argument(help="where the run is written (new, or the same run to resume)")
+]
+DatasetOption = Annotated[
+    str | None, typer.Option(help="mnist5k, digits, mnist, fashion_mnist, cifar10, cifar100")
+]
+DataRootOption = Annotated[Path | None, typer.Option(help="folder with official dataset archives")]
+LabelDpEpsilonOption = Annotated[
+    float | None, typer.Option(help="label DP: randomized response on each row's token (off by default)")
+]
+FeatureClipOption = Annotated[
+    float | None, typer.Option(help="L2 clip norm of every uploaded feature row (off by default)")
+]
+NoiseMultiplierOption = Annotated[
+    float | None, typer.Option(help="Gaussian noise on uploaded features: std = multiplier * clip")
+]
+ConfigFileOption = Annotated[
+    Path | None, typer.Option(help="YAML/JSON with TrainConfig fields (flags override it)")
+]
+EngineOption = Annotated[
+    str,
+    typer.Option(
+        help="inprocess (default) | flower (Flower's Simulation Engine, one virtual SuperNode per client)"
+    ),
+]
+MinRepliesOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="flower: a round with fewer client replies stops the run (resumable); default: the Flower settings'",
+    ),
+]
+
+
 @app.command()
 def train(
-    run_dir: Annotated[
-        Path, typer.Argument(help="where the run is written (new, or the same run to resume)")
-    ],
-    dataset: Annotated[
-        str | None, typer.Option(help="mnist5k, digits, mnist, fashion_mnist, cifar10, cifar100")
-    ] = None,
-    data_root: Annotated[Path | None, typer.Option(help="folder with official dataset archives")] = None,
+    run_dir: TrainRunDirArgument,
+    dataset: DatasetOption = None,
+    data_root: DataRootOption = None,
     partition: Annotated[str | None, typer.Option(help="family | dirichlet | shard")] = None,
     alpha: Annotated[float | None, typer.Option(help="Dirichlet alpha (partition=dirichlet)")] = None,
     tiers: Annotated[Path | None, typer.Option(help="tiers YAML (default: built-in)")] = None,
@@ -63,47 +96,14 @@ def train(
     clients_per_round: Annotated[int | None, typer.Option(help="0 = all clients every round")] = None,
     algorithm: Annotated[str | None, typer.Option(help="harmony or an ablation/baseline name")] = None,
     seed: Annotated[int | None, typer.Option()] = None,
-    label_dp_epsilon: Annotated[
-        float | None, typer.Option(help="label DP: randomized response on each row's token (off by default)")
-    ] = None,
-    feature_clip: Annotated[
-        float | None, typer.Option(help="L2 clip norm of every uploaded feature row (off by default)")
-    ] = None,
-    noise_multiplier: Annotated[
-        float | None, typer.Option(help="Gaussian noise on uploaded features: std = multiplier * clip")
-    ] = None,
-    config: Annotated[
-        Path | None, typer.Option(help="YAML/JSON with TrainConfig fields (flags override it)")
-    ] = None,
-    engine: Annotated[
-        str,
-        typer.Option(
-            help="inprocess (default) | flower (Flower's Simulation Engine, one virtual SuperNode per client)"
-        ),
-    ] = "inprocess",
-    min_replies: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="flower: a round with fewer client replies stops the run (resumable); default: the Flower settings'",
-        ),
-    ] = None,
+    label_dp_epsilon: LabelDpEpsilonOption = None,
+    feature_clip: FeatureClipOption = None,
+    noise_multiplier: NoiseMultiplierOption = None,
+    config: ConfigFileOption = None,
+    engine: EngineOption = "inprocess",
+    min_replies: MinRepliesOption = None,
 ) -> None:
     """Train and meta-adapt front-ends and the server back-end (HARMONY or a baseline)."""
-    import yaml
-    from pydantic import ValidationError
-
-    from harmony_mobile.run_dir import RunDirError
-    from harmony_mobile.training import TrainConfig, summary_rows
-    from harmony_mobile.training import train as run_training
-
-    values = {}
-    if config is not None:
-        if not config.is_file():
-            fail(f"config file not found: {config}")
-        values = yaml.safe_load(config.read_text()) or {}
-        if not isinstance(values, dict):
-            fail(f"config file {config} must hold a mapping of TrainConfig fields")
     flags = dict(
         dataset=dataset,
         data_root=str(data_root) if data_root else None,
@@ -119,9 +119,37 @@ def train(
         feature_clip=feature_clip,
         noise_multiplier=noise_multiplier,
     )
+    values = _config_file_values(config)
     values.update({k: v for k, v in flags.items() if v is not None})
     if engine not in ("inprocess", "flower"):
         fail(f"unknown engine {engine!r}: inprocess or flower")
+    train_config, results = _train_with_engine(values, run_dir, engine, min_replies)
+    _print_train_summary(train_config, run_dir, results)
+
+
+def _config_file_values(config: Path | None) -> dict:
+    """The TrainConfig fields of a --config YAML/JSON file ({} without one)."""
+    import yaml
+
+    if config is None:
+        return {}
+    if not config.is_file():
+        fail(f"config file not found: {config}")
+    values = yaml.safe_load(config.read_text()) or {}
+    if not isinstance(values, dict):
+        fail(f"config file {config} must hold a mapping of TrainConfig fields")
+    return values
+
+
+def _train_with_engine(values: dict, run_dir: Path, engine: str, min_replies: int | None):
+    """(TrainConfig, final metrics) of a run trained in process or on Flower's Simulation Engine;
+    a bad configuration or run directory ends the command with its error."""
+    from pydantic import ValidationError
+
+    from harmony_mobile.run_dir import RunDirError
+    from harmony_mobile.training import TrainConfig
+    from harmony_mobile.training import train as run_training
+
     try:
         train_config = TrainConfig(**values)
         if engine == "flower":
@@ -131,15 +159,19 @@ def train(
             given = {"min_replies": min_replies} if min_replies is not None else {}
             settings = FlowerSettings(train_config=train_config, run_dir=str(run_dir), **given)
             try:
-                results = train_flower(settings)
+                return train_config, train_flower(settings)
             except FlowerRunError as error:
                 fail(str(error))
-        else:
-            results = run_training(train_config, run_dir)
+        return train_config, run_training(train_config, run_dir)
     except ValidationError as error:
         fail(f"invalid training configuration:\n{error}")
     except (RunDirError, ValueError, FileNotFoundError) as error:
         fail(str(error))
+
+
+def _print_train_summary(train_config, run_dir: Path, results: dict) -> None:
+    from harmony_mobile.training import summary_rows
+
     table = Table(title=f"{train_config.algorithm} on {train_config.dataset}: {run_dir}")
     table.add_column("metric")
     table.add_column("value", justify="right")
@@ -163,7 +195,7 @@ def bench(
         Path | None,
         typer.Option(help="where runs are written (default ~/.cache/harmony-mobile/bench/<profile>)"),
     ] = None,
-    data_root: Annotated[Path | None, typer.Option(help="folder with official dataset archives")] = None,
+    data_root: DataRootOption = None,
     resume: Annotated[
         bool, typer.Option(help="reuse finished runs in the work dir instead of redoing them")
     ] = False,

@@ -178,22 +178,11 @@ def run_alignment(
         raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found 0")
     slot_table = teacher.slot_table.copy()  # new tokens of the epoch may take free slots
     data = SlotRows.build(uploads, slot_table, teacher.num_classes)
-    n = data.rows
-    if n < params.min_rows:
-        raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found {n}")
+    if data.rows < params.min_rows:
+        raise NotEnoughRows(f"alignment needs at least {params.min_rows} new stored rows, found {data.rows}")
     generator = torch.Generator().manual_seed(params.seed)
-    holdout, train = _split(n, params.holdout_fraction, generator)
-    metrics: dict[str, float | int | str] = {
-        "rows": n,
-        "train_rows": len(train),
-        "holdout_rows": len(holdout),
-        "rows_without_slot": data.dropped_rows,
-        "slots_before": len(teacher.slot_table),
-        "slots_after": len(slot_table),
-        "replay_rows": replay.rows,
-        "replay_shipped_rows": replay.shipped_rows,
-        "replay_stored_rows": replay.stored_rows,
-    }
+    holdout, train = _split(data.rows, params.holdout_fraction, generator)
+    metrics = _row_counts(data, train, holdout, replay, len(teacher.slot_table), len(slot_table))
     has_replay = replay.rows >= 2  # one row cannot be split into training and a held-out check
     if not has_replay and params.require_replay:
         metrics.update(_no_replay_rejection(replay.rows))
@@ -203,10 +192,7 @@ def run_alignment(
         replay_holdout, replay_train = _split(replay.rows, params.holdout_fraction, generator)
         replay_logits = _logits(teacher.backend, replay.features)
         metrics.update(replay_train_rows=len(replay_train), replay_holdout_rows=len(replay_holdout))
-    distill_on = has_replay and params.distill_weight > 0
-    metrics["distillation"] = (
-        "on replay rows" if distill_on else ("off: distill_weight 0" if has_replay else "off: no replay rows")
-    )
+    metrics["distillation"] = _distillation_mode(has_replay, params.distill_weight)
     student, projection = _train_student(
         data,
         train,
@@ -226,6 +212,34 @@ def run_alignment(
     if reasons:
         metrics["rejected_because"] = "; ".join(reasons)
     return RoundResult(student, projection, not reasons, metrics, slot_table)
+
+
+def _row_counts(
+    data: SlotRows,
+    train: torch.Tensor,
+    holdout: torch.Tensor,
+    replay: ReplaySet,
+    slots_before: int,
+    slots_after: int,
+) -> dict[str, float | int | str]:
+    """The round's first metrics: how many rows it has of each kind and how many slots."""
+    return {
+        "rows": data.rows,
+        "train_rows": len(train),
+        "holdout_rows": len(holdout),
+        "rows_without_slot": data.dropped_rows,
+        "slots_before": slots_before,
+        "slots_after": slots_after,
+        "replay_rows": replay.rows,
+        "replay_shipped_rows": replay.shipped_rows,
+        "replay_stored_rows": replay.stored_rows,
+    }
+
+
+def _distillation_mode(has_replay: bool, distill_weight: float) -> str:
+    if not has_replay:
+        return "off: no replay rows"
+    return "on replay rows" if distill_weight > 0 else "off: distill_weight 0"
 
 
 def _no_replay_rejection(rows: int) -> dict[str, str]:

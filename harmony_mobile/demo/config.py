@@ -3,6 +3,7 @@ stages and the report (the measured phases, rows per sealed upload)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,10 @@ PHASE_TITLES = {
     "drifted": "after local drift",
     "aligned": "after the alignment round",
 }
+
+# How a step reports progress without drawing it: report(steps done, what it does now); a None
+# description keeps the previous one. The stages in run.py turn it into a progress bar.
+ProgressReport = Callable[[int, str | None], None]
 
 
 class DemoError(RuntimeError):

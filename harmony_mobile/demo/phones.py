@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from rich.progress import Progress
 
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
-from harmony_mobile.demo.config import UPLOAD_ROWS, DemoConfig, DemoError
+from harmony_mobile.demo.config import UPLOAD_ROWS, DemoConfig, DemoError, ProgressReport
 from harmony_mobile.device.phone import Phone
 from harmony_mobile.device.server import MODEL_NAME
 from harmony_mobile.protocol.wire import encode_tensor
@@ -92,18 +91,18 @@ def phone_data(run: RunDir, dataset, manifest: dict, config: DemoConfig) -> dict
 # --------------------------------------------------------------------------- phases
 
 
-def classify_all(phone: Phone, data: PhoneData, progress: Progress, task) -> dict[str, Any]:
-    """Run every test image through the phone; metrics of this phase."""
+def classify_all(phone: Phone, data: PhoneData, report: ProgressReport) -> dict[str, Any]:
+    """Run every test image through the phone (reporting the count done); metrics of this phase."""
     start_infer = phone.stats.infer_bytes
     phone.stats.local_ms.clear()
     predictions, exit_predictions, sources, features = [], [], [], []
-    for pixels in data.pixels:
+    for done, pixels in enumerate(data.pixels, start=1):
         answer = phone.classify(pixels)
         predictions.append(answer.prediction)
         exit_predictions.append(answer.exit_prediction)
         sources.append(answer.source)
         features.append(answer.features)
-        progress.advance(task)
+        report(done, None)
     server_correct = server_predictions(phone, torch.cat(features)) == data.labels
     predictions, exit_predictions = np.array(predictions), np.array(exit_predictions)
     sources = np.array(sources)

@@ -161,11 +161,35 @@ def _md_table(header, rows) -> str:
 
 
 def markdown_report(report: dict, plots: list[str]) -> str:
-    config, timings = report["config"], report["timings"]
-    alignment = report.get("alignment") or {}
-    metrics = alignment.get("metrics") or {}
-    train = (report.get("train") or {}).get("summary") or {}
+    """demo-report.md: one section per stage's numbers, then the plots and where the files are."""
     parts = [
+        *_md_header(report),
+        *_md_drift_and_recovery(report),
+        _md_alignment(report),
+        "",
+        *_md_outage(report),
+        *_md_training_and_export(report),
+        "## Wall time",
+        "",
+        _md_table(("stage", "seconds"), [[k, f"{v:.0f}"] for k, v in report["timings"].items()]),
+        "",
+    ]
+    if plots:
+        parts += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    parts += [
+        "## Where things are",
+        "",
+        "`run/` training run, `export/` signed export (manifest.json, .pte, .mlpackage, backend), "
+        "`server/` server data dir (SQLite store, back-end versions), `server.log`, `phones/<tier>/` "
+        "upload queue and drifted .pte, `demo-report.json` every number above.",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def _md_header(report: dict) -> list[str]:
+    config = report["config"]
+    return [
         "# harmony demo report",
         "",
         f"Data set `{config['dataset']}`, {config['rounds']} training rounds, {config['clients_per_tier']} "
@@ -182,6 +206,12 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         "*exit-only*: accuracy if the phone never fell back. *KiB sent*: binary infer bodies + sealed "
         "uploads of confirmed samples. *median .pte ms*: the front-end on this machine's CPU.",
         "",
+    ]
+
+
+def _md_drift_and_recovery(report: dict) -> list[str]:
+    config, drift = report["config"], report["drift"]
+    return [
         "## Drift and recovery",
         "",
         _md_table(RECOVERY_COLUMNS, recovery_rows(report)),
@@ -196,8 +226,7 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         "validation samples run through that .pte: the smallest tau whose local-exit accuracy on them "
         "reaches training's calibration target ("
         + ", ".join(
-            f"{t} {d['calibration_target']:g} on {d['val_samples']} samples"
-            for t, d in report["drift"].items()
+            f"{t} {d['calibration_target']:g} on {d['val_samples']} samples" for t, d in drift.items()
         )
         + "; a threshold fixed by the tier is kept). tau deployed (manifest, calibrated on the fp32 "
         "model) / of the deployed .pte on the same samples / of the drifted .pte: "
@@ -206,12 +235,19 @@ def markdown_report(report: dict, plots: list[str]) -> str:
             + " / ".join(
                 f"{d[k]:.4f}" for k in ("threshold_deployed", "threshold_deployed_pte", "threshold_drifted")
             )
-            for t, d in report["drift"].items()
+            for t, d in drift.items()
         )
         + ". Relative change of the interface features: "
-        + ", ".join(f"{t} {d['feature_shift']:.0%}" for t, d in report["drift"].items())
+        + ", ".join(f"{t} {d['feature_shift']:.0%}" for t, d in drift.items())
         + ".",
         "",
+    ]
+
+
+def _md_alignment(report: dict) -> str:
+    alignment = report.get("alignment") or {}
+    metrics = alignment.get("metrics") or {}
+    return (
         f"Alignment round: status **{alignment.get('status')}**, new back-end `{alignment.get('new_version')}`, "
         f"slot cross-entropy + SupCon on {metrics.get('rows')} new stored rows ({metrics.get('train_rows')} train / "
         f"{metrics.get('holdout_rows')} held out), distillation to the previous version on "
@@ -223,8 +259,13 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         f"{metrics.get('holdout_slot_accuracy_after', float('nan')):.3f}, slots "
         f"{metrics.get('slots_before')} -> {metrics.get('slots_after')}"
         + (f"; rejected because {metrics['rejected_because']}" if metrics.get("rejected_because") else "")
-        + f". Parameters: `{json.dumps(config['alignment'])}` (empty: the server's defaults).",
-        "",
+        + f". Parameters: `{json.dumps(report['config']['alignment'])}` (empty: the server's defaults)."
+    )
+
+
+def _md_outage(report: dict) -> list[str]:
+    metrics = (report.get("alignment") or {}).get("metrics") or {}
+    return [
         "## Server outage",
         "",
         "The server was stopped after the drift; each phone answered test images (a failed fallback "
@@ -237,6 +278,12 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         )
         + f". The alignment round found {metrics.get('rows')} stored rows: every confirmed row exactly once.",
         "",
+    ]
+
+
+def _md_training_and_export(report: dict) -> list[str]:
+    train = (report.get("train") or {}).get("summary") or {}
+    return [
         "## Training and export",
         "",
         f"Training (in-process evaluation, all clients): accuracy without OOD "
@@ -251,22 +298,7 @@ def markdown_report(report: dict, plots: list[str]) -> str:
             ],
         ),
         "",
-        "## Wall time",
-        "",
-        _md_table(("stage", "seconds"), [[k, f"{v:.0f}"] for k, v in timings.items()]),
-        "",
     ]
-    if plots:
-        parts += ["## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
-    parts += [
-        "## Where things are",
-        "",
-        "`run/` training run, `export/` signed export (manifest.json, .pte, .mlpackage, backend), "
-        "`server/` server data dir (SQLite store, back-end versions), `server.log`, `phones/<tier>/` "
-        "upload queue and drifted .pte, `demo-report.json` every number above.",
-        "",
-    ]
-    return "\n".join(parts)
 
 
 def make_plots(out: Path, report: dict) -> list[str]:

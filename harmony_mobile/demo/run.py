@@ -1,5 +1,8 @@
 """`run_demo`: every stage in order (train, export, serve, deploy, drift, outage, align, recover)
-and the helpers only it uses; the server process is stopped on every exit path."""
+and the helpers only it uses; the server process is stopped on every exit path.
+
+One function per stage, all over a `DemoRun` (what the stages share and measure). What a phone
+does in a step reports progress through a `ProgressReport` callback; only this module draws bars."""
 
 from __future__ import annotations
 
@@ -8,15 +11,16 @@ import secrets
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from harmony_mobile.demo.config import DemoConfig, DemoError
+from harmony_mobile.demo.config import DemoConfig, DemoError, ProgressReport
 from harmony_mobile.demo.drift import (
     calibrate_on_device,
     calibration_target,
@@ -70,25 +74,29 @@ def progress_bar(console: Console) -> Progress:
     )
 
 
+def progress_report(progress: Progress, stage: str, tier: str, total: int) -> ProgressReport:
+    """A new bar of `progress` for one tier's step, as the callback the step reports through."""
+    task = progress.add_task("", total=total, stage=stage, tier=tier)
+
+    def report(done: int, description: str | None) -> None:
+        progress.update(task, completed=done, description=description)
+
+    return report
+
+
 def classify_phase(
-    console: Console,
-    phones: dict[str, Phone],
-    data: dict[str, PhoneData],
-    results: dict[str, dict],
-    stage: str,
-    after: Callable[[str, Phone, Progress, Any], None] | None = None,
+    demo: DemoRun, stage: str, after: Callable[[str, Phone, ProgressReport], None] | None = None
 ) -> None:
     """Every phone classifies its test data (a progress bar per tier) into results[tier][stage];
     `after` runs per phone once it is done (the deployed phase confirms labels and uploads)."""
-    with progress_bar(console) as progress:
-        tasks = {
-            tier: progress.add_task("", total=len(d.labels), stage=stage, tier=tier)
-            for tier, d in data.items()
+    with progress_bar(demo.console) as progress:
+        reports = {
+            tier: progress_report(progress, stage, tier, len(d.labels)) for tier, d in demo.data.items()
         }
-        for tier, phone in phones.items():
-            results[tier][stage] = classify_all(phone, data[tier], progress, tasks[tier])
+        for tier, phone in demo.phones.items():
+            demo.results[tier][stage] = classify_all(phone, demo.data[tier], reports[tier])
             if after is not None:
-                after(tier, phone, progress, tasks[tier])
+                after(tier, phone, reports[tier])
 
 
 def prepare_output(out: Path, reuse_run: bool) -> None:
@@ -129,25 +137,9 @@ def reuse_export(out: Path):
     return ExportResult(out / "export", manifest, report, False, 0.0)
 
 
-def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
-    """Run every stage; returns the report dict (also written as demo-report.md/.json under config.out)."""
-    console = console or Console()
-    torch.set_num_threads(1)
-    out = config.out = Path(config.out).absolute()
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-
-    def mark(stage: str, since: float) -> float:
-        timings[stage] = time.perf_counter() - since
-        return time.perf_counter()
-
-    prepare_output(out, config.reuse_run)
-    console.rule("[bold]1. train")
-    t = time.perf_counter()
-    train_results = train_stage(config, console)
-    t = mark("train", t)
-
-    console.rule("[bold]2. export every tier")
+def export_stage(config: DemoConfig, console: Console) -> tuple[Any, bytes]:
+    """(ExportResult, pinned public key): every tier exported and signed with the demo's keys
+    (created once under OUT/keys), or a reused run's complete export. The apps ship the pinned key."""
     from harmony_mobile.export.keys import (
         encode_public_key,
         load_or_create_p256_signing_key,
@@ -155,9 +147,10 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
     )
     from harmony_mobile.export.pipeline import export_run
 
+    out = config.out
     signing_key, _ = load_or_create_signing_key(out / "keys")
     p256_signing_key, _ = load_or_create_p256_signing_key(out / "keys")
-    pinned = encode_public_key(signing_key.public_key())  # what the apps ship with
+    pinned = encode_public_key(signing_key.public_key())
     export = reuse_export(out) if config.reuse_run else None
     if export is None:
         export = export_run(
@@ -168,7 +161,12 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
             latency_runs=config.latency_runs,
             console=console,
         )
-    export_summary = {
+    return export, pinned
+
+
+def export_summary(export) -> dict:
+    """Model version, seconds and the size of every artifact per tier and quantization."""
+    return {
         "model_version": export.manifest.model_version,
         "seconds": export.seconds,
         "tiers": {
@@ -176,199 +174,300 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
             for t in export.report["tiers"]
         },
     }
-    t = mark("export", t)
 
+
+class StageClock:
+    """Wall time per stage: `lap(stage)` records the time since the previous lap (or `restart`)."""
+
+    def __init__(self) -> None:
+        self.started = self.last = time.perf_counter()
+        self.timings: dict[str, float] = {}
+
+    def restart(self) -> None:
+        self.last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        self.timings[stage] = time.perf_counter() - self.last
+        self.last = time.perf_counter()
+
+    def stop(self) -> dict[str, float]:
+        self.timings["total"] = time.perf_counter() - self.started
+        return self.timings
+
+
+@dataclass
+class DemoRun:
+    """What the stages after the export share: the trained run, the verified manifest, each tier's
+    phone data, the server process, the phones and everything they measured."""
+
+    config: DemoConfig
+    console: Console
+    run: RunDir
+    dataset: Any
+    manifest: dict
+    data: dict[str, PhoneData]
+    server: ServerProcess
+    phones: dict[str, Phone] = field(default_factory=dict)
+    results: dict[str, dict[str, dict]] = field(init=False)  # tier -> phase -> classify_all's metrics
+    uploads: dict[str, dict[str, dict]] = field(init=False)  # tier -> phase -> deliver's counts
+    drift: dict[str, dict] = field(default_factory=dict)
+    outage: dict[str, dict] = field(default_factory=dict)
+    alignment: dict = field(default_factory=dict)
+    registry: Any = None
+    exit_status: int | None = None
+
+    def __post_init__(self) -> None:
+        self.results = {tier: {} for tier in self.data}
+        self.uploads = {tier: {} for tier in self.data}
+
+    @property
+    def info(self):
+        return self.run.info
+
+
+def open_run(config: DemoConfig, console: Console, pinned: bytes) -> DemoRun:
+    """The trained run, the export's manifest verified against the pinned key, the phones' data,
+    and a fallback server process that is not started yet."""
+    out = config.out
     run = RunDir(out / "run")
-    info = run.info
     dataset = run.dataset()
     manifest = load_manifest(out / "export", decode_public_key(pinned))
     data = phone_data(run, dataset, manifest, config)
-
-    console.rule("[bold]3. start the fallback server")
     server = ServerProcess(out / "server", out / "export", out / "server.log", secrets.token_urlsafe(32))
-    phones: dict[str, Phone] = {}
-    results: dict[str, dict[str, dict]] = {tier: {} for tier in data}
-    uploads: dict[str, dict[str, dict]] = {tier: {} for tier in data}
-    drift: dict[str, dict] = {}
-    outage: dict[str, dict] = {}
-    with terminate_on_sigterm():
-        try:
-            server.start()
-            console.print(f"harmony serve on {server.url} (log: {server.log_file})")
-            t = mark("server start", t)
-            # provisioned to phones only, out of band: the lineage's secret, without which the slots the
-            # server answers with name no class
-            federation = FederationKey(run.federation_secret())
-            for entry in manifest["tiers"]:
-                tier = entry["name"]
-                credentials = DeviceCredentials.from_enrolment(
-                    enrol(server.url, server.admin_token, tier, name=f"demo-{tier}")
-                )
-                phones[tier] = Phone(
-                    manifest=manifest,
-                    tier=tier,
-                    program=load_front_end(out / "export", manifest, tier, config.quantization),
-                    server_url=server.url,
-                    credentials=credentials,
-                    federation_key=federation,
-                    queue=UploadQueue(out / "phones" / tier / "queue"),
-                )
+    return DemoRun(config, console, run, dataset, manifest, data, server)
 
-            console.rule("[bold]4. phones classify their own data (ID + OOD), users confirm labels")
 
-            def confirm_and_upload(tier: str, phone: Phone, progress: Progress, task) -> None:
-                rows = confirm(phone, data[tier], dataset, info, "deployed")
-                uploads[tier]["deployed"] = deliver(phone, rows)
-                progress.update(task, description=f"+{uploads[tier]['deployed']['rows']} uploads")
+def enrol_phones(demo: DemoRun) -> None:
+    """One phone per tier of the manifest: enrolled with the server, running the tier's .pte."""
+    out = demo.config.out
+    # provisioned to phones only, out of band: the lineage's secret, without which the slots the
+    # server answers with name no class
+    federation = FederationKey(demo.run.federation_secret())
+    for entry in demo.manifest["tiers"]:
+        tier = entry["name"]
+        credentials = DeviceCredentials.from_enrolment(
+            enrol(demo.server.url, demo.server.admin_token, tier, name=f"demo-{tier}")
+        )
+        demo.phones[tier] = Phone(
+            manifest=demo.manifest,
+            tier=tier,
+            program=load_front_end(out / "export", demo.manifest, tier, demo.config.quantization),
+            server_url=demo.server.url,
+            credentials=credentials,
+            federation_key=federation,
+            queue=UploadQueue(out / "phones" / tier / "queue"),
+        )
 
-            classify_phase(console, phones, data, results, "deployed", after=confirm_and_upload)
-            t = mark("deployed", t)
-            show_phase(console, results, "deployed")
 
-            console.rule(
-                "[bold]5. drift: phones keep personalizing locally (exit loss only), recalibrate tau"
-            )
-            target = calibration_target(info)
-            with progress_bar(console) as progress:
-                tasks = {tier: progress.add_task("", total=4, stage="drift", tier=tier) for tier in data}
-                for tier, phone in phones.items():
-                    progress.update(tasks[tier], description=f"fine-tune {config.drift_steps} steps")
-                    front_end, images, loss = drift_front_end(run, data[tier], dataset, config)
-                    progress.update(
-                        tasks[tier], advance=1, description=f"re-export {config.quantization} .pte"
-                    )
-                    path = out / "phones" / tier / f"front_{config.quantization}_drifted.pte"
-                    program = FrontEndProgram(
-                        export_drifted(front_end, images, info, config.quantization, path), str(path)
-                    )
-                    progress.update(tasks[tier], advance=1, description="recalibrate tau on own val data")
-                    # a threshold the operator fixed for the tier stays; a calibrated one is recalibrated
-                    recalibrate = phone.entry["threshold_source"] == "calibrated"
-                    threshold = (
-                        calibrate_on_device(program, data[tier], phone.normalization, target)
-                        if recalibrate
-                        else phone.threshold
-                    )
-                    progress.update(tasks[tier], advance=1, description="measure")
-                    probe = normalize(data[tier].pixels[:64], phone.normalization)
-                    drift[tier] = {
-                        "steps": config.drift_steps,
-                        "final_exit_loss": loss,
-                        "feature_shift": feature_shift(phone.program, program, probe),
-                        "threshold_source": phone.entry["threshold_source"],
-                        "calibration_target": target,
-                        "val_samples": len(data[tier].val_labels),
-                        "threshold_deployed": phone.threshold,
-                        # context: tau the deployed .pte itself would get on the same val samples
-                        # (the manifest's was calibrated on the fp32 training model)
-                        "threshold_deployed_pte": calibrate_on_device(
-                            phone.program, data[tier], phone.normalization, target
-                        ),
-                        "threshold_drifted": threshold,
-                    }
-                    phone.use_local_front_end(
-                        program, threshold=threshold, model_version=f"{manifest['model_version']}+local-1"
-                    )
-                    progress.update(
-                        tasks[tier],
-                        advance=1,
-                        description=f"features moved {drift[tier]['feature_shift']:.0%}, tau "
-                        f"{drift[tier]['threshold_deployed']:.3f} -> {threshold:.3f}",
-                    )
-            t = mark("drift", t)
-            classify_phase(console, phones, data, results, "drifted")
-            t = mark("drifted", t)
-            show_phase(console, results, "drifted")
+def deployed_stage(demo: DemoRun, clock: StageClock) -> None:
+    demo.console.rule("[bold]4. phones classify their own data (ID + OOD), users confirm labels")
 
-            console.rule("[bold]6. server outage: phones answer locally and queue their sealed uploads")
-            server.stop()
-            with progress_bar(console) as progress:
-                for tier, phone in phones.items():
-                    step = max(1, len(data[tier].pixels) // config.outage_images)  # ID and OOD alike
-                    images = data[tier].pixels[::step][: config.outage_images]
-                    task = progress.add_task("", total=len(images), stage="outage", tier=tier)
-                    sources = []
-                    for pixels in images:
-                        sources.append(phone.classify(pixels).source)
-                        progress.advance(task)
-                    rows = confirm(phone, data[tier], dataset, info, "drifted")
-                    attempt = phone.flush()
-                    outage[tier] = {
-                        "answered": len(sources),
-                        "local_exit": sources.count("local"),
-                        "local_after_server_failure": sources.count("local_after_server_failure"),
-                        "queued_uploads": attempt.remaining,
-                        "queued_rows": rows,
-                        "flush_error": attempt.error,
-                    }
-                    progress.update(
-                        task,
-                        description=f"{sources.count('local_after_server_failure')} local answers after a failed "
-                        f"fallback, {attempt.remaining} uploads queued",
-                    )
-            server.start()
-            for phone in phones.values():  # drop pooled connections to the old process
-                phone.close()
-                phone.connect()
-            console.print(f"server restarted on {server.url}")
-            with progress_bar(console) as progress:
-                for tier, phone in phones.items():
-                    task = progress.add_task("", total=1, stage="flush", tier=tier)
-                    uploads[tier]["drifted"] = deliver(phone, outage[tier]["queued_rows"])
-                    outage[tier]["delivered_after_restart"] = uploads[tier]["drifted"]["uploads"]
-                    progress.update(
-                        task,
-                        advance=1,
-                        description=f"{uploads[tier]['drifted']['uploads']} queued uploads delivered "
-                        f"({uploads[tier]['drifted']['rows']} rows)",
-                    )
-            t = mark("outage", t)
+    def confirm_and_upload(tier: str, phone: Phone, report: ProgressReport) -> None:
+        rows = confirm(phone, demo.data[tier], demo.dataset, demo.info, "deployed")
+        demo.uploads[tier]["deployed"] = deliver(phone, rows)
+        report(len(demo.data[tier].labels), f"+{demo.uploads[tier]['deployed']['rows']} uploads")
 
-            console.rule("[bold]7. alignment round over the sealed uploads (admin API)")
-            with progress_bar(console) as progress:
-                response = server.admin("POST", "/v1/alignment/rounds", json=config.alignment)
-                if response.status_code != 202:
-                    raise DemoError(
-                        f"starting the alignment round failed: {response.status_code} {response.text}"
-                    )
-                round_id = response.json()["id"]
-                task = progress.add_task("queued", total=100, stage="align", tier=f"round {round_id}")
-                alignment = wait_for_round(server, round_id, config.alignment_timeout, progress, task)
-            t = mark("alignment", t)
-            console.print(
-                f"alignment round {round_id}: [bold]{alignment['status']}[/bold]"
-                + (
-                    f", new back-end version {alignment['new_version']}"
-                    if alignment.get("new_version")
-                    else ""
-                )
-                + (f" ({alignment['error']})" if alignment.get("error") else "")
-            )
+    classify_phase(demo, "deployed", after=confirm_and_upload)
+    clock.lap("deployed")
+    show_phase(demo.console, demo.results, "deployed")
 
-            console.rule("[bold]8. phones classify again against the aligned back-end")
-            classify_phase(console, phones, data, results, "aligned")
-            t = mark("aligned", t)
-            registry = server.admin("GET", "/v1/registry/versions").json()
-        finally:
-            for phone in phones.values():
-                phone.close()
-            status = server.stop()
-            if server.port:
-                console.print(f"server stopped (exit status {status})")
 
-    timings["total"] = time.perf_counter() - started
-    report = {
+def drift_phone(demo: DemoRun, tier: str, phone: Phone, target: float, report: ProgressReport) -> dict:
+    """The phone fine-tunes its front-end, re-exports its .pte, recalibrates tau (unless the tier
+    fixed it) and switches to them; what changed."""
+    config, data = demo.config, demo.data[tier]
+    report(0, f"fine-tune {config.drift_steps} steps")
+    front_end, images, loss = drift_front_end(demo.run, data, demo.dataset, config)
+    report(1, f"re-export {config.quantization} .pte")
+    path = config.out / "phones" / tier / f"front_{config.quantization}_drifted.pte"
+    program = FrontEndProgram(
+        export_drifted(front_end, images, demo.info, config.quantization, path), str(path)
+    )
+    report(2, "recalibrate tau on own val data")
+    # a threshold the operator fixed for the tier stays; a calibrated one is recalibrated
+    recalibrate = phone.entry["threshold_source"] == "calibrated"
+    threshold = (
+        calibrate_on_device(program, data, phone.normalization, target) if recalibrate else phone.threshold
+    )
+    report(3, "measure")
+    probe = normalize(data.pixels[:64], phone.normalization)
+    drift = {
+        "steps": config.drift_steps,
+        "final_exit_loss": loss,
+        "feature_shift": feature_shift(phone.program, program, probe),
+        "threshold_source": phone.entry["threshold_source"],
+        "calibration_target": target,
+        "val_samples": len(data.val_labels),
+        "threshold_deployed": phone.threshold,
+        # context: tau the deployed .pte itself would get on the same val samples
+        # (the manifest's was calibrated on the fp32 training model)
+        "threshold_deployed_pte": calibrate_on_device(phone.program, data, phone.normalization, target),
+        "threshold_drifted": threshold,
+    }
+    phone.use_local_front_end(
+        program, threshold=threshold, model_version=f"{demo.manifest['model_version']}+local-1"
+    )
+    report(
+        4,
+        f"features moved {drift['feature_shift']:.0%}, tau {drift['threshold_deployed']:.3f} -> {threshold:.3f}",
+    )
+    return drift
+
+
+def drift_stage(demo: DemoRun, clock: StageClock) -> None:
+    demo.console.rule("[bold]5. drift: phones keep personalizing locally (exit loss only), recalibrate tau")
+    target = calibration_target(demo.info)
+    with progress_bar(demo.console) as progress:
+        reports = {tier: progress_report(progress, "drift", tier, 4) for tier in demo.data}
+        for tier, phone in demo.phones.items():
+            demo.drift[tier] = drift_phone(demo, tier, phone, target, reports[tier])
+    clock.lap("drift")
+    classify_phase(demo, "drifted")
+    clock.lap("drifted")
+    show_phase(demo.console, demo.results, "drifted")
+
+
+def outage_sample(data: PhoneData, count: int) -> np.ndarray:
+    """`count` test images spread over the whole test set (ID and OOD alike)."""
+    step = max(1, len(data.pixels) // count)
+    return data.pixels[::step][:count]
+
+
+def answer_offline(
+    demo: DemoRun, tier: str, phone: Phone, images: np.ndarray, report: ProgressReport
+) -> dict:
+    """With the server down, the phone answers `images` and tries to deliver newly confirmed rows:
+    how it answered and what stayed queued."""
+    sources = []
+    for done, pixels in enumerate(images, start=1):
+        sources.append(phone.classify(pixels).source)
+        report(done, None)
+    rows = confirm(phone, demo.data[tier], demo.dataset, demo.info, "drifted")
+    attempt = phone.flush()
+    report(
+        len(images),
+        f"{sources.count('local_after_server_failure')} local answers after a failed "
+        f"fallback, {attempt.remaining} uploads queued",
+    )
+    return {
+        "answered": len(sources),
+        "local_exit": sources.count("local"),
+        "local_after_server_failure": sources.count("local_after_server_failure"),
+        "queued_uploads": attempt.remaining,
+        "queued_rows": rows,
+        "flush_error": attempt.error,
+    }
+
+
+def deliver_queued(demo: DemoRun, tier: str, phone: Phone, report: ProgressReport) -> None:
+    """After the restart: the phone delivers what it queued during the outage."""
+    delivered = demo.uploads[tier]["drifted"] = deliver(phone, demo.outage[tier]["queued_rows"])
+    demo.outage[tier]["delivered_after_restart"] = delivered["uploads"]
+    report(1, f"{delivered['uploads']} queued uploads delivered ({delivered['rows']} rows)")
+
+
+def outage_stage(demo: DemoRun, clock: StageClock) -> None:
+    demo.console.rule("[bold]6. server outage: phones answer locally and queue their sealed uploads")
+    demo.server.stop()
+    with progress_bar(demo.console) as progress:
+        for tier, phone in demo.phones.items():
+            images = outage_sample(demo.data[tier], demo.config.outage_images)
+            report = progress_report(progress, "outage", tier, len(images))
+            demo.outage[tier] = answer_offline(demo, tier, phone, images, report)
+    demo.server.start()
+    for phone in demo.phones.values():  # drop pooled connections to the old process
+        phone.close()
+        phone.connect()
+    demo.console.print(f"server restarted on {demo.server.url}")
+    with progress_bar(demo.console) as progress:
+        for tier, phone in demo.phones.items():
+            deliver_queued(demo, tier, phone, progress_report(progress, "flush", tier, 1))
+    clock.lap("outage")
+
+
+def alignment_stage(demo: DemoRun, clock: StageClock) -> None:
+    """The operator starts an alignment round over the admin API and waits for its outcome."""
+    config, server = demo.config, demo.server
+    demo.console.rule("[bold]7. alignment round over the sealed uploads (admin API)")
+    with progress_bar(demo.console) as progress:
+        response = server.admin("POST", "/v1/alignment/rounds", json=config.alignment)
+        if response.status_code != 202:
+            raise DemoError(f"starting the alignment round failed: {response.status_code} {response.text}")
+        round_id = response.json()["id"]
+        task = progress.add_task("queued", total=100, stage="align", tier=f"round {round_id}")
+        demo.alignment = wait_for_round(server, round_id, config.alignment_timeout, progress, task)
+    clock.lap("alignment")
+    alignment = demo.alignment
+    demo.console.print(
+        f"alignment round {round_id}: [bold]{alignment['status']}[/bold]"
+        + (f", new back-end version {alignment['new_version']}" if alignment.get("new_version") else "")
+        + (f" ({alignment['error']})" if alignment.get("error") else "")
+    )
+
+
+def serve_phones(demo: DemoRun, clock: StageClock) -> None:
+    """Stages 3 to 8: start the server, deploy, drift, outage, alignment, recovery."""
+    demo.console.rule("[bold]3. start the fallback server")
+    demo.server.start()
+    demo.console.print(f"harmony serve on {demo.server.url} (log: {demo.server.log_file})")
+    clock.lap("server start")
+    enrol_phones(demo)
+    deployed_stage(demo, clock)
+    drift_stage(demo, clock)
+    outage_stage(demo, clock)
+    alignment_stage(demo, clock)
+    demo.console.rule("[bold]8. phones classify again against the aligned back-end")
+    classify_phase(demo, "aligned")
+    clock.lap("aligned")
+    demo.registry = demo.server.admin("GET", "/v1/registry/versions").json()
+
+
+def stop_phones_and_server(demo: DemoRun) -> None:
+    for phone in demo.phones.values():
+        phone.close()
+    demo.exit_status = demo.server.stop()
+    if demo.server.port:
+        demo.console.print(f"server stopped (exit status {demo.exit_status})")
+
+
+def demo_report(config: DemoConfig, train_results: dict, export, demo: DemoRun, timings: dict) -> dict:
+    """Everything the demo measured: demo-report.json, and what the markdown report renders."""
+    server = demo.server
+    return {
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(config).items()},
         "train": {k: train_results.get(k) for k in ("summary", "train_seconds", "thresholds")},
-        "export": export_summary,
-        "results": results,
-        "uploads": uploads,
-        "drift": drift,
-        "outage": outage,
-        "alignment": alignment,
-        "registry": registry,
+        "export": export_summary(export),
+        "results": demo.results,
+        "uploads": demo.uploads,
+        "drift": demo.drift,
+        "outage": demo.outage,
+        "alignment": demo.alignment,
+        "registry": demo.registry,
         "timings": timings,
-        "server": {"url": server.url, "exit_status": status, "log": str(server.log_file)},
+        "server": {"url": server.url, "exit_status": demo.exit_status, "log": str(server.log_file)},
     }
+
+
+def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
+    """Run every stage; returns the report dict (also written as demo-report.md/.json under config.out)."""
+    console = console or Console()
+    torch.set_num_threads(1)
+    out = config.out = Path(config.out).absolute()
+    clock = StageClock()
+    prepare_output(out, config.reuse_run)
+    console.rule("[bold]1. train")
+    clock.restart()
+    train_results = train_stage(config, console)
+    clock.lap("train")
+    console.rule("[bold]2. export every tier")
+    export, pinned = export_stage(config, console)
+    clock.lap("export")
+    demo = open_run(config, console, pinned)
+    with terminate_on_sigterm():
+        try:
+            serve_phones(demo, clock)
+        finally:
+            stop_phones_and_server(demo)
+    report = demo_report(config, train_results, export, demo, clock.stop())
     write_report(out, report, console)
     return report
