@@ -33,8 +33,10 @@ lint-imports: $(STAMP)
 	rm -rf build
 	cd $(IMPORTS_CHECK) && PYTHONPATH=$(IMPORTS_CHECK) $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml --no-cache
 
+# Two workers (the machine has 2 cores and most tests run one torch thread); a file's tests stay on
+# one worker, so module fixtures (a SuperLink, a demo run, a server) are built once.
 pytest: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test: lint pytest
 
