@@ -203,6 +203,9 @@ def bench(
     methods: Annotated[
         str | None, typer.Option(help="comma-separated methods overriding the profile's")
     ] = None,
+    settings: Annotated[
+        str | None, typer.Option(help="comma-separated setting names: only these of the profile's")
+    ] = None,
     report_only: Annotated[
         bool, typer.Option(help="re-render the report from the out folder's results.json, no training")
     ] = False,
@@ -231,6 +234,7 @@ def bench(
             log=console.print,
             report_only=report_only,
             jobs=jobs,
+            settings=[s.strip() for s in settings.split(",")] if settings else None,
         )
     except (FileNotFoundError, ValidationError, ValueError) as error:
         fail(str(error))

@@ -138,3 +138,19 @@ def test_jobs_must_be_positive():
 
     with pytest.raises(ValueError, match="jobs"):
         bench("quick", jobs=0)
+
+
+def test_a_narrowed_profile_keeps_the_named_settings_and_run_paths(tmp_path):
+    from harmony_mobile.bench.profile import load_profile
+    from harmony_mobile.bench.runner import narrowed
+
+    standard = load_profile("standard")
+    first, second = standard.settings[0].name, standard.settings[2].name
+    subset = narrowed(standard, [0, 1], None, [first, second])
+    assert [s.name for s in subset.settings] == [first, second] and subset.seeds == [0, 1]
+    assert subset.methods == standard.methods and subset.tuning == standard.tuning
+    whole = {spec.path(tmp_path) for spec in evaluation_specs(standard, {})}
+    assert {spec.path(tmp_path) for spec in evaluation_specs(subset, {})} <= whole
+    assert narrowed(standard, None, None, None) is standard
+    with pytest.raises(ValueError, match="not in profile 'standard'"):
+        narrowed(standard, None, None, ["cifar-family"])

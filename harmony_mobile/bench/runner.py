@@ -393,6 +393,28 @@ def run_benchmark(
     }
 
 
+def narrowed(
+    profile: BenchProfile, seeds: list[int] | None, methods: list[str] | None, settings: list[str] | None
+) -> BenchProfile:
+    """The profile restricted to the given seeds, methods and settings (by name); None keeps the
+    profile's. Runs keep their paths, so a narrowed run's results are reused by the whole profile
+    with `--resume`."""
+    updates: dict = {}
+    if seeds:
+        updates["seeds"] = seeds
+    if methods:
+        updates["methods"] = methods
+    if settings:
+        known = {s.name: s for s in profile.settings}
+        unknown = [name for name in settings if name not in known]
+        if unknown:
+            raise ValueError(
+                f"settings {unknown} are not in profile {profile.name!r}; it has {sorted(known)}"
+            )
+        updates["settings"] = [known[name].model_dump() for name in settings]
+    return BenchProfile(**{**profile.model_dump(), **updates}) if updates else profile
+
+
 def bench(
     profile_name: str = "quick",
     out_dir: Path | None = None,
@@ -404,6 +426,7 @@ def bench(
     log: Callable[[str], None] = print,
     report_only: bool = False,
     jobs: int = 1,
+    settings: list[str] | None = None,
 ) -> Path:
     """Load a profile, run it, write the report; returns the report path. `report_only` re-renders
     the report from an earlier results.json without training.
@@ -415,14 +438,7 @@ def bench(
 
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    profile = load_profile(profile_name)
-    updates = {}
-    if seeds:
-        updates["seeds"] = seeds
-    if methods:
-        updates["methods"] = methods
-    if updates:
-        profile = BenchProfile(**{**profile.model_dump(), **updates})
+    profile = narrowed(load_profile(profile_name), seeds, methods, settings)
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
     if report_only:  # re-render from results.json (numbers unchanged; notes from the current profile)
         results_file = out_dir / "results.json"
