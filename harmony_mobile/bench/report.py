@@ -282,8 +282,9 @@ def _json_safe(value):
 
 METHOD_NOTES = """\
 - `harmony`: docs/ALGORITHM.md (meta-adaptation over simulated extractors, random split depth,
-  label-token SupCon on the server, final personalization, max-softmax exit calibrated on val),
-  with the client's server CE a softmax over the client's own classes (restricted softmax).
+  cross-family SupCon over label-token slots on the server, final personalization, max-softmax
+  exit calibrated on val), with the server's CE for a client a softmax over that client's own
+  slots (restricted softmax).
   Each ablation turns off exactly one mechanism, same hyper-parameters otherwise.
 - `splitgp`: loss gamma CE(exit) + (1 - gamma) CE(server); client model lambda own + (1 - lambda)
   average; entropy-threshold fallback calibrated on val to the same local-exit accuracy target as
