@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
+from harmony_mobile.server.store import VersionRecord
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from harmony_mobile.models.losses import DISTILLATION_TEMPERATURE, SUPCON_TEMPERATURE
@@ -308,13 +309,10 @@ class RoundResponse(BaseModel):
     finished_at: str | None
 
 
-class VersionInfo(BaseModel):
-    version: str
-    sha256: str
-    parent: str | None
-    source: str
-    created_at: str
-    metrics: dict[str, Any]
+# A version as the registry lists it: the store's record under the name the OpenAPI contract gives
+# it. No docstring: pydantic would publish it as the schema's description.
+class VersionInfo(VersionRecord):
+    pass
 
 
 class RegistryResponse(BaseModel):

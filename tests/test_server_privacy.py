@@ -11,6 +11,7 @@ import logging
 import pkgutil
 import re
 import time
+import typing
 
 import harmony_mobile.server as server_package
 import numpy as np
@@ -48,16 +49,27 @@ def label_like(name: str) -> bool:
     return bool(LABEL_LIKE.match(name.lower()))
 
 
-def model_field_names(model: type[BaseModel], seen=None) -> set[str]:
-    """Field names of a pydantic model and every model nested in it."""
+def is_model(candidate) -> bool:
+    """A pydantic model or a dataclass (a response may list the store's records)."""
+    return inspect.isclass(candidate) and (
+        issubclass(candidate, BaseModel) or dataclasses.is_dataclass(candidate)
+    )
+
+
+def model_field_names(model: type, seen=None) -> set[str]:
+    """Field names of a pydantic model or dataclass and every model nested in it."""
     seen = seen if seen is not None else set()
     if model in seen:
         return set()
     seen.add(model)
-    names = set(model.model_fields)
-    for field in model.model_fields.values():
-        for candidate in getattr(field.annotation, "__args__", ()) + (field.annotation,):
-            if inspect.isclass(candidate) and issubclass(candidate, BaseModel):
+    if issubclass(model, BaseModel):
+        annotations = {name: field.annotation for name, field in model.model_fields.items()}
+    else:
+        annotations = typing.get_type_hints(model)
+    names = set(annotations)
+    for annotation in annotations.values():
+        for candidate in getattr(annotation, "__args__", ()) + (annotation,):
+            if is_model(candidate):
                 names |= model_field_names(candidate, seen)
     return names
 
@@ -68,7 +80,7 @@ def server_modules():
 
 
 def test_no_request_or_response_model_has_a_label_field():
-    models = [m for m in vars(schemas).values() if inspect.isclass(m) and issubclass(m, BaseModel)]
+    models = [m for m in vars(schemas).values() if is_model(m)]
     models.append(UploadMetadata)
     assert len(models) > 15
     for model in models:
@@ -88,7 +100,7 @@ def test_no_route_and_no_server_function_takes_a_label(tmp_path):
         assert not [p.name for p in params if label_like(p.name)], route.path
         for body in route.dependant.body_params:
             annotation = body.field_info.annotation
-            if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+            if is_model(annotation):
                 assert not {n for n in model_field_names(annotation) if label_like(n)}, route.path
     checked = 0
     for module in server_modules():

@@ -65,6 +65,18 @@ class FullModelMethod:
         return None
 
 
+class SplitMethod:
+    """What the split methods share: the phone runs a front-end and falls back to the server
+    back-end, exiting locally by max-softmax unless the method says otherwise."""
+
+    uses_split = True
+    exit_rule = "max_softmax"
+    Config: type[SplitTrainingConfig] = SplitTrainingConfig
+
+    def __init__(self, config: SplitTrainingConfig | None = None):
+        self.config = config or self.Config()
+
+
 class Algorithm(Protocol):
     name: str
     uses_split: bool  # True: the phone runs a front-end and falls back to the server back-end

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from harmony_mobile.algorithms.base import SplitTrainingConfig, calibrate_client
+from harmony_mobile.algorithms.base import SplitMethod, SplitTrainingConfig, calibrate_client
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig
 from harmony_mobile.protocol.messages import ClientUpdate
@@ -77,14 +77,12 @@ class PrototypeStore:
             self._counts[token] = self._counts.get(token, 0) + count
 
 
-class FedProto:
+class FedProto(SplitMethod):
     name = "fedproto"
-    uses_split = True
-    exit_rule = "max_softmax"
     Config = FedProtoConfig
 
     def __init__(self, config: FedProtoConfig | None = None):
-        self.config = config or FedProtoConfig()
+        super().__init__(config)
         self.store = PrototypeStore()
         self._weights: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its own model
         self._optimizer_state: dict[str, dict] = {}

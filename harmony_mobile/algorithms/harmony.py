@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from harmony_mobile.algorithms.base import (
+    SplitMethod,
     SplitTrainingConfig,
     calibrate_client,
     client_update,
@@ -112,13 +113,12 @@ class HarmonyConfig(SplitTrainingConfig):
         return data
 
 
-class Harmony:
+class Harmony(SplitMethod):
     name = "harmony"
-    uses_split = True
-    exit_rule = "max_softmax"
+    Config = HarmonyConfig
 
     def __init__(self, config: HarmonyConfig | None = None, name: str | None = None):
-        self.config = config or HarmonyConfig()
+        super().__init__(config)
         if name:
             self.name = name
 

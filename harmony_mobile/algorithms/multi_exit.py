@@ -19,6 +19,3 @@ class MultiExitConfig(SplitGPConfig):
 class MultiExit(SplitGP):
     name = "multi-exit"
     Config = MultiExitConfig
-
-    def __init__(self, config: MultiExitConfig | None = None):
-        super().__init__(config or MultiExitConfig())

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from harmony_mobile.algorithms.base import (
+    SplitMethod,
     SplitTrainingConfig,
     calibrate_client,
     client_update,
@@ -56,14 +57,13 @@ class SplitGPConfig(SplitTrainingConfig):
     )
 
 
-class SplitGP:
+class SplitGP(SplitMethod):
     name = "splitgp"
-    uses_split = True
     exit_rule = "neg_entropy"
     Config = SplitGPConfig
 
     def __init__(self, config: SplitGPConfig | None = None):
-        self.config = config or SplitGPConfig()
+        super().__init__(config)
         self._own: dict[str, dict[str, torch.Tensor]] = {}  # client name -> its model after local training
 
     def split_trainer_config(self) -> SplitTrainerConfig:

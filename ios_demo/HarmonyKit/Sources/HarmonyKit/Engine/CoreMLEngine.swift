@@ -73,9 +73,7 @@ public final class CoreMLEngine: InferenceEngine, @unchecked Sendable {
     }
 
     public func run(_ input: [Float]) throws -> FrontEndOutput {
-        guard input.count == inputShape.reduce(1, *) else {
-            throw InferenceError("input has \(input.count) values; the tier expects shape \(inputShape)")
-        }
+        try FrontEndContract.checkInput(input, shape: inputShape)
         lock.lock()
         defer { lock.unlock() }
         do {

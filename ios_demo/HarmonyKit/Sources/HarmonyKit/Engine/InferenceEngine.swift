@@ -69,4 +69,11 @@ public enum FrontEndContract {
         }
         return (logits, features)
     }
+
+    /// Checks that `input` holds exactly one image of `shape`, the tier's input shape (1, C, H, W).
+    public static func checkInput(_ input: [Float], shape: [Int]) throws {
+        guard input.count == shape.reduce(1, *) else {
+            throw InferenceError("input has \(input.count) values; the tier expects shape \(shape)")
+        }
+    }
 }
