@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -15,13 +16,18 @@ ADMIN_TOKEN_FILE = "admin_token"
 
 
 def _create_secret_file(path: Path, content: bytes) -> None:
-    """Write a file readable by the owner only, failing if it exists (O_EXCL: no race with another process)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    """Create a file readable by the owner only, whole or not at all: the content is written and
+    synced under a temporary name, then linked to `path` (FileExistsError if another process created
+    it first). A process starting beside it never reads a created but still empty file."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
     try:
-        os.write(fd, content)
-        os.fsync(fd)
+        with os.fdopen(fd, "wb") as file:
+            file.write(content)
+            file.flush()
+            os.fsync(file.fileno())
+        os.link(temporary, path)
     finally:
-        os.close(fd)
+        os.unlink(temporary)
 
 
 def load_or_create_server_key(data_dir: Path) -> X25519PrivateKey:

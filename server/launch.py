@@ -14,10 +14,16 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from harmony_mobile.server.app import create_app
-from harmony_mobile.server.protocol import GuardedHttpToolsProtocol
 from harmony_mobile.server.settings import Settings
 
 DEFAULT_DATA_DIR = "serve-data"
+# By import path, not the class: uvicorn pickles its config into each worker process, and unpickling
+# the class would import the whole server (torch included) before the worker starts answering the
+# supervisor's health pings.
+GUARDED_PROTOCOL = "harmony_mobile.server.protocol:GuardedHttpToolsProtocol"
+# uvicorn kills and replaces a worker that does not answer a health ping within this (its default, 5 s,
+# is shorter than a worker's start on a busy machine: importing torch and loading the back-end).
+WORKER_HEALTHCHECK_SECONDS = 60
 ENV_PREFIX = "HARMONY_"
 
 
@@ -54,7 +60,7 @@ def run(
         host=host,
         port=port,
         log_level=log_level,
-        http=GuardedHttpToolsProtocol,
+        http=GUARDED_PROTOCOL,
         timeout_keep_alive=5,
         # uvicorn's own limit answers in plain text; ours (protocol.py) answers JSON and counts first
         limit_concurrency=None,
@@ -64,4 +70,10 @@ def run(
         uvicorn.run(create_app(settings), workers=1, **common)
         return
     export_to_environment(settings, explicit)
-    uvicorn.run("harmony_mobile.server.launch:app_from_environment", factory=True, workers=workers, **common)
+    uvicorn.run(
+        "harmony_mobile.server.launch:app_from_environment",
+        factory=True,
+        workers=workers,
+        timeout_worker_healthcheck=WORKER_HEALTHCHECK_SECONDS,
+        **common,
+    )

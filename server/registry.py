@@ -111,20 +111,9 @@ class ModelRegistry:
         loaded = load_backend_file(source)  # validates the file before it enters the registry
         self._store_file(source, sha)
         name = loaded.model_version if VERSION_PATTERN.match(loaded.model_version) else "imported"
-        if self.store.version(name) is not None:
-            name = f"{name}-{sha[:8]}"
-        self.store.add_version(
-            VersionRecord(
-                name,
-                sha,
-                None,
-                "import",
-                utc_now(),
-                {"source": str(source), "replay_rows": int(loaded.replay.shape[0])},
-            ),
-            make_default=True,
-        )
-        return name
+        metrics = {"source": str(source), "replay_rows": int(loaded.replay.shape[0])}
+        # another process may have registered the same file since the look-up above
+        return self.store.add_imported_version(VersionRecord(name, sha, None, "import", utc_now(), metrics))
 
     def load_default(self) -> ServedModel | None:
         name = self.store.default_version()

@@ -59,6 +59,7 @@ INT64_MAX = 2**63 - 1
 UNFINISHED_ROUND_STATES = ("queued", "running")
 SCHEMA_LOCK_ID = 0x4841524D  # pg_advisory_xact_lock key: replicas starting together create tables once
 ROUND_START_LOCK_ID = 0x48524E44  # pg_advisory_xact_lock key: one round starts at a time across replicas
+REGISTRY_LOCK_ID = 0x48524547  # pg_advisory_xact_lock key: an imported file is registered once
 INTERRUPTED_ERROR = "the server stopped while this round was queued or running"
 
 # SQLite needs INTEGER (not BIGINT) for an auto-increment primary key; both hold int64.
@@ -564,6 +565,28 @@ class Store:
             )
             if make_default:
                 self._set_default(db, record.version)
+
+    def add_imported_version(self, record: VersionRecord) -> str:
+        """Register an imported back-end file once, however many processes import it at the same time
+        (the workers of one `harmony serve --workers N`, replicas started together): in one write
+        transaction, a file already registered keeps its version, and a name already taken by another
+        file gets the file's hash as a suffix. Returns the version the file is registered under."""
+        with self._transaction() as db:
+            if self.backend == "postgresql":  # SQLite's BEGIN IMMEDIATE already serializes writers
+                db.execute(select(func.pg_advisory_xact_lock(REGISTRY_LOCK_ID)))
+            by_file = select(model_versions.c.version).where(model_versions.c.sha256 == record.sha256)
+            known = db.execute(by_file.order_by(model_versions.c.created_at).limit(1)).scalar()
+            if known is not None:
+                return known
+            name = record.version
+            if db.execute(select(model_versions.c.version).where(model_versions.c.version == name)).first():
+                name = f"{name}-{record.sha256[:8]}"
+            metrics = json.dumps(record.metrics)
+            db.execute(
+                insert(model_versions).values(**{**record.__dict__, "version": name, "metrics": metrics})
+            )
+            self._set_default(db, name)
+            return name
 
     def versions(self) -> list[VersionRecord]:
         rows = self._rows(
