@@ -63,3 +63,20 @@ def test_workers_get_the_flags_through_the_environment(monkeypatch, tmp_path):
     in_worker = Settings()
     assert in_worker.max_batch == 5 and in_worker.data_dir == tmp_path
     assert in_worker.admin_token.get_secret_value() == "secret-token"
+
+
+def test_workers_answer_health_pings_before_importing_the_server(monkeypatch, tmp_path):
+    """uvicorn unpickles its config in each worker before the worker answers the supervisor's health
+    pings, and kills a worker that misses one: the config names the protocol by import path (the
+    class would import torch first) and the pings wait longer than a busy machine's worker start."""
+    from harmony_mobile.server.protocol import GuardedHttpToolsProtocol
+    from uvicorn.importer import import_from_string
+
+    monkeypatch.setenv("HARMONY_DATA_DIR", str(tmp_path))  # restored after the export in `run`
+    calls = []
+    monkeypatch.setattr(launch.uvicorn, "run", lambda app, **options: calls.append((app, options)))
+    launch.run(Settings(data_dir=tmp_path), {}, "127.0.0.1", 8000, 2, "warning")
+    [(app, options)] = calls
+    assert isinstance(app, str) and isinstance(options["http"], str)
+    assert import_from_string(options["http"]) is GuardedHttpToolsProtocol
+    assert options["timeout_worker_healthcheck"] >= 30

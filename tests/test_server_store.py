@@ -14,7 +14,16 @@ import time
 import uuid
 
 import pytest
-from harmony_mobile.server.store import INT64_MAX, NewUpload, Store, VersionRecord, database_url, utc_now
+from harmony_mobile.server.store import (
+    INT64_MAX,
+    LEASE_COLUMNS,
+    NewUpload,
+    Store,
+    VersionRecord,
+    database_url,
+    utc_now,
+)
+from sqlalchemy import inspect, text
 
 
 def new_upload(
@@ -145,26 +154,54 @@ def test_a_round_starts_only_while_no_other_holds_a_live_lease(store):
     assert store.interrupt_expired_rounds() == 1 and store.round(running).status == "interrupted"
 
 
-def test_a_store_from_before_leases_gains_the_columns(tmp_path):
-    """An existing SQLite store without the lease columns is upgraded in place; its unfinished rounds
-    have no lease, so they count as expired."""
-    import sqlite3
-
-    Store(tmp_path).close()
-    with sqlite3.connect(tmp_path / "harmony.sqlite3") as db:
-        db.execute("DROP TABLE alignment_rounds")
+def test_a_store_from_before_leases_gains_the_columns(tmp_path, database_url):
+    """An existing store whose alignment-rounds table has no lease columns is upgraded in place;
+    its unfinished rounds have no lease, so they count as expired."""
+    Store(tmp_path, database_url).close()
+    old = Store(tmp_path, database_url)
+    with old.engine.begin() as db:  # the table as it was before leases: the same minus two columns
+        for column in LEASE_COLUMNS:
+            db.execute(text(f"ALTER TABLE alignment_rounds DROP COLUMN {column}"))
         db.execute(
-            "CREATE TABLE alignment_rounds (id INTEGER PRIMARY KEY AUTOINCREMENT, status TEXT NOT NULL,"
-            " params TEXT NOT NULL, parent_version TEXT, new_version TEXT, progress FLOAT NOT NULL DEFAULT 0,"
-            " metrics TEXT NOT NULL DEFAULT '{}', error TEXT, created_at TEXT NOT NULL, started_at TEXT,"
-            " finished_at TEXT)"
+            text("INSERT INTO alignment_rounds (status, params, created_at) VALUES ('running', '{}', 'x')")
         )
-        db.execute("INSERT INTO alignment_rounds (status, params, created_at) VALUES ('running', '{}', 'x')")
-    store = Store(tmp_path)
+    old.close()
+    store = Store(tmp_path, database_url)
     try:
+        with store.engine.connect() as db:
+            columns = {c["name"] for c in inspect(db).get_columns("alignment_rounds")}
+        assert set(LEASE_COLUMNS) <= columns
         assert store.interrupt_expired_rounds() == 1 and store.round(1).status == "interrupted"
+        leased = store.create_round({}, "proc-a", 60)  # the new columns work
+        assert store.renew_round_leases("proc-a", 60) == {leased}
     finally:
         store.close()
+
+
+def test_processes_importing_one_file_at_once_register_it_once(tmp_path, database_url):
+    """Each worker of `harmony serve --workers N` (and each replica started together) imports the
+    model dir's back-end at start: one version, whoever registers first; another file under the
+    same name gets its hash as a suffix."""
+    stores = [Store(tmp_path, database_url) for _ in range(4)]
+    names, barrier = [], threading.Barrier(len(stores))
+
+    def register(store):
+        barrier.wait()
+        names.append(store.add_imported_version(VersionRecord("v1", "a" * 64, None, "import", utc_now(), {})))
+
+    threads = [threading.Thread(target=register, args=(store,)) for store in stores]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert names == ["v1"] * len(stores)
+        other = stores[0].add_imported_version(VersionRecord("v1", "b" * 64, None, "import", utc_now(), {}))
+        assert other == "v1-bbbbbbbb" and stores[1].default_version() == "v1-bbbbbbbb"
+        assert [v.version for v in stores[1].versions()] == ["v1", "v1-bbbbbbbb"]
+    finally:
+        for store in stores:
+            store.close()
 
 
 def test_versions_and_default(store):
