@@ -25,11 +25,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@dataclass(frozen=True)
+@dataclass
 class RunningServer:
     base: str  # http://127.0.0.1:<port>
     port: int
     process: subprocess.Popen  # `harmony serve` itself (with --workers N: uvicorn's supervisor)
+    output: str = ""  # stdout and stderr, once it stopped
 
 
 @contextmanager
@@ -59,11 +60,11 @@ def serve_process(
     process = subprocess.Popen(
         command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    base = f"http://127.0.0.1:{port}"
+    server = RunningServer(f"http://127.0.0.1:{port}", port, process)
     stopped_in_time = True
     try:
-        _wait_until_up(process, base, "/v2/health/ready" if ready else "/v2/health/live")
-        yield RunningServer(base, port, process)
+        _wait_until_up(process, server.base, "/v2/health/ready" if ready else "/v2/health/live")
+        yield server
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -72,7 +73,7 @@ def serve_process(
             stopped_in_time = False
             process.kill()
             process.wait()
-    output = process.stdout.read()
+    output = server.output = process.stdout.read()
     assert "Traceback" not in output and "Exception in ASGI application" not in output, output
     assert stopped_in_time, f"the server did not stop within 30 s of SIGTERM:\n{output}"
 

@@ -340,6 +340,7 @@ def test_admin_token_file_is_created_private(tmp_path, model_dir):
     key_file = settings.data_dir / "server_key.x25519"
     assert token_file.stat().st_mode & 0o777 == 0o600 and key_file.stat().st_mode & 0o777 == 0o600
     assert len(key_file.read_bytes()) == 32
+    assert not [p.name for p in settings.data_dir.iterdir() if p.name.startswith(".")]  # no temp files left
     with TestClient(app) as client:
         assert client.get("/v1/devices", headers=bearer(token_file.read_text())).status_code == 200
         assert client.get("/v1/devices", headers=ADMIN).status_code == 401

@@ -68,6 +68,7 @@ def one_connection(client: httpx.Client, server, workers: set[int]) -> tuple[int
 def test_two_worker_processes_share_the_port_the_flags_and_the_store(tmp_path, database_url):
     flags = ["--workers", "2", "--admin-token", ADMIN["Authorization"].removeprefix("Bearer ")]
     flags += ["--max-batch", "3", "--max-wait-ms", str(MAX_WAIT_MS), "--no-alignment"]
+    flags += ["--log-level", "info"]  # (the last --log-level wins) to see each worker's shutdown
     flags += ["--database-url", database_url] if database_url else []
     data_dir = tmp_path / "data"
     answered_by, acknowledged = set(), []
@@ -87,6 +88,9 @@ def test_two_worker_processes_share_the_port_the_flags_and_the_store(tmp_path, d
 
     assert server.process.returncode in (0, -signal.SIGTERM)
     assert not any(is_running(pid) for pid in workers)
+    for pid in workers:  # each worker ran its shutdown (lifespan: batcher, rounds, store closed)
+        assert f"Finished server process [{pid}]" in server.output, server.output
+    assert server.output.count("Application shutdown complete") == len(workers), server.output
     store = Store(data_dir, database_url)
     try:
         for device_id, message_id in acknowledged:
