@@ -22,7 +22,7 @@ from tests.helpers.fallback_server import (
     make_model_dir,
     sealed_upload,
 )
-from tests.server_process import answering_pid, is_running, serve_process, worker_pids
+from tests.server_process import RunningServer, answering_pid, is_running, serve_process, worker_pids
 
 MAX_WAIT_MS = 300  # a lone row waits this long for its micro-batch to fill: visible in the latency
 NEW_CONNECTIONS_AT_MOST = 60  # new connections, by which both workers must have answered one
@@ -35,14 +35,15 @@ ENVIRONMENT = {
 }
 
 
-def one_connection(client: httpx.Client, server, workers: set[int]) -> tuple[int, tuple[str, str]]:
+def one_connection(
+    client: httpx.Client, server: RunningServer, workers: set[int]
+) -> tuple[int, tuple[str, str]]:
     """Enrol, upload, infer and check the flags over one kept-alive connection; returns the worker
     that served it and the (device, message id) of the acknowledged upload."""
     device = enrol(client)  # the admin token given by --admin-token, not the environment's
-    from_environment = bearer(ENVIRONMENT["HARMONY_ADMIN_TOKEN"])
-    assert (
-        client.post("/v1/devices", json={"tier": "mid-android"}, headers=from_environment).status_code == 401
-    )
+    environment_admin = bearer(ENVIRONMENT["HARMONY_ADMIN_TOKEN"])
+    refused_admin = client.post("/v1/devices", json={"tier": "mid-android"}, headers=environment_admin)
+    assert refused_admin.status_code == 401
     pid = answering_pid(server, client.get("/v2/health/ready"), workers)
     auth = bearer(device["token"])
     body = sealed_upload(device, LABEL_EPOCH, [1, 5, 9])
