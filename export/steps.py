@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from harmony_mobile.logs import native_stderr_to_log_file
 from harmony_mobile.models import FrontEnd
 from harmony_mobile.run_dir import ClientArtifact, RunDir, RunDirError
 
@@ -272,7 +273,8 @@ def load_method(pte: str | Path | bytes):
     from executorch.runtime import Runtime
 
     source = pte if isinstance(pte, bytes) else str(pte)
-    return Runtime.get().load_program(source).load_method("forward")
+    with native_stderr_to_log_file():  # the first XNNPACK method prints cpuinfo lines
+        return Runtime.get().load_program(source).load_method("forward")
 
 
 def planned_input_shape(pte: str | Path | bytes) -> tuple[int, ...]:
@@ -294,7 +296,8 @@ def set_threads(threads: int) -> None:
     from executorch.extension.pybindings import portable_lib
 
     if portable_lib._threadpool_get_thread_count() != threads:
-        portable_lib._unsafe_reset_threadpool(threads)
+        with native_stderr_to_log_file():  # "Resetting threadpool to N threads"
+            portable_lib._unsafe_reset_threadpool(threads)
 
 
 # --------------------------------------------------------------------------- one .pte

@@ -2,13 +2,29 @@
 
 import io
 import logging
+import os
 import subprocess
 import sys
+import threading
 import warnings
 
+import pytest
 from rich.console import Console
 
-from harmony_mobile.logs import configure_logging
+from harmony_mobile.logs import configure_logging, native_stderr_to_log_file
+
+NATIVE_LINE = "[cpuinfo_utils.cpp:71] Reading file /sys/devices/soc0/image_version"
+
+
+@pytest.fixture(autouse=True)
+def our_handlers_removed_afterwards():
+    """configure_logging changes the process's root logger: later tests in this worker must not
+    find a quiet log file installed by one of these."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "harmony_mobile", False)]:
+        root.removeHandler(handler)
+        handler.close()
 
 
 def _emit_everything() -> None:
@@ -63,3 +79,107 @@ def test_flowers_deprecation_notice_goes_to_the_log_file(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stderr == "" and result.stdout == ""
     assert "The `run_simulation` function" in (tmp_path / "h.log").read_text()
+
+
+def _native_print(line: str) -> None:
+    os.write(2, (line + "\n").encode())  # what C++ does: straight to fd 2, past sys.stderr
+
+
+def test_native_stderr_goes_to_the_log_file_and_the_terminal_comes_back(tmp_path, capfd):
+    log_file = configure_logging(log_file=tmp_path / "h.log", console=Console(file=io.StringIO()))
+    with native_stderr_to_log_file():
+        _native_print(NATIVE_LINE)
+    _native_print("after the native call")
+    terminal = capfd.readouterr().err
+    assert NATIVE_LINE not in terminal and "after the native call" in terminal
+    assert NATIVE_LINE in log_file.read_text()
+
+
+def test_verbose_leaves_native_stderr_on_the_terminal(tmp_path, capfd):
+    log_file = configure_logging(
+        verbose=True, log_file=tmp_path / "h.log", console=Console(file=io.StringIO())
+    )
+    with native_stderr_to_log_file():
+        _native_print(NATIVE_LINE)
+    assert NATIVE_LINE in capfd.readouterr().err
+    assert NATIVE_LINE not in log_file.read_text()
+
+
+def test_without_configure_logging_native_stderr_is_left_alone(capfd):
+    with native_stderr_to_log_file():
+        _native_print(NATIVE_LINE)
+    assert NATIVE_LINE in capfd.readouterr().err
+
+
+def test_overlapping_calls_from_two_threads_give_the_terminal_back(tmp_path, capfd):
+    """Thread a enters, b enters, a leaves while b is still inside, then b leaves: b's native line
+    still goes to the file, and afterwards fd 2 is the terminal again."""
+    log_file = configure_logging(log_file=tmp_path / "h.log", console=Console(file=io.StringIO()))
+    a_inside, b_inside, a_left = threading.Event(), threading.Event(), threading.Event()
+
+    def a() -> None:
+        with native_stderr_to_log_file():
+            a_inside.set()
+            b_inside.wait(10)
+        a_left.set()
+
+    def b() -> None:
+        a_inside.wait(10)
+        with native_stderr_to_log_file():
+            b_inside.set()
+            a_left.wait(10)
+            _native_print("b, after a left")
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    _native_print("after both")
+    terminal = capfd.readouterr().err
+    assert "b, after a left" not in terminal and "after both" in terminal
+    assert "b, after a left" in log_file.read_text()
+
+
+# A fresh interpreter, quiet, then verbose: export a tiny front-end to a .pte (build_pte loads it to
+# check its memory plan: the runtime's first XNNPACK method), load it as a phone does, resize the
+# threadpool; then, verbose, resize it again.
+EXECUTORCH_RUNTIME_LINES = """
+import sys
+from pathlib import Path
+import torch
+from harmony_mobile.logs import configure_logging
+log_file = Path(sys.argv[1])
+configure_logging(log_file=log_file)
+torch.set_num_threads(1)
+from harmony_mobile.device import FrontEndProgram
+from harmony_mobile.export import steps
+from harmony_mobile.models import FamilyModel, InterfaceSpec
+torch.manual_seed(0)
+front_end = FamilyModel("cnn", 1, 28, 10, 1.0, InterfaceSpec()).front_end(1)
+build = steps.build_pte(steps.wrap_front_end(front_end, (1, 28, 28), 10), (1, 28, 28), "fp32")
+FrontEndProgram(build.buffer).run(torch.zeros(1, 1, 28, 28))
+steps.set_threads(3)
+print("--- verbose from here", file=sys.stderr, flush=True)
+configure_logging(verbose=True, log_file=log_file)
+steps.set_threads(1)
+"""
+
+
+def test_executorch_runtime_lines_reach_the_terminal_only_when_verbose(tmp_path):
+    log_file = tmp_path / "h.log"
+    result = subprocess.run(
+        [sys.executable, "-c", EXECUTORCH_RUNTIME_LINES, str(log_file)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    quiet, verbose = result.stderr.split("--- verbose from here\n")
+    logged = log_file.read_text()
+    if "Resetting threadpool to 1 threads" not in verbose + logged:
+        pytest.skip("this ExecuTorch build prints no threadpool line")
+    assert quiet == "" and result.stdout == ""
+    assert "threadpool.cpp" in verbose and "Resetting threadpool to 1 threads" in verbose
+    assert "Resetting threadpool to 3 threads" in logged
+    assert "Resetting threadpool to 1 threads" not in logged

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from harmony_mobile.device.manifest import pte_artifact, read_verified_artifact, tier_entry
+from harmony_mobile.logs import native_stderr_to_log_file
 
 
 class FrontEndProgram:
@@ -23,8 +24,9 @@ class FrontEndProgram:
 
         self.description = description
         self.size = len(program)
-        self._program = Runtime.get().load_program(program)  # keep the program alive with its method
-        self.method = self._program.load_method("forward")
+        with native_stderr_to_log_file():  # the first XNNPACK method prints cpuinfo lines
+            self._program = Runtime.get().load_program(program)  # kept alive with its method
+            self.method = self._program.load_method("forward")
         self.batch = int(self.method.metadata.input_tensor_meta(0).sizes()[0])
 
     def run(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
