@@ -270,10 +270,10 @@ def serialize(program, path: str | Path) -> int:
 
 def load_method(pte: str | Path | bytes):
     """The `forward` method of a .pte, loaded with the ExecuTorch Python runtime."""
-    from executorch.runtime import Runtime
-
     source = pte if isinstance(pte, bytes) else str(pte)
-    with native_stderr_to_log_file():  # the first XNNPACK method prints cpuinfo lines
+    with native_stderr_to_log_file():  # creating the threadpool, if not yet done, prints cpuinfo lines
+        from executorch.runtime import Runtime
+
         return Runtime.get().load_program(source).load_method("forward")
 
 
@@ -293,10 +293,11 @@ def assert_planned_batch(pte: str | Path | bytes, max_batch: int) -> None:
 def set_threads(threads: int) -> None:
     """Torch intra-op threads and the ExecuTorch (XNNPACK) threadpool, set to the same number."""
     torch.set_num_threads(threads)
-    from executorch.extension.pybindings import portable_lib
+    # the first query creates the threadpool (cpuinfo lines); a resize prints "Resetting threadpool"
+    with native_stderr_to_log_file():
+        from executorch.extension.pybindings import portable_lib
 
-    if portable_lib._threadpool_get_thread_count() != threads:
-        with native_stderr_to_log_file():  # "Resetting threadpool to N threads"
+        if portable_lib._threadpool_get_thread_count() != threads:
             portable_lib._unsafe_reset_threadpool(threads)
 
 

@@ -141,24 +141,29 @@ def test_overlapping_calls_from_two_threads_give_the_terminal_back(tmp_path, cap
     assert "b, after a left" in log_file.read_text()
 
 
-# A fresh interpreter, quiet, then verbose: export a tiny front-end to a .pte (build_pte loads it to
-# check its memory plan: the runtime's first XNNPACK method), load it as a phone does, resize the
-# threadpool; then, verbose, resize it again.
+# A fresh interpreter, quiet, then verbose. The runtime prints its cpuinfo lines when its threadpool
+# is created: by the first `set_threads` (harmony export, bench latency) or by the first program
+# loaded (a phone, harmony verify); resizing the pool prints a threadpool line. The quiet part does
+# both in the order given; then, verbose, the pool is resized again.
 EXECUTORCH_RUNTIME_LINES = """
 import sys
 from pathlib import Path
 import torch
 from harmony_mobile.logs import configure_logging
-log_file = Path(sys.argv[1])
+log_file, first = Path(sys.argv[1]), sys.argv[2]
 configure_logging(log_file=log_file)
 torch.set_num_threads(1)
 from harmony_mobile.device import FrontEndProgram
 from harmony_mobile.export import steps
 from harmony_mobile.models import FamilyModel, InterfaceSpec
+if first == "set_threads":
+    steps.set_threads(3)
 torch.manual_seed(0)
 front_end = FamilyModel("cnn", 1, 28, 10, 1.0, InterfaceSpec()).front_end(1)
-build = steps.build_pte(steps.wrap_front_end(front_end, (1, 28, 28), 10), (1, 28, 28), "fp32")
-FrontEndProgram(build.buffer).run(torch.zeros(1, 1, 28, 28))
+module = steps.wrap_front_end(front_end, (1, 28, 28), 10)
+pte = steps.lower_to_xnnpack(steps.export_program(module, (1, 28, 28), 1)).buffer  # not loaded yet
+FrontEndProgram(pte).run(torch.zeros(1, 1, 28, 28))
+steps.load_method(pte)
 steps.set_threads(3)
 print("--- verbose from here", file=sys.stderr, flush=True)
 configure_logging(verbose=True, log_file=log_file)
@@ -166,10 +171,11 @@ steps.set_threads(1)
 """
 
 
-def test_executorch_runtime_lines_reach_the_terminal_only_when_verbose(tmp_path):
+@pytest.mark.parametrize("first", ["set_threads", "load_program"])
+def test_executorch_runtime_lines_reach_the_terminal_only_when_verbose(tmp_path, first):
     log_file = tmp_path / "h.log"
     result = subprocess.run(
-        [sys.executable, "-c", EXECUTORCH_RUNTIME_LINES, str(log_file)],
+        [sys.executable, "-c", EXECUTORCH_RUNTIME_LINES, str(log_file), first],
         capture_output=True,
         text=True,
         timeout=600,

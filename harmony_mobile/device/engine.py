@@ -20,11 +20,11 @@ class FrontEndProgram:
     """One tier's .pte, loaded with the ExecuTorch runtime: image (1, C, H, W) -> (exit_logits, features)."""
 
     def __init__(self, program: bytes, description: str = ""):
-        from executorch.runtime import Runtime
-
         self.description = description
         self.size = len(program)
-        with native_stderr_to_log_file():  # the first XNNPACK method prints cpuinfo lines
+        with native_stderr_to_log_file():  # creating the threadpool, if not yet done, prints cpuinfo lines
+            from executorch.runtime import Runtime
+
             self._program = Runtime.get().load_program(program)  # kept alive with its method
             self.method = self._program.load_method("forward")
         self.batch = int(self.method.metadata.input_tensor_meta(0).sizes()[0])
