@@ -150,18 +150,14 @@ import sys
 from pathlib import Path
 import torch
 from harmony_mobile.logs import configure_logging
-log_file, first = Path(sys.argv[1]), sys.argv[2]
+log_file, first, pte_file = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 configure_logging(log_file=log_file)
 torch.set_num_threads(1)
 from harmony_mobile.device import FrontEndProgram
 from harmony_mobile.export import steps
-from harmony_mobile.models import FamilyModel, InterfaceSpec
 if first == "set_threads":
     steps.set_threads(3)
-torch.manual_seed(0)
-front_end = FamilyModel("cnn", 1, 28, 10, 1.0, InterfaceSpec()).front_end(1)
-module = steps.wrap_front_end(front_end, (1, 28, 28), 10)
-pte = steps.lower_to_xnnpack(steps.export_program(module, (1, 28, 28), 1)).buffer  # not loaded yet
+pte = pte_file.read_bytes()
 FrontEndProgram(pte).run(torch.zeros(1, 1, 28, 28))
 steps.load_method(pte)
 steps.set_threads(3)
@@ -171,11 +167,28 @@ steps.set_threads(1)
 """
 
 
+@pytest.fixture(scope="module")
+def tiny_pte(tmp_path_factory):
+    """A small front-end's .pte, lowered here once: the runtime that prints is only loaded in the
+    child interpreters."""
+    import torch
+    from harmony_mobile.export import steps
+
+    from harmony_mobile.models import FamilyModel, InterfaceSpec
+
+    torch.manual_seed(0)
+    front_end = FamilyModel("cnn", 1, 28, 10, 1.0, InterfaceSpec()).front_end(1)
+    module = steps.wrap_front_end(front_end, (1, 28, 28), 10)
+    path = tmp_path_factory.mktemp("pte") / "front_end.pte"
+    path.write_bytes(steps.lower_to_xnnpack(steps.export_program(module, (1, 28, 28), 1)).buffer)
+    return path
+
+
 @pytest.mark.parametrize("first", ["set_threads", "load_program"])
-def test_executorch_runtime_lines_reach_the_terminal_only_when_verbose(tmp_path, first):
+def test_executorch_runtime_lines_reach_the_terminal_only_when_verbose(tmp_path, first, tiny_pte):
     log_file = tmp_path / "h.log"
     result = subprocess.run(
-        [sys.executable, "-c", EXECUTORCH_RUNTIME_LINES, str(log_file), first],
+        [sys.executable, "-c", EXECUTORCH_RUNTIME_LINES, str(log_file), first, str(tiny_pte)],
         capture_output=True,
         text=True,
         timeout=600,
