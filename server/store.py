@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -276,8 +276,7 @@ class Store:
         self.path = Path(data_dir) / DB_FILE if self.backend == "sqlite" else None
         self._writer = self.engine.execution_options(write=True)
         with self._transaction() as db:
-            if self.backend == "postgresql":
-                db.execute(select(func.pg_advisory_xact_lock(SCHEMA_LOCK_ID)))
+            self._serialize_writers(db, SCHEMA_LOCK_ID)
             metadata.create_all(db)
             self._add_lease_columns(db)
 
@@ -298,6 +297,12 @@ class Store:
         """One write transaction, committed on exit (rolled back on an exception)."""
         with self._writer.begin() as db:
             yield db
+
+    def _serialize_writers(self, db: Connection, lock_id: int) -> None:
+        """Within a write transaction, let one process at a time past this point: an advisory lock on
+        PostgreSQL, held to the transaction's end; SQLite's BEGIN IMMEDIATE already serializes writers."""
+        if self.backend == "postgresql":
+            db.execute(select(func.pg_advisory_xact_lock(lock_id)))
 
     def _rows(self, statement) -> list[dict[str, Any]]:
         with self.engine.connect() as db:
@@ -422,8 +427,7 @@ class Store:
         """queued -> running, only while no other round runs under a live lease: rounds run one at a
         time across every process that shares the store. False = still waiting, or no longer queued."""
         with self._transaction() as db:
-            if self.backend == "postgresql":  # SQLite's BEGIN IMMEDIATE already serializes writers
-                db.execute(select(func.pg_advisory_xact_lock(ROUND_START_LOCK_ID)))
+            self._serialize_writers(db, ROUND_START_LOCK_ID)
             other = alignment_rounds.alias("other")
             another_running = (
                 select(other.c.id)
@@ -560,11 +564,15 @@ class Store:
 
     def add_version(self, record: VersionRecord, make_default: bool) -> None:
         with self._transaction() as db:
-            db.execute(
-                insert(model_versions).values(**{**record.__dict__, "metrics": json.dumps(record.metrics)})
-            )
+            self._insert_version(db, record)
             if make_default:
                 self._set_default(db, record.version)
+
+    @staticmethod
+    def _insert_version(db, record: VersionRecord) -> None:
+        db.execute(
+            insert(model_versions).values(**{**record.__dict__, "metrics": json.dumps(record.metrics)})
+        )
 
     def add_imported_version(self, record: VersionRecord) -> str:
         """Register an imported back-end file once, however many processes import it at the same time
@@ -572,8 +580,7 @@ class Store:
         transaction, a file already registered keeps its version, and a name already taken by another
         file gets the file's hash as a suffix. Returns the version the file is registered under."""
         with self._transaction() as db:
-            if self.backend == "postgresql":  # SQLite's BEGIN IMMEDIATE already serializes writers
-                db.execute(select(func.pg_advisory_xact_lock(REGISTRY_LOCK_ID)))
+            self._serialize_writers(db, REGISTRY_LOCK_ID)
             by_file = select(model_versions.c.version).where(model_versions.c.sha256 == record.sha256)
             known = db.execute(by_file.order_by(model_versions.c.created_at).limit(1)).scalar()
             if known is not None:
@@ -581,10 +588,7 @@ class Store:
             name = record.version
             if db.execute(select(model_versions.c.version).where(model_versions.c.version == name)).first():
                 name = f"{name}-{record.sha256[:8]}"
-            metrics = json.dumps(record.metrics)
-            db.execute(
-                insert(model_versions).values(**{**record.__dict__, "version": name, "metrics": metrics})
-            )
+            self._insert_version(db, replace(record, version=name))
             self._set_default(db, name)
             return name
 
