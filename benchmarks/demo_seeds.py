@@ -5,6 +5,7 @@ several points; this script puts the runs side by side and gives the paired diff
 95 % t interval, which is what "no worse beyond seed noise" means here.
 
     harmony demo --seed S --out DIR          # once per seed, with each code version
+    python benchmarks/demo_seeds.py --before-results OLD/results.json --after B0 B1 B2 --out DIR
     python benchmarks/demo_seeds.py --before-label "U-shaped (23ecaad)" --before A0 A1 A2 \
         --after-label "slot space (efa6667)" --after B0 B1 B2 --out benchmarks/results/demo_seeds
 
@@ -86,13 +87,24 @@ def markdown(labels: tuple[str, str], before: list[dict], after: list[dict], dif
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", nargs="+", type=Path, required=True)
+    before_source = parser.add_mutually_exclusive_group(required=True)
+    before_source.add_argument("--before", nargs="+", type=Path, help="demo output folders")
+    before_source.add_argument(
+        "--before-results",
+        type=Path,
+        help="an earlier comparison's results.json: its 'before' rows and label (the runs' folders "
+        "need not exist any more)",
+    )
     parser.add_argument("--after", nargs="+", type=Path, required=True)
     parser.add_argument("--before-label", default="before")
     parser.add_argument("--after-label", default="after")
     parser.add_argument("--out", type=Path, required=True, help="folder for report.md and results.json")
     args = parser.parse_args()
-    before = [summarize(d) for d in args.before]
+    if args.before_results:
+        earlier = json.loads(args.before_results.read_text())
+        before, args.before_label = earlier["before"], earlier["labels"][0]
+    else:
+        before = [summarize(d) for d in args.before]
     after = [summarize(d) for d in args.after]
     diffs = compare(before, after)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -89,10 +89,11 @@ class HarmonyConfig(SplitTrainingConfig):
         description="the server CE's softmax runs over the slots of the uploading client's tokens only",
     )
     contrastive_weight: float = Field(default=0.5, ge=0, description="SupCon weight on the server; 0 = off")
-    contrastive: Literal["cross_family", "token"] = Field(
-        default="cross_family",
-        description="cross_family: positives from other families, negatives from the client's own slots "
-        "(docs/ALGORITHM.md step 7); token: every same-token row a positive, every other row a negative",
+    contrastive: Literal["token", "cross_family"] = Field(
+        default="token",
+        description="token: plain SupCon over the round, every same-token row a positive and every "
+        "other row a negative; cross_family: positives only from other families, negatives only from "
+        "the client's own slots (docs/ALGORITHM.md step 6 says how the two were chosen between)",
     )
     temperature: float = Field(default=SUPCON_TEMPERATURE, gt=0, description="SupCon temperature")
     bank_size: int = Field(
