@@ -305,7 +305,7 @@ def export(
             **{name: value for name, value in given.items() if value is not None},
         )
     except (ExportError, ValueError, OSError) as error:
-        console.print(f"[red]export failed:[/red] {error}")
+        console.print(f"[red]export failed:[/red] {error}", soft_wrap=True)
         raise typer.Exit(code=1) from None
     console.print(_export_table(result))
     failing = [
@@ -315,7 +315,10 @@ def export(
         if ok is False
     ]
     if failing:
-        console.print(f"[yellow]quality checks not met (see verification.md):[/yellow] {'; '.join(failing)}")
+        console.print(
+            f"[yellow]quality checks not met (see verification.md):[/yellow] {'; '.join(failing)}",
+            soft_wrap=True,
+        )
     if result.key_created:
         console.print(
             f"[yellow]generated a new signing key in {key_dir or '~/.config/harmony-mobile/keys'}[/yellow]"
@@ -356,7 +359,7 @@ def export_verify(
     try:
         manifest = verify_manifest(directory, public_key)
     except ManifestError as error:
-        console.print(f"[red]verification FAILED for {error.directory}:[/red]")
+        console.print(f"[red]verification FAILED for {error.directory}:[/red]", soft_wrap=True)
         for problem in error.problems:
             console.print(f"  [red]✗[/red] {problem}", soft_wrap=True)
         raise typer.Exit(code=1) from None

@@ -1,4 +1,5 @@
-"""Shared fixtures: a throwaway PostgreSQL server (session) and the store backends to run on."""
+"""Shared fixtures: a throwaway PostgreSQL server (session) and the store backends to run on; the
+order the test files are handed to the workers in."""
 
 from __future__ import annotations
 
@@ -11,6 +12,18 @@ pytest.register_assert_rewrite("tests.helpers")
 from tests.postgres import create_database, running_postgres  # noqa: E402
 
 STORE_BACKENDS = ("sqlite", "postgresql")
+
+# Files whose tests mostly wait on other processes (SuperNode heartbeats, a demo's server and
+# phones) go first: `make pytest` hands whole files to its two workers in collection order, and a
+# long file collected late ends the run alone on one worker while the other idles.
+LONGEST_FIRST = ("test_flower_engines.py", "test_demo_e2e.py", "test_export_pipeline.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
+    items.sort(
+        key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST))
+    )  # stable: others keep their order
 
 
 @pytest.fixture(scope="session")
