@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument("--before-label", default="before")
     parser.add_argument("--after-label", default="after")
     parser.add_argument("--out", type=Path, required=True, help="folder for report.md and results.json")
+    parser.add_argument("--note", default="", help="how the runs were made (machine, load), for the report")
     args = parser.parse_args()
     if args.before_results:
         earlier = json.loads(args.before_results.read_text())
@@ -109,9 +110,16 @@ def main() -> None:
     diffs = compare(before, after)
     args.out.mkdir(parents=True, exist_ok=True)
     labels = (args.before_label, args.after_label)
-    results = {"labels": labels, "before": before, "after": after, "after_minus_before": diffs}
+    results = {
+        "labels": labels,
+        "before": before,
+        "after": after,
+        "after_minus_before": diffs,
+        "note": args.note,
+    }
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "report.md").write_text(markdown(labels, before, after, diffs))
+    note = f"\n{args.note}\n" if args.note else ""
+    (args.out / "report.md").write_text(markdown(labels, before, after, diffs) + note)
     print((args.out / "report.md").read_text())
 
 

@@ -68,11 +68,23 @@ def run_variant(profile_name: str, name: str, overrides: dict, seed: int, work_d
     return run_one(spec, profile.train, work_dir / name, resume=True)
 
 
+# how diverse the simulated extractors were: means over the run's rounds (algorithms/harmony.py)
+DIVERSITY = ("path_to_noise", "variant_spread", "contrastive_grad_ratio")
+
+
+def round_means(record: dict) -> dict[str, float]:
+    rows = record["round_metrics"]
+    return {
+        key: sum(row[key] for row in rows if key in row) / max(1, sum(key in row for row in rows))
+        for key in DIVERSITY
+        if any(key in row for row in rows)
+    }
+
+
 def slim(record: dict) -> dict:
     """What the report needs from a run record (the full one stays in the work directory)."""
     keys = ("seed", "train_config", "wall_seconds", "cpu_seconds", "summary", "validation", "unseen")
-    last_round = record["round_metrics"][-1] if record["round_metrics"] else {}
-    return {key: record[key] for key in keys} | {"last_round_metrics": last_round}
+    return {key: record[key] for key in keys} | {"round_means": round_means(record)}
 
 
 def compare(records: dict[str, dict[int, dict]], reference: str) -> dict:
@@ -86,6 +98,9 @@ def compare(records: dict[str, dict[int, dict]], reference: str) -> dict:
                 seeds = sorted(set(by_seed) & set(records[reference]))
                 diffs = [value(by_seed[s]) - value(records[reference][s]) for s in seeds]
                 row[key]["minus_reference"] = paired_ci(diffs)
+        for key in DIVERSITY:
+            values = [round_means(r)[key] for r in by_seed.values() if key in round_means(r)]
+            row[key] = {"mean": sum(values) / len(values) if values else None}
         table[name] = row
     return table
 
@@ -99,8 +114,10 @@ def markdown(args, variants: dict, table: dict, seconds: float) -> str:
         f"interval. {len(variants) * len(args.seeds)} runs, {seconds / 60:.1f} min wall in this call "
         "(runs reused from the work directory count as zero).",
         "",
-        "| variant | overrides | " + " | ".join(title for title, _ in METRICS.values()) + " |",
-        "|---|---|" + "---|" * len(METRICS),
+        "| variant | overrides | "
+        + " | ".join(title for title, _ in METRICS.values())
+        + " | path / noise | variant spread | SupCon / CE gradient at z |",
+        "|---|---|" + "---|" * (len(METRICS) + len(DIVERSITY)),
     ]
     for name, row in table.items():
         cells = []
@@ -110,8 +127,16 @@ def markdown(args, variants: dict, table: dict, seconds: float) -> str:
             if d:
                 cell += f" ({100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}])"
             cells.append(cell)
+        cells += [f"{row[key]['mean']:.3f}" if row[key]["mean"] is not None else "-" for key in DIVERSITY]
         lines.append(f"| {name} | `{json.dumps(variants[name])}` | " + " | ".join(cells) + " |")
-    lines += ["", "In parentheses: variant minus reference, mean [95 % CI]."]
+    lines += [
+        "",
+        "In parentheses: variant minus reference, mean [95 % CI]. The last three columns are means over "
+        "rounds and seeds of what each round measures: the personalization path's length over the "
+        "weight noise drawn (how far the simulated extractors move along theta' - theta compared to "
+        "their noise), how far a class's mean feature moves across the variants relative to the "
+        "class's spread, and the weighted SupCon gradient at z over the CE's.",
+    ]
     return "\n".join(lines) + "\n"
 
 
