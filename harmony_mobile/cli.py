@@ -307,6 +307,11 @@ def export(
     except (ExportError, ValueError, OSError) as error:
         console.print(f"[red]export failed:[/red] {error}", soft_wrap=True)
         raise typer.Exit(code=1) from None
+    _print_export_result(result, key_dir)
+
+
+def _print_export_result(result, key_dir: Path | None) -> None:
+    """The exported artifacts, any quality check not met, a newly made key, the manifest."""
     console.print(_export_table(result))
     failing = [
         f"{t['tier']}: {name}"

@@ -206,6 +206,9 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
     assert diagnostics[2] == "| harmony | – | – | 1 | – | – |"  # mean of 0.5 and 1.5 over rounds
     assert len(diagnostics) == 3  # methods that log none of the diagnostics have no row
     assert "tuned on validation only" in text
+    # an ablation's configuration shows the one field that defines it, not only the profile's values
+    assert '| harmony-full-softmax | `{"local_steps": 3, "own_classes_only": false}` |' in text
+    assert '| harmony | `{"local_steps": 3}` |' in text
     for png in ("accuracy_vs_ood.png", "unseen_classes.png", "features.png"):
         data = (tmp_path / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harmony_mobile.algorithms.registry import ALGORITHMS
 from harmony_mobile.bench.latency import latency_table
 from harmony_mobile.bench.stats import paired_ci
 
@@ -282,10 +283,12 @@ def _json_safe(value):
 
 METHOD_NOTES = """\
 - `harmony`: docs/ALGORITHM.md (meta-adaptation over simulated extractors, random split depth,
-  cross-family SupCon over label-token slots on the server, final personalization, max-softmax
-  exit calibrated on val), with the server's CE for a client a softmax over that client's own
-  slots (restricted softmax).
-  Each ablation turns off exactly one mechanism, same hyper-parameters otherwise.
+  supervised contrastive alignment over label-token slots on the server (same-token SupCon
+  unless the config says `contrastive: cross_family`), final personalization, max-softmax exit
+  calibrated on val), with the server's CE for a client a softmax over that client's own slots
+  (restricted softmax).
+  Each ablation turns off exactly one mechanism, same hyper-parameters otherwise (its one changed
+  field is shown in the configuration table).
 - `splitgp`: loss gamma CE(exit) + (1 - gamma) CE(server); client model lambda own + (1 - lambda)
   average; entropy-threshold fallback calibrated on val to the same local-exit accuracy target as
   HARMONY. `splitgp-restricted`: the same with HARMONY's restricted server softmax.
@@ -606,7 +609,9 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     lines += tuning_lines(results)
     lines += ["## Method configurations", "", "| method | config |", "|---|---|"]
     for method, config in results.get("method_configs", {}).items():
-        lines.append(f"| {method} | `{json.dumps(config)}` |")
+        # a variant's defining override wins over the profile's config (algorithms/registry.py)
+        variant = ALGORITHMS[method][1] if method in ALGORITHMS else {}
+        lines.append(f"| {method} | `{json.dumps({**config, **variant})}` |")
     lines += ["", "## Methods", "", METHOD_NOTES]
     notes = "\n\n".join(n.strip() for n in (profile.get("notes", ""), notes) if n and n.strip())
     if notes:
