@@ -7,7 +7,7 @@ several points; this script puts the runs side by side and gives the paired diff
     harmony demo --seed S --out DIR          # once per seed, with each code version
     python benchmarks/demo_seeds.py --before-results OLD/results.json --after B0 B1 B2 --out DIR
     python benchmarks/demo_seeds.py --before-label "U-shaped (23ecaad)" --before A0 A1 A2 \
-        --after-label "slot space (efa6667)" --after B0 B1 B2 --out benchmarks/results/demo_seeds
+        --after-label "slot space (90f6026)" --after B0 B1 B2 --out benchmarks/results/demo_seeds
 
 Per run and phase (deployed, drifted, aligned) it takes the mean over tiers of the phones'
 accuracy with OOD and of the server's accuracy on their OOD samples, and the training run's own

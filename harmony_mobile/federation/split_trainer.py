@@ -38,9 +38,9 @@ class ContrastiveTerm(BaseModel):
         "this round's last rows; cross_family: the last rows of each family",
     )
     mode: Literal["cross_family", "token"] = Field(
-        description="cross_family (docs/ALGORITHM.md step 7): an anchor's positives are the round's rows of its "
-        "slot from OTHER families, its negatives only rows of slots its own client holds; token: plain "
-        "SupCon, every same-token row a positive and every other row a negative",
+        description="cross_family (docs/ALGORITHM.md step 6): an anchor's positives are the latest rows of "
+        "its slot from OTHER families, its negatives only rows of slots its own client holds; token: "
+        "plain SupCon, every same-token row a positive and every other row a negative",
     )
     # a diagnostic no algorithm config exposes, so its default lives here and only here
     ratio_every: int = Field(
@@ -95,7 +95,8 @@ class SplitTrainer:
         return self.slot_table.label_epoch
 
     def start_round(self, round_id: int) -> None:
-        """The contrastive bank pools the features of one round (earlier rounds' embeddings are stale)."""
+        """The token-mode bank pools the features of one round (earlier rounds' embeddings are stale);
+        the cross-family bank is kept (see __init__)."""
         self.round_id = round_id
         self._bank_embeddings, self._bank_tokens = [], []
 
