@@ -15,7 +15,6 @@ from harmony_mobile.server import create_app
 from harmony_mobile.server.store import Store
 from harmony_mobile.server.uploads import stored_to_feature_upload
 
-from harmony_mobile.protocol.sealing import AssociatedData, seal
 from harmony_mobile.protocol.wire import UploadMetadata, encode_upload
 from tests.conftest import STORE_BACKENDS, database_url_for
 from tests.helpers.fallback_server import (
@@ -26,6 +25,7 @@ from tests.helpers.fallback_server import (
     error_message,
     make_model_dir,
     make_settings,
+    sealed_body,
     sealed_upload,
 )
 
@@ -159,20 +159,6 @@ def test_envelope_sealed_to_another_key_is_400(client, device):
     assert post(client, device, body).status_code == 400
 
 
-def raw_envelope(device, plaintext: bytes, label_epoch: str = LABEL_EPOCH) -> dict:
-    message_id = uuid.uuid4()
-    envelope = seal(
-        base64.b64decode(device["server_public_key"]),
-        plaintext,
-        AssociatedData(device["device_id"], label_epoch, message_id),
-    )
-    return {
-        "label_epoch": label_epoch,
-        "message_id": str(message_id),
-        "envelope": base64.b64encode(envelope).decode(),
-    }
-
-
 def meta(rows: int) -> UploadMetadata:
     return UploadMetadata(
         label_tokens=tuple("00" * 8 for _ in range(rows)),
@@ -203,7 +189,7 @@ def meta(rows: int) -> UploadMetadata:
 )
 def test_bad_plaintext_is_refused_and_stores_nothing(client, device, plaintext, status, message):
     count = stored_count(client)
-    response = post(client, device, raw_envelope(device, plaintext))
+    response = post(client, device, sealed_body(device, plaintext))
     assert response.status_code == status and message in error_message(response)
     assert stored_count(client) == count
 
@@ -328,7 +314,7 @@ def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
     with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
         device = enrol(client)
         assert post(client, device, sealed_upload(device, LABEL_EPOCH, [1, 2])).status_code == 201
-        wrong = raw_envelope(device, encode_upload(meta(1), np.zeros((1, 32, 8, 8), np.float32)))
+        wrong = sealed_body(device, encode_upload(meta(1), np.zeros((1, 32, 8, 8), np.float32)))
         response = post(client, device, wrong)
         assert response.status_code == 422 and "expected [N, 64, 8, 8]" in error_message(response)
         assert stored_count(client) == 1

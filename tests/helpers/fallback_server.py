@@ -124,6 +124,13 @@ def sealed_upload(
     )
     fields.update(metadata_changes)
     plaintext = encode_upload(UploadMetadata(**fields), features)
+    return sealed_body(device, plaintext, label_epoch, message_id)
+
+
+def sealed_body(
+    device: dict, plaintext: bytes, label_epoch: str = LABEL_EPOCH, message_id: uuid.UUID | None = None
+) -> dict:
+    """The JSON body of POST /v1/uploads around any plaintext, sealed to the device's server key."""
     message_id = message_id or uuid.uuid4()
     envelope = seal(
         base64.b64decode(device["server_public_key"]),
