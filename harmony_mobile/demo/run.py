@@ -327,10 +327,21 @@ def drift_stage(demo: DemoRun, clock: StageClock) -> None:
     show_phase(demo.console, demo.results, "drifted")
 
 
-def outage_sample(data: PhoneData, count: int) -> np.ndarray:
-    """`count` test images spread over the whole test set (ID and OOD alike)."""
-    step = max(1, len(data.pixels) // count)
-    return data.pixels[::step][:count]
+def outage_sample(data: PhoneData, phone: Phone, count: int) -> np.ndarray:
+    """`count` test images spread over the test set, half of them (as far as there are) images the
+    phone is unsure of, so that the outage shows both paths: answers the exit gives anyway, and
+    fallbacks that fail and are answered locally. A spread alone can miss the second path when the
+    phone's threshold lets almost everything exit."""
+    unsure = np.array(
+        [phone.run_front_end(p)[0][0].float().softmax(0).max() < phone.threshold for p in data.pixels]
+    )
+
+    def spread(indices: np.ndarray, n: int) -> np.ndarray:
+        return indices[:: max(1, len(indices) // n)][:n] if n > 0 else indices[:0]
+
+    uncertain = spread(np.flatnonzero(unsure), count // 2)
+    confident = spread(np.flatnonzero(~unsure), count - len(uncertain))
+    return data.pixels[np.sort(np.concatenate([uncertain, confident]))]
 
 
 def answer_offline(
@@ -371,7 +382,7 @@ def outage_stage(demo: DemoRun, clock: StageClock) -> None:
     demo.server.stop()
     with progress_bar(demo.console) as progress:
         for tier, phone in demo.phones.items():
-            images = outage_sample(demo.data[tier], demo.config.outage_images)
+            images = outage_sample(demo.data[tier], phone, demo.config.outage_images)
             report = progress_report(progress, "outage", tier, len(images))
             demo.outage[tier] = answer_offline(demo, tier, phone, images, report)
     demo.server.start()
