@@ -158,3 +158,29 @@ def test_drift_loss_and_recovery_are_measured_on_the_server_accuracy_not_on_the_
     }
     (row,) = recovery_rows(report)
     assert row[1:4] == ["80.0% -> 60.0% -> 75.0%", "+20.0 pts", "75.0%"]
+
+
+def test_the_outage_sample_holds_images_the_phone_would_send_to_the_server():
+    """Even when the threshold lets almost everything exit, half the outage images (as far as there
+    are) are ones the phone is unsure of, so the failed-fallback path is exercised."""
+    import numpy as np
+    import torch
+
+    from harmony_mobile.demo.phones import PhoneData
+    from harmony_mobile.demo.run import outage_sample
+
+    pixels = np.arange(40, dtype=np.uint8).reshape(40, 1, 1, 1)
+    unsure = {3, 17, 31}  # 3 of 40 images: a spread of 20 would likely miss most of them
+
+    class FakePhone:
+        threshold = 0.9
+
+        def run_front_end(self, image):
+            confident = int(image.flat[0]) not in unsure
+            logits = torch.tensor([[10.0, 0.0]]) if confident else torch.tensor([[0.1, 0.0]])
+            return logits, None, 0.0
+
+    data = PhoneData("t", None, pixels, np.zeros(40), np.zeros(40, bool), {}, pixels[:0], np.zeros(0))
+    sample = outage_sample(data, FakePhone(), 20)
+    values = {int(v) for v in sample.flatten()}
+    assert len(sample) == 20 and unsure <= values
