@@ -7,12 +7,16 @@ from __future__ import annotations
 import json
 
 import httpx
+import numpy as np
 import pytest
+import torch
 import yaml
 from rich.console import Console
 
 from harmony_mobile.algorithms.base import calibrate_threshold
 from harmony_mobile.demo import PHASES, DemoConfig, recovery_rows, run_demo, to_pixels
+from harmony_mobile.demo.phones import PhoneData
+from harmony_mobile.demo.run import outage_sample
 from harmony_mobile.device import FrontEndProgram, normalize
 from harmony_mobile.run_dir import RunDir
 
@@ -163,12 +167,6 @@ def test_drift_loss_and_recovery_are_measured_on_the_server_accuracy_not_on_the_
 def test_the_outage_sample_holds_images_the_phone_would_send_to_the_server():
     """Even when the threshold lets almost everything exit, half the outage images (as far as there
     are) are ones the phone is unsure of, so the failed-fallback path is exercised."""
-    import numpy as np
-    import torch
-
-    from harmony_mobile.demo.phones import PhoneData
-    from harmony_mobile.demo.run import outage_sample
-
     pixels = np.arange(40, dtype=np.uint8).reshape(40, 1, 1, 1)
     unsure = {3, 17, 31}  # 3 of 40 images: a spread of 20 would likely miss most of them
 
