@@ -20,15 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-import torch
-
-from harmony_mobile.bench.profile import load_profile
-from harmony_mobile.bench.runner import RunSpec, code_version, machine_info, run_one
+from harmony_mobile.bench.profile import BenchProfile, load_profile
+from harmony_mobile.bench.runner import RunSpec, code_version, execute, machine_info
 from harmony_mobile.bench.stats import paired_ci
 
 METRICS = {
@@ -54,18 +50,11 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, json.loads(overrides)
 
 
-def run_variant(profile_name: str, name: str, overrides: dict, seed: int, work_dir: Path) -> dict:
-    torch.set_num_threads(1)
-    profile = load_profile(profile_name)
-    spec = RunSpec(
-        "eval",
-        profile.settings[0],
-        "harmony",
-        seed,
-        profile.method_budget("harmony").rounds,
-        {**profile.method_config("harmony"), **overrides},
-    )
-    return run_one(spec, profile.train, work_dir / name, resume=True)
+def variant_specs(profile: BenchProfile, overrides: dict, seeds: list[int]) -> list[RunSpec]:
+    """HARMONY on the profile's first setting and budget, its config with `overrides`, one run per seed."""
+    config = {**profile.method_config("harmony"), **overrides}
+    rounds = profile.method_budget("harmony").rounds
+    return [RunSpec("eval", profile.settings[0], "harmony", seed, rounds, config) for seed in seeds]
 
 
 # how diverse the simulated extractors were: means over the run's rounds (algorithms/harmony.py)
@@ -98,8 +87,9 @@ def compare(records: dict[str, dict[int, dict]], reference: str) -> dict:
                 seeds = sorted(set(by_seed) & set(records[reference]))
                 diffs = [value(by_seed[s]) - value(records[reference][s]) for s in seeds]
                 row[key]["minus_reference"] = paired_ci(diffs)
+        means = [round_means(r) for r in by_seed.values()]
         for key in DIVERSITY:
-            values = [round_means(r)[key] for r in by_seed.values() if key in round_means(r)]
+            values = [m[key] for m in means if key in m]
             row[key] = {"mean": sum(values) / len(values) if values else None}
         table[name] = row
     return table
@@ -153,17 +143,20 @@ def main() -> None:
     variants = dict(args.variant)
     if args.reference not in variants:
         parser.error(f"--reference {args.reference!r} is not one of the variants {sorted(variants)}")
+    profile = load_profile(args.profile)
     started = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
-        futures = {
-            (name, seed): pool.submit(run_variant, args.profile, name, overrides, seed, args.work_dir)
-            for seed in args.seeds
-            for name, overrides in variants.items()
-        }
-        records: dict[str, dict[int, dict]] = {name: {} for name in variants}
-        for (name, seed), future in futures.items():
-            records[name][seed] = future.result()
+    records: dict[str, dict[int, dict]] = {}
+    for name, overrides in variants.items():  # each variant's runs under WORK_DIR/NAME, resumable
+        runs = execute(
+            variant_specs(profile, overrides, args.seeds),
+            profile.train,
+            args.work_dir / name,
+            None,
+            True,
+            args.jobs,
+            print,
+        )
+        records[name] = dict(zip(args.seeds, runs, strict=True))
     seconds = time.perf_counter() - started
     table = compare(records, args.reference)
     args.out.mkdir(parents=True, exist_ok=True)

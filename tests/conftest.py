@@ -21,9 +21,8 @@ LONGEST_FIRST = ("test_flower_engines.py", "test_demo_e2e.py", "test_export_pipe
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: index for index, name in enumerate(LONGEST_FIRST)}
-    items.sort(
-        key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST))
-    )  # stable: others keep their order
+    # a stable sort: the other files keep their collection order
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONGEST_FIRST)))
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,6 @@ import json
 import httpx
 import numpy as np
 import pytest
-import torch
 import yaml
 from rich.console import Console
 
@@ -171,12 +170,8 @@ def test_the_outage_sample_holds_images_the_phone_would_send_to_the_server():
     unsure = {3, 17, 31}  # 3 of 40 images: a spread of 20 would likely miss most of them
 
     class FakePhone:
-        threshold = 0.9
-
-        def run_front_end(self, image):
-            confident = int(image.flat[0]) not in unsure
-            logits = torch.tensor([[10.0, 0.0]]) if confident else torch.tensor([[0.1, 0.0]])
-            return logits, None, 0.0
+        def would_exit(self, image) -> bool:
+            return int(image.flat[0]) not in unsure
 
     data = PhoneData("t", None, pixels, np.zeros(40), np.zeros(40, bool), {}, pixels[:0], np.zeros(0))
     sample = outage_sample(data, FakePhone(), 20)

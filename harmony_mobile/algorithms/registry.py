@@ -51,11 +51,17 @@ def check_algorithm(name: str) -> None:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
 
 
+def effective_config(name: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`config` with the variant's defining override on top (the override wins); unknown names pass."""
+    variant = ALGORITHMS[name][1] if name in ALGORITHMS else {}
+    return {**(config or {}), **variant}
+
+
 def build_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorithm:
     """An algorithm by name; `config` overrides its defaults (unknown keys are a validation error).
     A variant's defining override wins over `config`."""
     check_algorithm(name)
-    constructor, variant = ALGORITHMS[name]
+    constructor = ALGORITHMS[name][0]
     if constructor is Harmony:
-        return Harmony(HarmonyConfig(**{**(config or {}), **variant}), name=name)
-    return constructor(constructor.Config(**{**(config or {}), **variant}))
+        return Harmony(HarmonyConfig(**effective_config(name, config)), name=name)
+    return constructor(constructor.Config(**effective_config(name, config)))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harmony_mobile.algorithms.registry import ALGORITHMS
+from harmony_mobile.algorithms.registry import effective_config
 from harmony_mobile.bench.latency import latency_table
 from harmony_mobile.bench.stats import paired_ci
 
@@ -609,9 +609,7 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     lines += tuning_lines(results)
     lines += ["## Method configurations", "", "| method | config |", "|---|---|"]
     for method, config in results.get("method_configs", {}).items():
-        # a variant's defining override wins over the profile's config (algorithms/registry.py)
-        variant = ALGORITHMS[method][1] if method in ALGORITHMS else {}
-        lines.append(f"| {method} | `{json.dumps({**config, **variant})}` |")
+        lines.append(f"| {method} | `{json.dumps(effective_config(method, config))}` |")
     lines += ["", "## Methods", "", METHOD_NOTES]
     notes = "\n\n".join(n.strip() for n in (profile.get("notes", ""), notes) if n and n.strip())
     if notes:

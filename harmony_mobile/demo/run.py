@@ -332,9 +332,7 @@ def outage_sample(data: PhoneData, phone: Phone, count: int) -> np.ndarray:
     phone is unsure of, so that the outage shows both paths: answers the exit gives anyway, and
     fallbacks that fail and are answered locally. A spread alone can miss the second path when the
     phone's threshold lets almost everything exit."""
-    unsure = np.array(
-        [phone.run_front_end(p)[0][0].float().softmax(0).max() < phone.threshold for p in data.pixels]
-    )
+    unsure = np.array([not phone.would_exit(pixels) for pixels in data.pixels])
 
     def spread(indices: np.ndarray, n: int) -> np.ndarray:
         return indices[:: max(1, len(indices) // n)][:n] if n > 0 else indices[:0]

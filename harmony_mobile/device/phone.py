@@ -164,12 +164,20 @@ class Phone:
         logits, features = self.program.run(image)
         return logits, features, (time.perf_counter() - started) * 1e3
 
+    @staticmethod
+    def exit_answer(logits: torch.Tensor) -> tuple[float, int]:
+        """(confidence, class) of the local exit: the max softmax, compared with the threshold."""
+        confidence, prediction = torch.softmax(logits[0].float(), dim=0).max(dim=0)
+        return float(confidence), int(prediction)
+
+    def would_exit(self, pixels) -> bool:
+        """Whether the phone answers this image locally (without asking the server)."""
+        return self.exit_answer(self.run_front_end(pixels)[0])[0] >= self.threshold
+
     def classify(self, pixels) -> Classification:
         """Answer for one image (C, H, W) of 0..255 pixels: local exit, server fallback, or local after failure."""
         logits, features, local_ms = self.run_front_end(pixels)
-        probabilities = torch.softmax(logits[0].float(), dim=0)
-        confidence, exit_prediction = (float(v) for v in probabilities.max(dim=0))
-        exit_prediction = int(exit_prediction)
+        confidence, exit_prediction = self.exit_answer(logits)
         self.stats.classified += 1
         self.stats.local_ms.append(local_ms)
         result = Classification(
