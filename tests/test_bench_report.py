@@ -222,6 +222,17 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
     assert rerendered.split("## Plots")[0] == text.split("## Plots")[0]
 
 
+def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
+    results = synthetic_results()
+    results["profile"]["time_limit_minutes"] = 1.0
+    results["tuning"]["run_wall_seconds"] = 60.0
+    # runs: 10 + seed seconds each, 5 methods x seeds 0-4 = 300 s; (300 + 60) / 2 jobs = 3 min
+    text = write_report(results, tmp_path).read_text()
+    assert "0.1 h summed, about 3 min with 2 job(s) (goal: within 1 min: **not met**)" in text
+    results["profile"]["time_limit_minutes"] = 3.0
+    assert "(goal: within 3 min: met)" in write_report(results, tmp_path / "again").read_text()
+
+
 def test_a_converged_reference_passes_the_convergence_line(tmp_path):
     text = write_report(synthetic_results(centralized=0.97), tmp_path).read_text()
     assert "`centralized` without OOD 97.0 % (threshold 95 %): **converged**" in text

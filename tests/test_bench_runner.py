@@ -154,3 +154,22 @@ def test_a_narrowed_profile_keeps_the_named_settings_and_run_paths(tmp_path):
     assert narrowed(standard, None, None, None) is standard
     with pytest.raises(ValueError, match="not in profile 'standard'"):
         narrowed(standard, None, None, ["cifar-family"])
+
+
+def test_a_profiles_tiers_file_is_read_relative_to_the_profile(tmp_path, monkeypatch):
+    import yaml
+
+    from harmony_mobile.bench.profile import CONFIG_DIR, load_profile
+    from harmony_mobile.models import load_tiers
+
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    profile = yaml.safe_load((CONFIG_DIR / "quick.yaml").read_text())
+    profile["train"] = {**profile.get("train", {}), "tiers_file": "narrow.yaml"}
+    (folder / "narrow.yaml").write_text((CONFIG_DIR / "tiers-standard.yaml").read_text())
+    (folder / "mine.yaml").write_text(yaml.safe_dump(profile))
+    monkeypatch.chdir(tmp_path / "..")  # the working directory must not matter
+    loaded = load_profile(folder / "mine.yaml")
+    assert loaded.train["tiers_file"] == str(folder / "narrow.yaml")
+    # the standard profile runs every family at width 1 (its tiers file says why)
+    assert {t.width for t in load_tiers(load_profile("standard").train["tiers_file"]).tiers} == {1.0}

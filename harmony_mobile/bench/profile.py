@@ -246,4 +246,8 @@ def load_profile(name_or_path: str | Path) -> BenchProfile:
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
         raise FileNotFoundError(f"no benchmark profile {name_or_path!r} ({path}); known: {', '.join(known)}")
     data = yaml.safe_load(path.read_text()) or {}
+    train = data.get("train") or {}
+    if train.get("tiers_file"):
+        # a profile names its tiers file relative to itself, so it runs from any working directory
+        train["tiers_file"] = str((path.parent / train["tiers_file"]).resolve())
     return BenchProfile(**data)

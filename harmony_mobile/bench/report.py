@@ -542,6 +542,21 @@ def budget_line(results: dict) -> str:
     return text + f". Shared training settings: `{json.dumps(profile.get('train', {}))}`."
 
 
+def time_line(results: dict) -> str:
+    """How long the whole profile takes, from the runs' own wall times: they are kept in the run
+    records, so a profile finished over several resumed invocations still counts every run."""
+    jobs = results.get("machine", {}).get("jobs", 1)
+    run_seconds = results["tuning"].get("run_wall_seconds", 0.0) + sum(
+        r["wall_seconds"] for r in results["runs"]
+    )
+    minutes = run_seconds / 60 / jobs
+    text = f"The training runs took {run_seconds / 3600:.1f} h summed, about {minutes:.0f} min with {jobs} job(s)"
+    limit = results["profile"].get("time_limit_minutes")
+    if limit:
+        text += f" (goal: within {limit:.0f} min: {'met' if minutes <= limit else '**not met**'})"
+    return text + "."
+
+
 def header_lines(results: dict) -> list[str]:
     profile = results["profile"]
     machine = results.get("machine", {})
@@ -553,7 +568,7 @@ def header_lines(results: dict) -> list[str]:
         f"Produced by `harmony bench --profile {profile['name']}`. Evaluation seeds {profile['seeds']}; every "
         "method gets the same partition and tiers per seed. " + budget_line(results) + " Total wall time "
         f"{results['total_wall_seconds'] / 60:.1f} min on {machine.get('cpu_count')} CPUs, "
-        f"{machine.get('jobs', 1)} parallel job(s) of 1 torch thread.",
+        f"{machine.get('jobs', 1)} parallel job(s) of 1 torch thread. " + time_line(results),
         "",
         _code_line(machine.get("code")),
         "",

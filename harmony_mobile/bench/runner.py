@@ -225,7 +225,7 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
         for row in trials:
             if row["method"] == method:
                 row["chosen"] = row["trial"] == best
-    return {"chosen": chosen, "trials": trials}
+    return {"chosen": chosen, "trials": trials, "run_wall_seconds": sum(r["wall_seconds"] for r in records)}
 
 
 def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
