@@ -233,6 +233,14 @@ def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
     assert "(goal: within 3 min: met)" in write_report(results, tmp_path / "again").read_text()
 
 
+def test_a_narrowed_benchmark_names_what_it_ran_in_its_command(tmp_path):
+    results = synthetic_results()
+    assert "Produced by `harmony bench --profile toy`." in write_report(results, tmp_path).read_text()
+    results["narrowed"] = {"settings": ["toy-family"], "seeds": [0, 1], "methods": None}
+    text = write_report(results, tmp_path / "narrowed").read_text()
+    assert "Produced by `harmony bench --profile toy --settings toy-family --seeds 0,1`." in text
+
+
 def test_a_converged_reference_passes_the_convergence_line(tmp_path):
     text = write_report(synthetic_results(centralized=0.97), tmp_path).read_text()
     assert "`centralized` without OOD 97.0 % (threshold 95 %): **converged**" in text

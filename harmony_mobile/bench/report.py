@@ -542,6 +542,16 @@ def budget_line(results: dict) -> str:
     return text + f". Shared training settings: `{json.dumps(profile.get('train', {}))}`."
 
 
+def command_line(results: dict) -> str:
+    """The command that made the report, with the options that narrowed the profile (a partial
+    benchmark must say what it left out)."""
+    command = f"harmony bench --profile {results['profile']['name']}"
+    for option, values in (results.get("narrowed") or {}).items():
+        if values:
+            command += f" --{option} {','.join(str(v) for v in values)}"
+    return command
+
+
 def time_line(results: dict) -> str:
     """How long the whole profile takes, from the runs' own wall times: they are kept in the run
     records, so a profile finished over several resumed invocations still counts every run."""
@@ -565,7 +575,7 @@ def header_lines(results: dict) -> list[str]:
         "",
         profile.get("description", "").strip(),
         "",
-        f"Produced by `harmony bench --profile {profile['name']}`. Evaluation seeds {profile['seeds']}; every "
+        f"Produced by `{command_line(results)}`. Evaluation seeds {profile['seeds']}; every "
         "method gets the same partition and tiers per seed. " + budget_line(results) + " Total wall time "
         f"{results['total_wall_seconds'] / 60:.1f} min on {machine.get('cpu_count')} CPUs, "
         f"{machine.get('jobs', 1)} parallel job(s) of 1 torch thread. " + time_line(results),

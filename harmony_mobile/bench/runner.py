@@ -461,6 +461,7 @@ def bench(
         f"{len(profile.seeds)} seeds, {trials} tuning trials per tuned method, {jobs} job(s); runs in {work_dir}"
     )
     results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
+    results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
     report = write_report(results, out_dir)
     log(f"report: {report} ({results['total_wall_seconds'] / 60:.1f} min)")
     return report
