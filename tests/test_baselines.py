@@ -166,6 +166,16 @@ def test_centralized_trains_one_model_per_family_on_the_pooled_data():
         )
 
 
+def test_centralized_decays_its_learning_rate_over_the_stated_rounds():
+    federation = tiny_federation("centralized", {"decay_rounds": 2})
+    algo, config = federation.algorithm, federation.algorithm.config
+    assert [config.round_lr(r) for r in (0, 1, 2, 5)] == pytest.approx([3e-3, 1.5e-3, 0.0, 0.0])
+    run_rounds(federation, rounds=2, clients_per_round=4, seed=0, show_progress=False)
+    # the saved optimizer ran its last round at the decayed rate, not the lr it was created with
+    assert {g["lr"] for state in algo._optimizers.values() for g in state["param_groups"]} == {1.5e-3}
+    assert build_algorithm("centralized").config.round_lr(30) == 3e-3  # constant by default
+
+
 @pytest.mark.parametrize("algorithm", BASELINES)
 def test_baseline_end_to_end_tiny_run(tmp_path, algorithm):
     config = TrainConfig(

@@ -237,8 +237,21 @@ def test_a_narrowed_benchmark_names_what_it_ran_in_its_command(tmp_path):
     results = synthetic_results()
     assert "Produced by `harmony bench --profile toy`." in write_report(results, tmp_path).read_text()
     results["narrowed"] = {"settings": ["toy-family"], "seeds": [0, 1], "methods": None}
+    results["profile"]["time_limit_minutes"] = 120.0
     text = write_report(results, tmp_path / "narrowed").read_text()
     assert "Produced by `harmony bench --profile toy --settings toy-family --seeds 0,1`." in text
+    assert "(the 120-minute goal is for the whole profile, not judged on a narrowed run)" in text
+
+
+def test_the_report_names_a_tiers_file_of_the_repository_relative_to_it(tmp_path):
+    from harmony_mobile.bench.profile import CONFIG_DIR
+
+    results = synthetic_results()
+    results["profile"]["train"]["tiers_file"] = str(CONFIG_DIR / "tiers-standard.yaml")
+    text = write_report(results, tmp_path).read_text()
+    assert '"tiers_file": "benchmarks/configs/tiers-standard.yaml"' in text
+    results["profile"]["train"]["tiers_file"] = "/elsewhere/tiers.yaml"  # outside: kept as it is
+    assert '"tiers_file": "/elsewhere/tiers.yaml"' in write_report(results, tmp_path / "b").read_text()
 
 
 def test_a_converged_reference_passes_the_convergence_line(tmp_path):

@@ -22,7 +22,8 @@ from harmony_mobile.algorithms.harmony import Harmony
 from harmony_mobile.algorithms.registry import ALGORITHMS, check_algorithm
 from harmony_mobile.training import TrainConfig
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "benchmarks" / "configs"
 
 
 _TRAIN_FIELDS = TrainConfig.model_fields

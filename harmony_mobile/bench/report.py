@@ -13,6 +13,7 @@ import numpy as np
 
 from harmony_mobile.algorithms.registry import effective_config
 from harmony_mobile.bench.latency import latency_table
+from harmony_mobile.bench.profile import REPO_ROOT
 from harmony_mobile.bench.stats import paired_ci
 
 OOD_FRACTIONS = ("p=0", "p=0.2", "p=0.5")
@@ -539,7 +540,16 @@ def budget_line(results: dict) -> str:
     ]
     if own:
         text += "; own stated budgets: " + ", ".join(own)
-    return text + f". Shared training settings: `{json.dumps(profile.get('train', {}))}`."
+    return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
+
+
+def repo_relative(train: dict) -> dict:
+    """The shared settings with a tiers file inside the repository named relative to it (the
+    profile resolves it to an absolute path on the machine that ran it)."""
+    tiers_file = train.get("tiers_file")
+    if tiers_file and Path(tiers_file).is_relative_to(REPO_ROOT):
+        return {**train, "tiers_file": str(Path(tiers_file).relative_to(REPO_ROOT))}
+    return train
 
 
 def command_line(results: dict) -> str:
@@ -562,7 +572,9 @@ def time_line(results: dict) -> str:
     minutes = run_seconds / 60 / jobs
     text = f"The training runs took {run_seconds / 3600:.1f} h summed, about {minutes:.0f} min with {jobs} job(s)"
     limit = results["profile"].get("time_limit_minutes")
-    if limit:
+    if limit and any((results.get("narrowed") or {}).values()):
+        text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a narrowed run)"
+    elif limit:
         text += f" (goal: within {limit:.0f} min: {'met' if minutes <= limit else '**not met**'})"
     return text + "."
 

@@ -26,12 +26,11 @@ import torch
 
 from harmony_mobile import training
 from harmony_mobile.bench.hooks import RunExtras, UplinkCounter, instrument
-from harmony_mobile.bench.profile import BenchProfile, Setting
+from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Setting
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.run_dir import RunDir
 
 RECORD = "bench.json"
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
