@@ -226,6 +226,7 @@ def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
     results = synthetic_results()
     results["profile"]["time_limit_minutes"] = 1.0
     results["tuning"]["run_wall_seconds"] = 60.0
+    results["narrowed"] = {"settings": None, "seeds": None, "methods": None}  # the whole profile
     # runs: 10 + seed seconds each, 5 methods x seeds 0-4 = 300 s; (300 + 60) / 2 jobs = 3 min
     text = write_report(results, tmp_path).read_text()
     assert "0.1 h summed, about 3 min with 2 job(s) (goal: within 1 min: **not met**)" in text
@@ -240,7 +241,7 @@ def test_a_narrowed_benchmark_names_what_it_ran_in_its_command(tmp_path):
     results["profile"]["time_limit_minutes"] = 120.0
     text = write_report(results, tmp_path / "narrowed").read_text()
     assert "Produced by `harmony bench --profile toy --settings toy-family --seeds 0,1`." in text
-    assert "(the 120-minute goal is for the whole profile, not judged on a narrowed run)" in text
+    assert "(the 120-minute goal is for the whole profile, not judged on a partial run)" in text
 
 
 def test_the_report_names_a_tiers_file_of_the_repository_relative_to_it(tmp_path):
@@ -252,6 +253,20 @@ def test_the_report_names_a_tiers_file_of_the_repository_relative_to_it(tmp_path
     assert '"tiers_file": "benchmarks/configs/tiers-standard.yaml"' in text
     results["profile"]["train"]["tiers_file"] = "/elsewhere/tiers.yaml"  # outside: kept as it is
     assert '"tiers_file": "/elsewhere/tiers.yaml"' in write_report(results, tmp_path / "b").read_text()
+
+
+def test_results_of_older_code_are_not_judged_against_the_time_goal(tmp_path):
+    results = synthetic_results()  # no "narrowed", no tuning run time: written before they were kept
+    results["profile"]["time_limit_minutes"] = 120.0
+    text = write_report(results, tmp_path).read_text()
+    assert "not judged on a partial run" in text and "met)" not in text
+
+
+def test_a_learning_rate_decay_must_span_the_methods_rounds():
+    data = load_profile("standard").model_dump()
+    data["algorithm_config"]["centralized"] = {"decay_rounds": 10}
+    with pytest.raises(ValidationError, match="decay_rounds 10 must equal its budget's rounds"):
+        BenchProfile(**data)
 
 
 def test_a_converged_reference_passes_the_convergence_line(tmp_path):

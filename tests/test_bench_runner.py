@@ -170,6 +170,6 @@ def test_a_profiles_tiers_file_is_read_relative_to_the_profile(tmp_path, monkeyp
     (folder / "mine.yaml").write_text(yaml.safe_dump(profile))
     monkeypatch.chdir(tmp_path / "..")  # the working directory must not matter
     loaded = load_profile(folder / "mine.yaml")
-    assert loaded.train["tiers_file"] == str(folder / "narrow.yaml")
+    assert loaded.train["tiers_file"] == str((folder / "narrow.yaml").resolve())
     # the standard profile runs every family at width 1 (its tiers file says why)
     assert {t.width for t in load_tiers(load_profile("standard").train["tiers_file"]).tiers} == {1.0}

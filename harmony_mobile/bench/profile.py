@@ -177,7 +177,16 @@ class BenchProfile(BaseModel):
         if reserved & set(self.train):
             raise ValueError(f"train: {sorted(reserved & set(self.train))} are set by settings/budget/seeds")
         self._check_tuning()
+        self._check_decay()
         return self
+
+    def _check_decay(self) -> None:
+        """A learning-rate decay must span the method's own rounds: shorter wastes the last rounds at
+        rate ~0, longer stops before the rate is low."""
+        for method, config in self.algorithm_config.items():
+            decay, rounds = config.get("decay_rounds"), self.method_budget(method).rounds
+            if decay is not None and decay != rounds:
+                raise ValueError(f"{method}: decay_rounds {decay} must equal its budget's rounds ({rounds})")
 
     def _check_tuning(self) -> None:
         if self.tuning is None:
@@ -249,6 +258,7 @@ def load_profile(name_or_path: str | Path) -> BenchProfile:
     data = yaml.safe_load(path.read_text()) or {}
     train = data.get("train") or {}
     if train.get("tiers_file"):
-        # a profile names its tiers file relative to itself, so it runs from any working directory
-        train["tiers_file"] = str((path.parent / train["tiers_file"]).resolve())
+        # a profile names its tiers file relative to itself, so it runs from any working directory;
+        # the absolute path enters every run's config, so `--resume` reuses runs of this checkout only
+        train["tiers_file"] = str((path.parent / Path(train["tiers_file"]).expanduser()).resolve())
     return BenchProfile(**data)
