@@ -192,7 +192,7 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
     assert f"90 % of `centralized`: {100 * ratio:.1f} % -> **met**" in text
     assert "*restricted server softmax* (`harmony-full-softmax`)" in text
     assert (
-        "Convergence (toy-family): `centralized` without OOD 93.0 % (threshold 95 %): **FAIL: not converged**"
+        "Convergence (toy-family): `centralized` without OOD 93.00 % (threshold 95 %): **FAIL: not converged**"
         in text
     )
     # latency: exit 60 %: 0.6 * 1 + 0.4 * (1 + 50 + 2) = 21.8 ms on entry-android
@@ -270,8 +270,10 @@ def test_a_learning_rate_decay_must_span_the_methods_rounds():
 
 
 def test_a_converged_reference_passes_the_convergence_line(tmp_path):
+    just_under = write_report(synthetic_results(centralized=0.9496), tmp_path / "under").read_text()
+    assert "without OOD 94.96 % (threshold 95 %): **FAIL: not converged**" in just_under
     text = write_report(synthetic_results(centralized=0.97), tmp_path).read_text()
-    assert "`centralized` without OOD 97.0 % (threshold 95 %): **converged**" in text
+    assert "`centralized` without OOD 97.00 % (threshold 95 %): **converged**" in text
 
 
 def test_profiles_share_one_budget_and_pass_hyper_parameters_to_relatives():

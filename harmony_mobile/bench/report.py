@@ -425,7 +425,8 @@ def convergence_lines(results: dict, aggregated: dict) -> list[str]:
         accuracy = stats["acc_p0"]["mean"]
         ok = accuracy >= floor
         lines.append(
-            f"Convergence ({setting['name']}): `{method}` without OOD {100 * accuracy:.1f} % "
+            # two decimals: at one, a mean just under the line prints as the threshold itself
+            f"Convergence ({setting['name']}): `{method}` without OOD {100 * accuracy:.2f} % "
             f"(threshold {100 * floor:g} %): **{'converged' if ok else 'FAIL: not converged'}**."
         )
     return [*lines, ""] if lines else []
