@@ -1,7 +1,7 @@
 """Run a benchmark profile and write its report (the same as `harmony bench`).
 
     python benchmarks/bench.py --profile quick          # smoke profile: mnist5k, 3 seeds, about 40 min on 2 cores
-    python benchmarks/bench.py --profile standard --jobs 2   # the README's profile (about 2.4 h on 2 cores)
+    python benchmarks/bench.py --profile standard --jobs 2   # the README's profile (about 2.5 h on 2 cores)
     python benchmarks/bench.py --profile full --data-root ~/data   # more seeds, digits, Dirichlet 0.1/0.5
 
 Profiles are benchmarks/configs/<name>.yaml; reports land in benchmarks/results/<name>/.
