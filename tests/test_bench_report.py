@@ -255,6 +255,13 @@ def test_the_report_names_a_tiers_file_of_the_repository_relative_to_it(tmp_path
     assert '"tiers_file": "/elsewhere/tiers.yaml"' in write_report(results, tmp_path / "b").read_text()
 
 
+def test_every_method_of_a_twelve_method_profile_has_its_own_colour():
+    from harmony_mobile.bench.report import method_colors
+
+    methods = load_profile("standard").methods
+    assert len(methods) == 12 and len(set(method_colors(methods).values())) == 12
+
+
 def test_results_of_older_code_are_not_judged_against_the_time_goal(tmp_path):
     results = synthetic_results()  # no "narrowed", no tuning run time: written before they were kept
     results["profile"]["time_limit_minutes"] = 120.0

@@ -123,6 +123,17 @@ def markdown_table(aggregated: dict, setting: str, methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def method_colors(methods: list[str]) -> dict[str, tuple]:
+    """One colour per method, the same in every plot. matplotlib's default cycle has 10 colours, so
+    a 12-method profile drew two pairs of methods alike; tab20's ten dark hues come first, then
+    its light ones."""
+    import matplotlib
+
+    cmap = matplotlib.colormaps["tab20"]
+    order = [*range(0, 20, 2), *range(1, 20, 2)]
+    return {method: cmap(order[i % 20]) for i, method in enumerate(methods)}
+
+
 def plot_accuracy_vs_ood(results: dict, aggregated: dict, path: Path) -> None:
     import matplotlib
 
@@ -131,6 +142,7 @@ def plot_accuracy_vs_ood(results: dict, aggregated: dict, path: Path) -> None:
 
     settings = [s["name"] for s in results["profile"]["settings"] if s["name"] in aggregated]
     methods = results["profile"]["methods"]
+    colors = method_colors(methods)
     fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
     xs = [float(p[2:]) for p in OOD_FRACTIONS]
     for ax, setting in zip(axes[0], settings, strict=True):
@@ -147,6 +159,7 @@ def plot_accuracy_vs_ood(results: dict, aggregated: dict, path: Path) -> None:
                 means,
                 yerr=stds,
                 label=method,
+                color=colors[method],
                 linestyle=style,
                 linewidth=width,
                 marker="o",
@@ -176,6 +189,7 @@ def plot_unseen(results: dict, aggregated: dict, path: Path) -> bool:
     settings = [s["name"] for s in results["profile"]["settings"] if table.get(s["name"])]
     if not settings:
         return False
+    colors = method_colors(results["profile"]["methods"])
     fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
     for ax, setting in zip(axes[0], settings, strict=True):
         methods = [m for m in results["profile"]["methods"] if m in table[setting]]
@@ -183,7 +197,7 @@ def plot_unseen(results: dict, aggregated: dict, path: Path) -> bool:
         width = 0.8 / max(1, len(methods))
         for i, method in enumerate(methods):
             values = [100 * table[setting][method].get(f, math.nan) for f in families]
-            ax.bar(np.arange(len(families)) + i * width, values, width, label=method)
+            ax.bar(np.arange(len(families)) + i * width, values, width, label=method, color=colors[method])
         ax.set_xticks(np.arange(len(families)) + 0.4 - width / 2, families)
         ax.set_title(setting)
         ax.set_ylabel("accuracy on the family's unseen classes (%)")
