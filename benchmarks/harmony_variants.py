@@ -151,10 +151,10 @@ def main() -> None:
             variant_specs(profile, overrides, args.seeds),
             profile.train,
             args.work_dir / name,
-            None,
-            True,
-            args.jobs,
-            print,
+            data_root=None,
+            resume=True,
+            jobs=args.jobs,
+            log=print,
         )
         records[name] = dict(zip(args.seeds, runs, strict=True))
     seconds = time.perf_counter() - started

@@ -587,11 +587,13 @@ def time_line(results: dict) -> str:
     minutes = run_seconds / 60 / jobs
     text = f"The training runs took {run_seconds / 3600:.1f} h summed, about {minutes:.0f} min with {jobs} job(s)"
     limit = results["profile"].get("time_limit_minutes")
-    whole = "narrowed" in results and "run_wall_seconds" in results["tuning"]  # older results: unknown
-    if limit and (not whole or any(results["narrowed"].values())):
-        text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
-    elif limit:
+    # results of older code kept neither the narrowing nor the tuning's run time: not judged either
+    recorded = "narrowed" in results and "run_wall_seconds" in results["tuning"]
+    whole_profile = recorded and not any(results["narrowed"].values())
+    if limit and whole_profile:
         text += f" (goal: within {limit:.0f} min: {'met' if minutes <= limit else '**not met**'})"
+    elif limit:
+        text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
     return text + "."
 
 
