@@ -391,3 +391,53 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
     name = clients[everything[0]].name
     assert results["per_client"][name]["p=0.5"]["accuracy"] == results["per_client"][name]["p=0"]["accuracy"]
     assert torch.isfinite(torch.tensor(results["summary"]["accuracy_with_ood"]))
+
+
+def test_a_budget_check_must_compare_longer_budgets_on_validation_seeds():
+    data = load_profile("standard").model_dump()
+    data["budget_check"] = {"methods": ["harmony"], "rounds": [12]}
+    assert BenchProfile(**data).budget_check.rounds == [12]
+    for check, message in (
+        ({"methods": ["harmony"], "rounds": [6]}, "not longer than harmony's budget"),
+        ({"methods": ["harmony"], "rounds": [12], "seeds": [0]}, "are evaluation seeds"),
+        ({"methods": ["centralized"], "rounds": [50]}, "decay is tied to its budget's rounds"),
+        ({"methods": ["no-such-method"], "rounds": [12]}, "no-such-method"),
+    ):
+        with pytest.raises(ValidationError, match=message):
+            BenchProfile(**{**data, "budget_check": check})
+    with pytest.raises(ValidationError, match="needs a tuning section"):
+        BenchProfile(**{**data, "tuning": None, "budget_check": {"methods": ["harmony"], "rounds": [12]}})
+
+
+def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_path):
+    results = synthetic_results()
+    results["budget_check"] = {
+        "rows": [
+            {
+                "method": "harmony",
+                "rounds": 2,
+                "val_acc_with_ood": {"2": 0.70, "4": 0.745},
+                "gain": 0.045,
+                "stopped_improving": False,
+            },
+            {
+                "method": "splitgp",
+                "rounds": 2,
+                "val_acc_with_ood": {"2": 0.60, "4": 0.605},
+                "gain": 0.005,
+                "stopped_improving": True,
+            },
+        ],
+        "seeds": [100],
+        "settings": ["toy-family"],
+        "tolerance": 0.01,
+        "run_wall_seconds": 60.0,
+    }
+    text = write_report(results, tmp_path).read_text()
+    assert "at its budget (see the budget check): **not met**: still improving: harmony." in text
+    assert "| harmony | 70.0 | 74.5 | +4.5 | **no** |" in text
+    assert "| splitgp | 60.0 | 60.5 | +0.5 | yes, at 2 rounds |" in text
+    # its runs count in the profile's time: (300 s of runs + 60 s) / 2 jobs
+    assert "about 3 min with 2 job(s)" in text
+    results["budget_check"]["rows"] = results["budget_check"]["rows"][1:]
+    assert "budget check): met." in write_report(results, tmp_path / "met").read_text()

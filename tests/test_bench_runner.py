@@ -152,6 +152,9 @@ def test_a_narrowed_profile_keeps_the_named_settings_and_run_paths(tmp_path):
     whole = {spec.path(tmp_path) for spec in evaluation_specs(standard, {})}
     assert {spec.path(tmp_path) for spec in evaluation_specs(subset, {})} <= whole
     assert narrowed(standard, None, None, None) is standard
+    # the budget check follows a narrowed method list (and is dropped when none of its methods run)
+    assert narrowed(standard, None, ["harmony", "local"], None).budget_check.methods == ["harmony"]
+    assert narrowed(standard, None, ["local"], None).budget_check is None
     with pytest.raises(ValueError, match="not in profile 'standard'"):
         narrowed(standard, None, None, ["cifar-family"])
 
@@ -173,3 +176,31 @@ def test_a_profiles_tiers_file_is_read_relative_to_the_profile(tmp_path, monkeyp
     assert loaded.train["tiers_file"] == str((folder / "narrow.yaml").resolve())
     # the standard profile runs every family at width 1 (its tiers file says why)
     assert {t.width for t in load_tiers(load_profile("standard").train["tiers_file"]).tiers} == {1.0}
+
+
+def test_the_budget_check_trains_the_tuned_pick_longer_on_the_tuning_seed(tmp_path):
+    profile = BenchProfile(
+        **{
+            **TINY,
+            "methods": ["harmony"],
+            "tuning": {"seeds": [7], "grids": {"harmony": [{"lr": 0.01}]}},
+            "budget_check": {"methods": ["harmony"], "rounds": [2], "tolerance": 0.0},
+        }
+    )
+    lines: list[str] = []
+    results = run_benchmark(profile, tmp_path, log=lines.append)
+    check = results["budget_check"]
+    (row,) = check["rows"]
+    scores = row["val_acc_with_ood"]
+    assert set(scores) == {1, 2} and check["seeds"] == [7]
+    assert row["gain"] == pytest.approx(scores[2] - scores[1])
+    assert row["stopped_improving"] == (row["gain"] < 0.0)
+    runs = tmp_path / "budget" / "digits-family" / "harmony" / "seed-7"
+    short, long = (json.loads((runs / f"rounds-{r}" / RECORD).read_text()) for r in (1, 2))
+    assert short["validation"]["accuracy_with_ood"] == scores[1]
+    evaluated = results["runs"][0]["train_config"]
+    # the evaluated config (tuned pick included) with only the rounds changed, on the tuning seed
+    assert {**long["train_config"], "rounds": 1, "seed": 0} == evaluated and evaluated["rounds"] == 1
+    assert evaluated["algorithm_config"]["lr"] == 0.01
+    assert len([line for line in lines if "budget " in line and line.startswith("[")]) == 2
+    assert check["run_wall_seconds"] == pytest.approx(short["wall_seconds"] + long["wall_seconds"])

@@ -92,6 +92,20 @@ class TuningSpec(BaseModel):
         return len(next(iter(self.grids.values())))
 
 
+class BudgetCheck(BaseModel):
+    """Is the shared budget where the listed methods stop improving? Each method's tuned config is
+    trained for its budget's rounds and for each longer budget in `rounds`, on the tuning settings
+    and `seeds`, and scored on validation only; it has stopped improving when no longer budget gains
+    `tolerance` or more."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    methods: list[str] = Field(min_length=1)
+    rounds: list[int] = Field(min_length=1, description="the longer budgets (rounds) to compare with")
+    seeds: list[int] | None = Field(default=None, description="None = the tuning seeds")
+    tolerance: float = Field(default=0.01, ge=0, description="validation accuracy with OOD, fraction")
+
+
 class ConvergenceCheck(BaseModel):
     """The report fails its convergence line unless `method` reaches `min_accuracy` without OOD on
     every setting of the named datasets: an upper bound that did not converge bounds nothing."""
@@ -150,6 +164,7 @@ class BenchProfile(BaseModel):
     )
     algorithm_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
     tuning: TuningSpec | None = None
+    budget_check: BudgetCheck | None = None
     convergence: ConvergenceCheck | None = None
     targets: Targets | None = None
     latency: LatencySpec | None = None
@@ -178,7 +193,32 @@ class BenchProfile(BaseModel):
             raise ValueError(f"train: {sorted(reserved & set(self.train))} are set by settings/budget/seeds")
         self._check_tuning()
         self._check_decay()
+        self._check_budget_check()
         return self
+
+    def _check_budget_check(self) -> None:
+        check = self.budget_check
+        if check is None:
+            return
+        if self.tuning is None:
+            raise ValueError("budget_check runs on the tuning settings and seeds: it needs a tuning section")
+        for method in check.methods:
+            check_algorithm(method)
+            if "decay_rounds" in self.method_config(method):
+                raise ValueError(
+                    f"budget_check: {method}'s learning-rate decay is tied to its budget's rounds"
+                )
+            shorter = [r for r in check.rounds if r <= self.method_budget(method).rounds]
+            if shorter:
+                raise ValueError(
+                    f"budget_check: rounds {shorter} are not longer than {method}'s budget "
+                    f"({self.method_budget(method).rounds} rounds)"
+                )
+        shared = set(check.seeds or []) & set(self.seeds)
+        if shared:
+            raise ValueError(
+                f"budget_check seeds {sorted(shared)} are evaluation seeds; check on validation seeds"
+            )
 
     def _check_decay(self) -> None:
         """A learning-rate decay must span the method's own rounds: shorter wastes the last rounds at

@@ -502,6 +502,44 @@ def tuning_lines(results: dict) -> list[str]:
     return [*lines, ""]
 
 
+def budget_verdict_lines(results: dict) -> list[str]:
+    check = results.get("budget_check")
+    if not check:
+        return []
+    improving = [row["method"] for row in check["rows"] if not row["stopped_improving"]]
+    verdict = "met" if not improving else f"**not met**: still improving: {', '.join(improving)}"
+    return [
+        f"Budget: every checked method has stopped improving on validation at its budget (see the budget "
+        f"check): {verdict}.",
+        "",
+    ]
+
+
+def budget_check_lines(results: dict) -> list[str]:
+    check = results.get("budget_check")
+    if not check:
+        return []
+    longer = sorted({int(r) for row in check["rows"] for r in row["val_acc_with_ood"]})
+    lines = [
+        "## Budget check (validation only)",
+        "",
+        f"Has each method stopped improving at the budget it is compared at? Its tuned config trained again "
+        f"for longer on {', '.join(check['settings'])}, seeds {check['seeds']}; mean validation accuracy "
+        f"with OOD. Stopped = no longer budget gains {100 * check['tolerance']:g} points or more.",
+        "",
+        "| method | " + " | ".join(f"{r} rounds" for r in longer) + " | best gain | stopped improving |",
+        "|---|" + "---|" * (len(longer) + 2),
+    ]
+    for row in check["rows"]:
+        scores = {int(r): v for r, v in row["val_acc_with_ood"].items()}  # JSON keys are strings
+        cells = [f"{100 * scores[r]:.1f}" if r in scores else "–" for r in longer]
+        verdict = f"yes, at {row['rounds']} rounds" if row["stopped_improving"] else "**no**"
+        lines.append(
+            f"| {row['method']} | " + " | ".join(cells) + f" | {100 * row['gain']:+.1f} | {verdict} |"
+        )
+    return [*lines, ""]
+
+
 # per-round training metrics that show whether a mechanism does anything (mean over the rounds and
 # seeds of a method): how far the simulated extractors are from theta, how much a class's features
 # move across them, and how large the contrastive gradient at z is next to the CE's
@@ -581,8 +619,10 @@ def time_line(results: dict) -> str:
     """How long the whole profile takes, from the runs' own wall times: they are kept in the run
     records, so a profile finished over several resumed invocations still counts every run."""
     jobs = results.get("machine", {}).get("jobs", 1)
-    run_seconds = results["tuning"].get("run_wall_seconds", 0.0) + sum(
-        r["wall_seconds"] for r in results["runs"]
+    run_seconds = (
+        results["tuning"].get("run_wall_seconds", 0.0)
+        + (results.get("budget_check") or {}).get("run_wall_seconds", 0.0)
+        + sum(r["wall_seconds"] for r in results["runs"])
     )
     minutes = run_seconds / 60 / jobs
     text = f"The training runs took {run_seconds / 3600:.1f} h summed, about {minutes:.0f} min with {jobs} job(s)"
@@ -646,7 +686,7 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         )
     )
     lines = header_lines(results) + target_lines(targets, profile.get("targets") or {})
-    lines += convergence_lines(results, aggregated)
+    lines += convergence_lines(results, aggregated) + budget_verdict_lines(results)
     for setting_spec in profile["settings"]:
         setting = setting_spec["name"]
         if setting not in aggregated:
@@ -662,6 +702,7 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     if has_features:
         lines += ["![back-end features](features.png)", ""]
     lines += tuning_lines(results)
+    lines += budget_check_lines(results)
     lines += ["## Method configurations", "", "| method | config |", "|---|---|"]
     for method, config in results.get("method_configs", {}).items():
         lines.append(f"| {method} | `{json.dumps(effective_config(method, config))}` |")

@@ -37,7 +37,7 @@ RECORD = "bench.json"
 class RunSpec:
     """One training run: which stage it belongs to, its data setting, method, seed and config."""
 
-    stage: str  # "tune" (a tuning trial, scored on validation) or "eval"
+    stage: str  # "tune" (a tuning trial), "budget" (a budget check; both scored on validation) or "eval"
     setting: Setting
     method: str
     seed: int
@@ -47,11 +47,14 @@ class RunSpec:
 
     def path(self, work_dir: Path) -> Path:
         run = Path(work_dir) / self.stage / self.setting.name / self.method / f"seed-{self.seed}"
+        if self.stage == "budget":
+            return run / f"rounds-{self.rounds}"
         return run / f"trial-{self.trial}" if self.trial is not None else run
 
     def label(self) -> str:
         trial = f" trial {self.trial}" if self.trial is not None else ""
-        return f"{self.stage} {self.setting.name} {self.method}{trial} seed={self.seed}"
+        rounds = f" {self.rounds} rounds" if self.stage == "budget" else ""
+        return f"{self.stage} {self.setting.name} {self.method}{trial}{rounds} seed={self.seed}"
 
 
 def train_config(spec: RunSpec, shared: dict, data_root: str | None) -> training.TrainConfig:
@@ -243,6 +246,62 @@ def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
     ]
 
 
+def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
+    """Each checked method's tuned config at its budget's rounds and at every longer budget."""
+    check = profile.budget_check
+    if check is None:
+        return []
+    seeds = check.seeds or profile.tuning.seeds
+    return [
+        RunSpec("budget", setting, method, seed, rounds, profile.method_config(method, tuned))
+        for setting in profile.tuning_settings()
+        for method in check.methods
+        for rounds in [profile.method_budget(method).rounds, *check.rounds]
+        for seed in seeds
+    ]
+
+
+def check_budget(
+    profile: BenchProfile, tuned: dict, work_dir: Path, data_root: str | None, resume: bool, jobs: int, log
+) -> dict | None:
+    """Mean validation accuracy with OOD of each checked method per budget (rounds); a method has
+    stopped improving at its budget when no longer budget gains `tolerance` or more."""
+    specs = budget_specs(profile, tuned)
+    if not specs:
+        return None
+    check = profile.budget_check
+    log(
+        f"budget check: {len(check.methods)} methods at {len(specs) // len(check.methods)} (budget, seed) runs each"
+    )
+    records = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
+    rows = []
+    for method in check.methods:
+        base = profile.method_budget(method).rounds
+        scores = {}
+        for rounds in [base, *check.rounds]:
+            mine = [
+                r for r, s in zip(records, specs, strict=True) if s.method == method and s.rounds == rounds
+            ]
+            scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
+        gain = max(scores[r] for r in check.rounds) - scores[base]
+        rows.append(
+            {
+                "method": method,
+                "rounds": base,
+                "val_acc_with_ood": scores,
+                "gain": gain,
+                "stopped_improving": bool(gain < check.tolerance),
+            }
+        )
+    return {
+        "rows": rows,
+        "seeds": check.seeds or profile.tuning.seeds,
+        "settings": [s.name for s in profile.tuning_settings()],
+        "tolerance": check.tolerance,
+        "run_wall_seconds": sum(r["wall_seconds"] for r in records),
+    }
+
+
 @torch.no_grad()
 def feature_projection(run_path: Path, seed: int, max_points: int = 800, tsne: bool = False) -> dict:
     """Back-end penultimate features of every client's ID test samples and of its OOD test samples
@@ -379,11 +438,13 @@ def run_benchmark(
     tuning_seconds = time.perf_counter() - started
     specs = evaluation_specs(profile, tuning["chosen"])
     runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
+    budget_check = check_budget(profile, tuning["chosen"], work_dir, data_root, resume, jobs, log)
     return {
         "profile": profile.model_dump(),
         "method_configs": {m: profile.method_config(m, tuning["chosen"]) for m in profile.methods},
         "method_budgets": {m: profile.method_budget(m).model_dump() for m in profile.methods},
         "tuning": {**tuning, "wall_seconds": tuning_seconds},
+        "budget_check": budget_check,
         "machine": machine,
         "runs": runs,
         "latency": measure_latency(profile, work_dir, log),
@@ -411,6 +472,9 @@ def narrowed(
                 f"settings {unknown} are not in profile {profile.name!r}; it has {sorted(known)}"
             )
         updates["settings"] = [known[name].model_dump() for name in settings]
+    if methods and profile.budget_check:  # a narrowed run checks only the methods it runs
+        kept = [m for m in profile.budget_check.methods if m in methods]
+        updates["budget_check"] = {**profile.budget_check.model_dump(), "methods": kept} if kept else None
     return BenchProfile(**{**profile.model_dump(), **updates}) if updates else profile
 
 
