@@ -525,7 +525,7 @@ def budget_check_lines(results: dict) -> list[str]:
         "",
         f"Has each method stopped improving at the budget it is compared at? Its tuned config trained again "
         f"for longer on {', '.join(check['settings'])}, seeds {check['seeds']}; mean validation accuracy "
-        f"with OOD. Stopped = no longer budget gains {100 * check['tolerance']:g} points or more.",
+        f"with OOD. Stopped = no longer budget gains {100 * check['tolerance']:g} or more points.",
         "",
         "| method | " + " | ".join(f"{r} rounds" for r in longer) + " | best gain | stopped improving |",
         "|---|" + "---|" * (len(longer) + 2),
