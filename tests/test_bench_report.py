@@ -395,18 +395,25 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
 
 def test_a_budget_check_must_compare_longer_budgets_on_validation_seeds():
     data = load_profile("standard").model_dump()
-    data["budget_check"] = {"methods": ["harmony"], "rounds": [12]}
-    assert BenchProfile(**data).budget_check.rounds == [12]
-    for check, message in (
-        ({"methods": ["harmony"], "rounds": [6]}, "not longer than harmony's budget"),
-        ({"methods": ["harmony"], "rounds": [12], "seeds": [0]}, "are evaluation seeds"),
+    rounds = data["budget"]["rounds"]
+    ok = {"methods": ["harmony"], "rounds": [2 * rounds], "seeds": [101]}
+    assert BenchProfile(**{**data, "budget_check": ok}).budget_check.rounds == [2 * rounds]
+    for change, message in (
+        ({"rounds": [rounds]}, "not longer than harmony's budget"),
+        ({"seeds": [0]}, "are evaluation or tuning seeds"),
+        ({"seeds": [100]}, "are evaluation or tuning seeds"),  # the tuning seed: its score is a maximum
+        ({"seeds": [101, 101]}, "repeat an entry"),
+        ({"rounds": [2 * rounds, 2 * rounds]}, "repeat an entry"),
         ({"methods": ["centralized"], "rounds": [50]}, "decay is tied to its budget's rounds"),
-        ({"methods": ["no-such-method"], "rounds": [12]}, "no-such-method"),
+        ({"methods": ["no-such-method"]}, "no-such-method"),
     ):
         with pytest.raises(ValidationError, match=message):
-            BenchProfile(**{**data, "budget_check": check})
+            BenchProfile(**{**data, "budget_check": {**ok, **change}})
+    without_fedproto = [m for m in data["methods"] if m != "fedproto"]
+    with pytest.raises(ValidationError, match="not methods of this profile"):
+        BenchProfile(**{**data, "methods": without_fedproto, "budget_check": {**ok, "methods": ["fedproto"]}})
     with pytest.raises(ValidationError, match="needs a tuning section"):
-        BenchProfile(**{**data, "tuning": None, "budget_check": {"methods": ["harmony"], "rounds": [12]}})
+        BenchProfile(**{**data, "tuning": None, "budget_check": ok})
 
 
 def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_path):
@@ -441,3 +448,17 @@ def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_
     assert "about 3 min with 2 job(s)" in text
     results["budget_check"]["rows"] = results["budget_check"]["rows"][1:]
     assert "budget check): met." in write_report(results, tmp_path / "met").read_text()
+
+
+def test_re_rendering_keeps_the_notes_of_results_made_at_another_budget(tmp_path):
+    from harmony_mobile.bench.runner import bench
+
+    results = synthetic_results()  # notes "tuned on validation only", budget 2 rounds
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    lines: list[str] = []
+    text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
+    assert "tuned on validation only" in text and any("notes are kept" in line for line in lines)
+    results["profile"]["budget"] = load_profile("standard").budget.model_dump()  # the same budget
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
+    assert "tuned on validation only" not in text and "**Budget.**" in text

@@ -96,13 +96,14 @@ class BudgetCheck(BaseModel):
     """Is the shared budget where the listed methods stop improving? Each method's tuned config is
     trained for its budget's rounds and for each longer budget in `rounds`, on the tuning settings
     and `seeds`, and scored on validation only; it has stopped improving when no longer budget gains
-    `tolerance` or more."""
+    `tolerance` or more. The seeds are neither evaluation nor tuning seeds: on a tuning seed the
+    budget's own score is the best of the trials, which biases the check towards "stopped"."""
 
     model_config = ConfigDict(extra="forbid")
 
     methods: list[str] = Field(min_length=1)
     rounds: list[int] = Field(min_length=1, description="the longer budgets (rounds) to compare with")
-    seeds: list[int] | None = Field(default=None, description="None = the tuning seeds")
+    seeds: list[int] = Field(min_length=1, description="validation-only seeds (not tuning, not evaluation)")
     tolerance: float = Field(default=0.01, ge=0, description="validation accuracy with OOD, fraction")
 
 
@@ -202,6 +203,12 @@ class BenchProfile(BaseModel):
             return
         if self.tuning is None:
             raise ValueError("budget_check runs on the tuning settings and seeds: it needs a tuning section")
+        for name, values in (("methods", check.methods), ("rounds", check.rounds), ("seeds", check.seeds)):
+            if len(set(values)) != len(values):  # two runs would share one run folder
+                raise ValueError(f"budget_check: {name} {values} repeat an entry")
+        unevaluated = [m for m in check.methods if m not in self.methods]
+        if unevaluated:
+            raise ValueError(f"budget_check: {unevaluated} are not methods of this profile")
         for method in check.methods:
             check_algorithm(method)
             if "decay_rounds" in self.method_config(method):
@@ -214,10 +221,10 @@ class BenchProfile(BaseModel):
                     f"budget_check: rounds {shorter} are not longer than {method}'s budget "
                     f"({self.method_budget(method).rounds} rounds)"
                 )
-        shared = set(check.seeds or []) & set(self.seeds)
+        shared = set(check.seeds) & set(self.seeds + self.tuning.seeds)
         if shared:
             raise ValueError(
-                f"budget_check seeds {sorted(shared)} are evaluation seeds; check on validation seeds"
+                f"budget_check seeds {sorted(shared)} are evaluation or tuning seeds; check on other seeds"
             )
 
     def _check_decay(self) -> None:

@@ -251,14 +251,28 @@ def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
     check = profile.budget_check
     if check is None:
         return []
-    seeds = check.seeds or profile.tuning.seeds
     return [
         RunSpec("budget", setting, method, seed, rounds, profile.method_config(method, tuned))
         for setting in profile.tuning_settings()
         for method in check.methods
         for rounds in [profile.method_budget(method).rounds, *check.rounds]
-        for seed in seeds
+        for seed in check.seeds
     ]
+
+
+def budget_row(method: str, base: int, scores: dict[int, float], tolerance: float) -> dict:
+    """`scores`: validation accuracy per rounds, `base` the method's budget. It has stopped improving
+    when no longer budget gains `tolerance` or more; a budget without a score (NaN) leaves that
+    undecided, reported as not stopped."""
+    longer = [score for rounds, score in scores.items() if rounds != base]
+    gain = max(longer) - scores[base] if not np.isnan([scores[base], *longer]).any() else float("nan")
+    return {
+        "method": method,
+        "rounds": base,
+        "val_acc_with_ood": scores,
+        "gain": gain,
+        "stopped_improving": bool(gain < tolerance),
+    }
 
 
 def check_budget(
@@ -283,19 +297,10 @@ def check_budget(
                 r for r, s in zip(records, specs, strict=True) if s.method == method and s.rounds == rounds
             ]
             scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
-        gain = max(scores[r] for r in check.rounds) - scores[base]
-        rows.append(
-            {
-                "method": method,
-                "rounds": base,
-                "val_acc_with_ood": scores,
-                "gain": gain,
-                "stopped_improving": bool(gain < check.tolerance),
-            }
-        )
+        rows.append(budget_row(method, base, scores, check.tolerance))
     return {
         "rows": rows,
-        "seeds": check.seeds or profile.tuning.seeds,
+        "seeds": check.seeds,
         "settings": [s.name for s in profile.tuning_settings()],
         "tolerance": check.tolerance,
         "run_wall_seconds": sum(r["wall_seconds"] for r in records),
@@ -508,7 +513,10 @@ def bench(
         if not results_file.is_file():
             raise FileNotFoundError(f"no {results_file} to re-render; run the benchmark first")
         results = json.loads(results_file.read_text())
-        results["profile"]["notes"] = profile.notes
+        if results["profile"]["budget"] == profile.budget.model_dump():
+            results["profile"]["notes"] = profile.notes
+        else:  # the notes describe the profile's current budget, not the one these results ran at
+            log("the profile's budget changed since these results: their own notes are kept")
         report = write_report(results, out_dir)
         log(f"report: {report} (re-rendered from {results_file})")
         return report
