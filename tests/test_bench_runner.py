@@ -179,7 +179,7 @@ def test_a_profiles_tiers_file_is_read_relative_to_the_profile(tmp_path, monkeyp
     assert {t.width for t in load_tiers(load_profile("standard").train["tiers_file"]).tiers} == {1.0}
 
 
-def test_the_budget_check_trains_the_tuned_pick_longer_on_the_tuning_seed(tmp_path):
+def test_the_budget_check_trains_the_tuned_pick_longer_on_validation_seeds(tmp_path):
     profile = BenchProfile(
         **{
             **TINY,

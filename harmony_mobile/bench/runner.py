@@ -175,6 +175,13 @@ def execute(
     return records
 
 
+def records_of(records: list[dict], specs: list[RunSpec], **fields) -> list[dict]:
+    """The records (in the order of `specs`) whose spec has the given field values."""
+    return [
+        r for r, s in zip(records, specs, strict=True) if all(getattr(s, k) == v for k, v in fields.items())
+    ]
+
+
 def validation_score(record: dict) -> float:
     return record.get("validation", {}).get("accuracy_with_ood", float("nan"))
 
@@ -207,7 +214,7 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
     for method, grid in profile.tuning.grids.items():
         scores = []
         for index, params in enumerate(grid):
-            mine = [r for r, s in zip(records, specs, strict=True) if s.method == method and s.trial == index]
+            mine = records_of(records, specs, method=method, trial=index)
             score = float(np.nanmean([validation_score(r) for r in mine]))
             scores.append(score)
             trials.append(
@@ -293,9 +300,7 @@ def check_budget(
         base = profile.method_budget(method).rounds
         scores = {}
         for rounds in [base, *check.rounds]:
-            mine = [
-                r for r, s in zip(records, specs, strict=True) if s.method == method and s.rounds == rounds
-            ]
+            mine = records_of(records, specs, method=method, rounds=rounds)
             scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
         rows.append(budget_row(method, base, scores, check.tolerance))
     return {
