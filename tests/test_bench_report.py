@@ -201,7 +201,7 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
         and "| fedavg |" not in text.split("Expected ms per query")[1].split("##")[0]
     )
     assert '| harmony | 0 | `{"lr": 0.003}` | 80.0 | 90.0 | **yes** |' in text
-    assert "own stated budgets: `centralized` 9 x 8 x 64" in text
+    assert "own stated budgets (they do not follow the shared one): `centralized` 9 x 8 x 64" in text
     diagnostics = text.split("Mechanism diagnostics")[1].split("\n\n")[1].splitlines()
     assert diagnostics[2] == "| harmony | – | – | 1 | – | – |"  # mean of 0.5 and 1.5 over rounds
     assert len(diagnostics) == 3  # methods that log none of the diagnostics have no row
@@ -232,6 +232,16 @@ def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
     assert "0.1 h summed, about 3 min with 2 job(s) (goal: within 1 min: **not met**)" in text
     results["profile"]["time_limit_minutes"] = 3.0
     assert "(goal: within 3 min: met)" in write_report(results, tmp_path / "again").read_text()
+
+
+def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocation(tmp_path):
+    results = synthetic_results()
+    assert "This invocation took 2.0 min on" in write_report(results, tmp_path).read_text()
+    for run in results["runs"][:7]:
+        run["reused"] = True
+    text = write_report(results, tmp_path / "resumed").read_text()
+    total = len(results["runs"])
+    assert f"took 2.0 min (7 of {total} evaluation runs read back from earlier invocations" in text
 
 
 def test_a_narrowed_benchmark_names_what_it_ran_in_its_command(tmp_path):

@@ -592,7 +592,7 @@ def budget_line(results: dict) -> str:
         if m in profile["methods"]
     ]
     if own:
-        text += "; own stated budgets: " + ", ".join(own)
+        text += "; own stated budgets (they do not follow the shared one): " + ", ".join(own)
     return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
 
 
@@ -637,6 +637,19 @@ def time_line(results: dict) -> str:
     return text + "."
 
 
+def invocation_line(results: dict) -> str:
+    """The wall time of the invocation that wrote the report; with `--resume` part of the runs were
+    read back from earlier invocations, so it can be far below the runs' own summed time."""
+    text = f"This invocation took {results['total_wall_seconds'] / 60:.1f} min"
+    reused = sum(1 for r in results["runs"] if r.get("reused"))
+    if reused:
+        text += (
+            f" ({reused} of {len(results['runs'])} evaluation runs read back from earlier invocations "
+            "with `--resume`)"
+        )
+    return text
+
+
 def header_lines(results: dict) -> list[str]:
     profile = results["profile"]
     machine = results.get("machine", {})
@@ -646,9 +659,12 @@ def header_lines(results: dict) -> list[str]:
         profile.get("description", "").strip(),
         "",
         f"Produced by `{command_line(results)}`. Evaluation seeds {profile['seeds']}; every "
-        "method gets the same partition and tiers per seed. " + budget_line(results) + " Total wall time "
-        f"{results['total_wall_seconds'] / 60:.1f} min on {machine.get('cpu_count')} CPUs, "
-        f"{machine.get('jobs', 1)} parallel job(s) of 1 torch thread. " + time_line(results),
+        "method gets the same partition and tiers per seed. "
+        + budget_line(results)
+        + " "
+        + invocation_line(results)
+        + f" on {machine.get('cpu_count')} CPUs, {machine.get('jobs', 1)} parallel job(s) of 1 torch "
+        "thread. " + time_line(results),
         "",
         _code_line(machine.get("code")),
         "",
