@@ -244,6 +244,23 @@ def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocat
     assert f"took 2.0 min (7 of {total} evaluation runs read back from earlier invocations" in text
 
 
+def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp_path):
+    results = synthetic_results()
+    results["machine"]["code"] = {"commit": "bbb2222", "uncommitted": []}
+    for run in results["runs"]:
+        run["code"] = {"commit": "bbb2222", "uncommitted": []}
+    assert "Code: commit `bbb2222`.\n" in write_report(results, tmp_path).read_text()
+    total = len(results["runs"])
+    for run in results["runs"][:3]:
+        run["code"] = {"commit": "aaa1111", "uncommitted": []}
+    del results["runs"][3]["code"]  # a record of older code
+    text = write_report(results, tmp_path / "mixed").read_text()
+    assert (
+        "Code: commit `bbb2222`; evaluation runs made at `aaa1111` (3), `bbb2222` "
+        f"({total - 4}), an unrecorded commit (1)."
+    ) in text
+
+
 def test_a_narrowed_benchmark_names_what_it_ran_in_its_command(tmp_path):
     results = synthetic_results()
     assert "Produced by `harmony bench --profile toy`." in write_report(results, tmp_path).read_text()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -277,13 +278,27 @@ def plot_features(projections: dict, path: Path) -> bool:
     return True
 
 
-def _code_line(code: dict | None) -> str:
+def _code_line(code: dict | None, runs: list[dict]) -> str:
+    """The rendering invocation's commit, and the commits that made the evaluation runs when they
+    differ from it (a profile resumed across commits; records of older code did not keep one)."""
     if not code or not code.get("commit"):
         return ""
     line = f"Code: commit `{code['commit']}`"
     if code.get("uncommitted"):
         line += " with uncommitted changes in " + ", ".join(f"`{f}`" for f in code["uncommitted"])
+    made = Counter(_run_commit(run) for run in runs)
+    if set(made) != {_run_commit({"code": code})}:
+        line += "; evaluation runs made at " + ", ".join(
+            f"{commit} ({count})" for commit, count in sorted(made.items())
+        )
     return line + "."
+
+
+def _run_commit(run: dict) -> str:
+    code = run.get("code") or {}
+    if not code.get("commit"):
+        return "an unrecorded commit"
+    return f"`{code['commit']}`" + (" with uncommitted changes" if code.get("uncommitted") else "")
 
 
 def _json_safe(value):
@@ -666,7 +681,7 @@ def header_lines(results: dict) -> list[str]:
         + f" on {machine.get('cpu_count')} CPUs, {machine.get('jobs', 1)} parallel job(s) of 1 torch "
         "thread. " + time_line(results),
         "",
-        _code_line(machine.get("code")),
+        _code_line(machine.get("code"), results["runs"]),
         "",
         "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
         "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "

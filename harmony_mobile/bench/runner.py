@@ -100,6 +100,7 @@ def run_one(
         "seed": spec.seed,
         "trial": spec.trial,
         "train_config": config.model_dump(),
+        "code": code_version(),  # a profile resumed over several commits says which made each run
         "wall_seconds": wall,
         "cpu_seconds": cpu,  # on a shared machine closer to the run's own cost than wall time
         "summary": results["summary"],
