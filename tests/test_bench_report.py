@@ -201,7 +201,7 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
         and "| fedavg |" not in text.split("Expected ms per query")[1].split("##")[0]
     )
     assert '| harmony | 0 | `{"lr": 0.003}` | 80.0 | 90.0 | **yes** |' in text
-    assert "own stated budgets (they do not follow the shared one): `centralized` 9 x 8 x 64" in text
+    assert "methods with their own stated budget instead of the shared one: `centralized` 9 x 8 x 64" in text
     diagnostics = text.split("Mechanism diagnostics")[1].split("\n\n")[1].splitlines()
     assert diagnostics[2] == "| harmony | – | – | 1 | – | – |"  # mean of 0.5 and 1.5 over rounds
     assert len(diagnostics) == 3  # methods that log none of the diagnostics have no row
@@ -236,7 +236,10 @@ def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
 
 def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocation(tmp_path):
     results = synthetic_results()
-    assert "This invocation took 2.0 min on" in write_report(results, tmp_path).read_text()
+    assert (
+        "The invocation that produced these results took 2.0 min on"
+        in write_report(results, tmp_path).read_text()
+    )
     for run in results["runs"][:7]:
         run["reused"] = True
     text = write_report(results, tmp_path / "resumed").read_text()
@@ -254,10 +257,11 @@ def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp
     for run in results["runs"][:3]:
         run["code"] = {"commit": "aaa1111", "uncommitted": []}
     del results["runs"][3]["code"]  # a record of older code
+    results["runs"][4]["code"] = {"commit": "bbb2222", "uncommitted": ["harmony_mobile/training.py"]}
     text = write_report(results, tmp_path / "mixed").read_text()
     assert (
-        "Code: commit `bbb2222`; evaluation runs made at `aaa1111` (3), `bbb2222` "
-        f"({total - 4}), an unrecorded commit (1)."
+        f"Code: commit `bbb2222`; evaluation runs made at `bbb2222` ({total - 5}), `aaa1111` (3), "
+        "an unrecorded commit (1), `bbb2222` with uncommitted changes in harmony_mobile/training.py (1)."
     ) in text
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from harmony_mobile.bench.profile import BenchProfile
 from harmony_mobile.bench.report import write_report
-from harmony_mobile.bench.runner import RECORD, code_version, evaluation_specs, run_benchmark
+from harmony_mobile.bench.runner import RECORD, evaluation_specs, run_benchmark
 
 TINY = {
     "name": "tiny",
@@ -58,7 +58,7 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
         assert 0 <= record["unseen"]["family_mean"] <= 1
         assert set(record["per_tier"]) == {"entry-android", "mid-android", "mid-ios", "flagship"}
     assert runs["fedavg", 0]["per_tier"]["flagship"]["p=0.5"]["exit_rate"] == 1.0
-    assert runs["harmony", 0]["code"] == code_version()  # each run names the code that made it
+    assert runs["harmony", 0]["code"] == results["machine"]["code"]  # each run names the code that made it
     # tuning: 2 trials per tuned method, scored on validation, the pick reaches the evaluation runs
     trials = results["tuning"]["trials"]
     assert [(t["method"], t["trial"]) for t in trials] == [

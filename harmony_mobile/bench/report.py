@@ -279,7 +279,7 @@ def plot_features(projections: dict, path: Path) -> bool:
 
 
 def _code_line(code: dict | None, runs: list[dict]) -> str:
-    """The rendering invocation's commit, and the commits that made the evaluation runs when they
+    """The producing invocation's commit, and the commits that made the evaluation runs when they
     differ from it (a profile resumed across commits; records of older code did not keep one)."""
     if not code or not code.get("commit"):
         return ""
@@ -289,7 +289,7 @@ def _code_line(code: dict | None, runs: list[dict]) -> str:
     made = Counter(_run_commit(run) for run in runs)
     if set(made) != {_run_commit({"code": code})}:
         line += "; evaluation runs made at " + ", ".join(
-            f"{commit} ({count})" for commit, count in sorted(made.items())
+            f"{commit} ({count})" for commit, count in made.most_common()
         )
     return line + "."
 
@@ -298,7 +298,8 @@ def _run_commit(run: dict) -> str:
     code = run.get("code") or {}
     if not code.get("commit"):
         return "an unrecorded commit"
-    return f"`{code['commit']}`" + (" with uncommitted changes" if code.get("uncommitted") else "")
+    changed = code.get("uncommitted")
+    return f"`{code['commit']}`" + (" with uncommitted changes in " + ", ".join(changed) if changed else "")
 
 
 def _json_safe(value):
@@ -607,7 +608,7 @@ def budget_line(results: dict) -> str:
         if m in profile["methods"]
     ]
     if own:
-        text += "; own stated budgets (they do not follow the shared one): " + ", ".join(own)
+        text += "; methods with their own stated budget instead of the shared one: " + ", ".join(own)
     return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
 
 
@@ -653,9 +654,10 @@ def time_line(results: dict) -> str:
 
 
 def invocation_line(results: dict) -> str:
-    """The wall time of the invocation that wrote the report; with `--resume` part of the runs were
-    read back from earlier invocations, so it can be far below the runs' own summed time."""
-    text = f"This invocation took {results['total_wall_seconds'] / 60:.1f} min"
+    """The wall time of the benchmark invocation that produced these results (`--report-only`
+    keeps it); with `--resume` part of its runs were read back from earlier invocations, so it can
+    be far below the runs' own summed time."""
+    text = f"The invocation that produced these results took {results['total_wall_seconds'] / 60:.1f} min"
     reused = sum(1 for r in results["runs"] if r.get("reused"))
     if reused:
         text += (

@@ -74,10 +74,16 @@ def train_config(spec: RunSpec, shared: dict, data_root: str | None) -> training
 
 
 def run_one(
-    spec: RunSpec, shared: dict, work_dir: Path, data_root: str | None = None, resume: bool = False
+    spec: RunSpec,
+    shared: dict,
+    work_dir: Path,
+    data_root: str | None = None,
+    resume: bool = False,
+    code: dict | None = None,
 ) -> dict:
     """Train one run and return its record (also written to RUN/bench.json). With `resume`, a
-    finished run of the same configuration is read back instead; anything else there is redone."""
+    finished run of the same configuration is read back instead; anything else there is redone.
+    `code`: the version the caller loaded (a commit made while runs train must not relabel them)."""
     config = train_config(spec, shared, data_root)
     run_path = spec.path(work_dir)
     record_file = run_path / RECORD
@@ -100,7 +106,7 @@ def run_one(
         "seed": spec.seed,
         "trial": spec.trial,
         "train_config": config.model_dump(),
-        "code": code_version(),  # a profile resumed over several commits says which made each run
+        "code": code or code_version(),  # a profile resumed across commits says which made each run
         "wall_seconds": wall,
         "cpu_seconds": cpu,  # on a shared machine closer to the run's own cost than wall time
         "summary": results["summary"],
@@ -131,9 +137,11 @@ def _round_metrics(run_path: Path) -> list[dict]:
     return rows
 
 
-def _run_in_worker(spec: RunSpec, shared: dict, work_dir: Path, data_root: str | None, resume: bool) -> dict:
+def _run_in_worker(
+    spec: RunSpec, shared: dict, work_dir: Path, data_root: str | None, resume: bool, code: dict
+) -> dict:
     torch.set_num_threads(1)
-    return run_one(spec, shared, work_dir, data_root, resume)
+    return run_one(spec, shared, work_dir, data_root, resume, code)
 
 
 def execute(
@@ -147,6 +155,7 @@ def execute(
 ) -> list[dict]:
     """Run every spec (in `jobs` worker processes when jobs > 1); records in the order of `specs`."""
     started = time.perf_counter()
+    code = code_version()
     records: list[dict | None] = [None] * len(specs)
 
     def report(index: int, record: dict, done: int) -> None:
@@ -160,13 +169,13 @@ def execute(
 
     if jobs <= 1:
         for index, spec in enumerate(specs):
-            records[index] = run_one(spec, shared, work_dir, data_root, resume)
+            records[index] = run_one(spec, shared, work_dir, data_root, resume, code)
             report(index, records[index], index + 1)
         return records
     # spawn: a fresh interpreter per worker (no forked torch thread pools)
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {
-            pool.submit(_run_in_worker, spec, shared, work_dir, data_root, resume): index
+            pool.submit(_run_in_worker, spec, shared, work_dir, data_root, resume, code): index
             for index, spec in enumerate(specs)
         }
         for done, future in enumerate(as_completed(futures), start=1):
