@@ -261,7 +261,7 @@ def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp
     text = write_report(results, tmp_path / "mixed").read_text()
     assert (
         f"Code: commit `bbb2222`; evaluation runs made at `bbb2222` ({total - 5}), `aaa1111` (3), "
-        "an unrecorded commit (1), `bbb2222` with uncommitted changes in harmony_mobile/training.py (1)."
+        "an unrecorded commit (1), `bbb2222` with uncommitted changes in `harmony_mobile/training.py` (1)."
     ) in text
 
 

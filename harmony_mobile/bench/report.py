@@ -283,23 +283,23 @@ def _code_line(code: dict | None, runs: list[dict]) -> str:
     differ from it (a profile resumed across commits; records of older code did not keep one)."""
     if not code or not code.get("commit"):
         return ""
-    line = f"Code: commit `{code['commit']}`"
-    if code.get("uncommitted"):
-        line += " with uncommitted changes in " + ", ".join(f"`{f}`" for f in code["uncommitted"])
-    made = Counter(_run_commit(run) for run in runs)
-    if set(made) != {_run_commit({"code": code})}:
+    line = f"Code: commit {_commit_text(code)}"
+    made = Counter(_commit_text(run.get("code")) for run in runs)
+    if set(made) != {_commit_text(code)}:
         line += "; evaluation runs made at " + ", ".join(
             f"{commit} ({count})" for commit, count in made.most_common()
         )
     return line + "."
 
 
-def _run_commit(run: dict) -> str:
-    code = run.get("code") or {}
-    if not code.get("commit"):
+def _commit_text(code: dict | None) -> str:
+    """A `code_version()` as the report names it."""
+    if not code or not code.get("commit"):
         return "an unrecorded commit"
     changed = code.get("uncommitted")
-    return f"`{code['commit']}`" + (" with uncommitted changes in " + ", ".join(changed) if changed else "")
+    return f"`{code['commit']}`" + (
+        " with uncommitted changes in " + ", ".join(f"`{f}`" for f in changed) if changed else ""
+    )
 
 
 def _json_safe(value):
