@@ -38,7 +38,10 @@ torch.set_num_threads(1)
 ROUNDS = "/v1/alignment/rounds"
 INFER = "/v2/models/harmony-backend/infer"
 FAST = {"steps": 12, "batch_size": 32}
-LEASE = 2.0
+LEASE = 2.0  # short, so a test sees an expired lease quickly
+# A round that must stay alive: its heartbeat renews every LIVE_LEASE / 3 s, and on a loaded machine
+# (2 cores, another test worker writing the same disk) one SQLite write can wait a second or more.
+LIVE_LEASE = 6.0
 
 
 def store_uploads(client, device, uploads: int = 4, rows: int = 30, label_epoch: str = LABEL_EPOCH) -> None:
@@ -96,6 +99,13 @@ def server(request, tmp_path, fitted_model_dir):
 def leased_server(request, tmp_path, fitted_model_dir):
     """Rounds leased for LEASE seconds, so an expired lease is seen within a test."""
     with running_server(request, tmp_path, fitted_model_dir, round_lease_seconds=LEASE) as started:
+        yield started
+
+
+@pytest.fixture
+def live_leased_server(request, tmp_path, fitted_model_dir):
+    """Rounds leased for LIVE_LEASE seconds: long enough that a slow write never lets a live one lapse."""
+    with running_server(request, tmp_path, fitted_model_dir, round_lease_seconds=LIVE_LEASE) as started:
         yield started
 
 
@@ -335,11 +345,11 @@ def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(leased_se
         release.set()
 
 
-@pytest.mark.parametrize("leased_server", STORE_BACKENDS, indirect=True)
-def test_a_worker_starting_beside_a_live_round_leaves_it_running(leased_server, monkeypatch):
+@pytest.mark.parametrize("live_leased_server", STORE_BACKENDS, indirect=True)
+def test_a_worker_starting_beside_a_live_round_leaves_it_running(live_leased_server, monkeypatch):
     """`--workers N` or replicas: a process starting (or restarting) while another one runs a round
     does not interrupt that round, and a round it queues waits until the live one is done."""
-    client, device, settings = leased_server
+    client, device, settings = live_leased_server
     reached, release = threading.Event(), threading.Event()
     real = alignment_module.supcon_loss
     calls = 0
@@ -359,7 +369,7 @@ def test_a_worker_starting_beside_a_live_round_leaves_it_running(leased_server, 
         with TestClient(create_app(settings)) as other:
             queued = other.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
             store_uploads(other, device, uploads=2)  # new rows for the queued round
-            time.sleep(2 * LEASE)  # several heartbeats and sweeps of both processes
+            time.sleep(LIVE_LEASE)  # three heartbeats and sweeps of each process
             assert other.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()["status"] == "running"
             assert other.get(f"{ROUNDS}/{queued}", headers=ADMIN).json()["status"] == "queued"
             release.set()
