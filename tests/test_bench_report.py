@@ -244,7 +244,19 @@ def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocat
         run["reused"] = True
     text = write_report(results, tmp_path / "resumed").read_text()
     total = len(results["runs"])
-    assert f"took 2.0 min (7 of {total} evaluation runs read back from earlier invocations" in text
+    assert f"took 2.0 min (7 of {total} runs read back from earlier invocations with `--resume`: " in text
+    assert f"evaluation 7 of {total})" in text
+    # tuning and budget-check runs read back count too, per stage
+    results["tuning"]["run_provenance"] = [{"reused": True, "code": None}, {"reused": False, "code": None}]
+    results["budget_check"] = {
+        **{"rows": [], "settings": ["toy"], "seeds": [101], "tolerance": 0.01},
+        "run_provenance": [{"reused": True, "code": None}] * 4,
+    }
+    text = write_report(results, tmp_path / "stages").read_text()
+    assert (
+        f"(12 of {total + 6} runs read back from earlier invocations with `--resume`: "
+        f"evaluation 7 of {total}, tuning 1 of 2, budget check 4 of 4)"
+    ) in text
 
 
 def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp_path):
@@ -258,10 +270,13 @@ def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp
         run["code"] = {"commit": "aaa1111", "uncommitted": []}
     del results["runs"][3]["code"]  # a record of older code
     results["runs"][4]["code"] = {"commit": "bbb2222", "uncommitted": ["harmony_mobile/training.py"]}
+    # a tuning run of another commit is named too
+    results["tuning"]["run_provenance"] = [{"reused": True, "code": {"commit": "ccc3333", "uncommitted": []}}]
     text = write_report(results, tmp_path / "mixed").read_text()
     assert (
-        f"Code: commit `bbb2222`; evaluation runs made at `bbb2222` ({total - 5}), `aaa1111` (3), "
-        "an unrecorded commit (1), `bbb2222` with uncommitted changes in `harmony_mobile/training.py` (1)."
+        f"Code: commit `bbb2222`; runs made at `bbb2222` ({total - 5}), `aaa1111` (3), "
+        "an unrecorded commit (1), `bbb2222` with uncommitted changes in `harmony_mobile/training.py` (1), "
+        "`ccc3333` (1)."
     ) in text
 
 

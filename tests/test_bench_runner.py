@@ -59,6 +59,7 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
         assert set(record["per_tier"]) == {"entry-android", "mid-android", "mid-ios", "flagship"}
     assert runs["fedavg", 0]["per_tier"]["flagship"]["p=0.5"]["exit_rate"] == 1.0
     assert runs["harmony", 0]["code"] == results["machine"]["code"]  # each run names the code that made it
+    assert results["tuning"]["run_provenance"] == [{"reused": False, "code": results["machine"]["code"]}] * 4
     # tuning: 2 trials per tuned method, scored on validation, the pick reaches the evaluation runs
     trials = results["tuning"]["trials"]
     assert [(t["method"], t["trial"]) for t in trials] == [
@@ -112,6 +113,7 @@ def test_resume_keeps_finished_runs_and_redoes_a_killed_one(serial, tmp_path):
     trained = [line for line in run_lines if "reused" not in line]
     assert len(trained) == 1 and specs[1].label() in trained[0]
     assert len(run_lines) == len(specs) + 4  # + 4 tuning trials, all reused
+    assert [p["reused"] for p in resumed["tuning"]["run_provenance"]] == [True] * 4
     assert untouched.read_text() == before
     assert (killed / RECORD).is_file()
     redone = next(r for r in resumed["runs"] if r["method"] == specs[1].method and r["seed"] == specs[1].seed)
@@ -205,6 +207,10 @@ def test_the_budget_check_trains_the_tuned_pick_longer_on_validation_seeds(tmp_p
     assert evaluated["algorithm_config"]["lr"] == 0.01
     assert len([line for line in lines if "budget " in line and line.startswith("[")]) == 2
     assert check["run_wall_seconds"] == pytest.approx(short["wall_seconds"] + long["wall_seconds"])
+    assert check["run_provenance"] == [
+        {"reused": False, "code": short["code"]},
+        {"reused": False, "code": long["code"]},
+    ]
 
 
 def test_a_method_has_stopped_improving_only_if_no_longer_budget_gains_the_tolerance():

@@ -279,17 +279,25 @@ def plot_features(projections: dict, path: Path) -> bool:
 
 
 def _code_line(code: dict | None, runs: list[dict]) -> str:
-    """The producing invocation's commit, and the commits that made the evaluation runs when they
-    differ from it (a profile resumed across commits; records of older code did not keep one)."""
+    """The producing invocation's commit, and the commits that made the runs (of every stage) when
+    they differ from it (a profile resumed across commits; records of older code did not keep one)."""
     if not code or not code.get("commit"):
         return ""
     line = f"Code: commit {_commit_text(code)}"
     made = Counter(_commit_text(run.get("code")) for run in runs)
     if set(made) != {_commit_text(code)}:
-        line += "; evaluation runs made at " + ", ".join(
-            f"{commit} ({count})" for commit, count in made.most_common()
-        )
+        line += "; runs made at " + ", ".join(f"{commit} ({count})" for commit, count in made.most_common())
     return line + "."
+
+
+def runs_by_stage(results: dict) -> dict[str, list[dict]]:
+    """Each stage's runs (tuning and budget-check runs as their provenance only; results of older
+    code kept none)."""
+    return {
+        "evaluation": results["runs"],
+        "tuning": (results.get("tuning") or {}).get("run_provenance", []),
+        "budget check": (results.get("budget_check") or {}).get("run_provenance", []),
+    }
 
 
 def _commit_text(code: dict | None) -> str:
@@ -658,11 +666,13 @@ def invocation_line(results: dict) -> str:
     keeps it); with `--resume` part of its runs were read back from earlier invocations, so it can
     be far below the runs' own summed time."""
     text = f"The invocation that produced these results took {results['total_wall_seconds'] / 60:.1f} min"
-    reused = sum(1 for r in results["runs"] if r.get("reused"))
-    if reused:
+    stages = {name: runs for name, runs in runs_by_stage(results).items() if runs}
+    reused = {name: sum(1 for r in runs if r.get("reused")) for name, runs in stages.items()}
+    if any(reused.values()):
+        per_stage = ", ".join(f"{name} {reused[name]} of {len(runs)}" for name, runs in stages.items())
         text += (
-            f" ({reused} of {len(results['runs'])} evaluation runs read back from earlier invocations "
-            "with `--resume`)"
+            f" ({sum(reused.values())} of {sum(map(len, stages.values()))} runs read back from earlier "
+            f"invocations with `--resume`: {per_stage})"
         )
     return text
 
@@ -683,7 +693,7 @@ def header_lines(results: dict) -> list[str]:
         + f" on {machine.get('cpu_count')} CPUs, {machine.get('jobs', 1)} parallel job(s) of 1 torch "
         "thread. " + time_line(results),
         "",
-        _code_line(machine.get("code"), results["runs"]),
+        _code_line(machine.get("code"), [run for runs in runs_by_stage(results).values() for run in runs]),
         "",
         "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
         "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "

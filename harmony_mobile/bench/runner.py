@@ -192,6 +192,12 @@ def records_of(records: list[dict], specs: list[RunSpec], **fields) -> list[dict
     ]
 
 
+def provenance(records: list[dict]) -> list[dict]:
+    """Which of a stage's runs were read back (`--resume`) and which commit made each: what the
+    report says of tuning and budget-check runs, whose records it does not keep."""
+    return [{"reused": bool(r.get("reused")), "code": r.get("code")} for r in records]
+
+
 def validation_score(record: dict) -> float:
     return record.get("validation", {}).get("accuracy_with_ood", float("nan"))
 
@@ -244,7 +250,12 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
         for row in trials:
             if row["method"] == method:
                 row["chosen"] = row["trial"] == best
-    return {"chosen": chosen, "trials": trials, "run_wall_seconds": sum(r["wall_seconds"] for r in records)}
+    return {
+        "chosen": chosen,
+        "trials": trials,
+        "run_wall_seconds": sum(r["wall_seconds"] for r in records),
+        "run_provenance": provenance(records),
+    }
 
 
 def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
@@ -319,6 +330,7 @@ def check_budget(
         "settings": [s.name for s in profile.tuning_settings()],
         "tolerance": check.tolerance,
         "run_wall_seconds": sum(r["wall_seconds"] for r in records),
+        "run_provenance": provenance(records),
     }
 
 
