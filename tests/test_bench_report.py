@@ -270,9 +270,11 @@ def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp
         run["code"] = {"commit": "aaa1111", "uncommitted": []}
     del results["runs"][3]["code"]  # a record of older code
     results["runs"][4]["code"] = {"commit": "bbb2222", "uncommitted": ["harmony_mobile/training.py"]}
-    # a tuning run of another commit is named too
-    results["tuning"]["run_provenance"] = [{"reused": True, "code": {"commit": "ccc3333", "uncommitted": []}}]
     text = write_report(results, tmp_path / "mixed").read_text()
+    assert f"Code: commit `bbb2222`; evaluation runs made at `bbb2222` ({total - 5}), `aaa1111` (3)" in text
+    # with the other stages' provenance kept, their runs are named too
+    results["tuning"]["run_provenance"] = [{"reused": True, "code": {"commit": "ccc3333", "uncommitted": []}}]
+    text = write_report(results, tmp_path / "stages").read_text()
     assert (
         f"Code: commit `bbb2222`; runs made at `bbb2222` ({total - 5}), `aaa1111` (3), "
         "an unrecorded commit (1), `bbb2222` with uncommitted changes in `harmony_mobile/training.py` (1), "

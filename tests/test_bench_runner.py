@@ -107,6 +107,9 @@ def test_resume_keeps_finished_runs_and_redoes_a_killed_one(serial, tmp_path):
     (killed / "final_metrics.json").unlink(missing_ok=True)
     untouched = specs[0].path(copy) / RECORD
     before = untouched.read_text()
+    older = copy / "tune" / "digits-family" / "harmony" / "seed-7" / "trial-0" / RECORD
+    made_earlier = {**json.loads(older.read_text()), "code": {"commit": "aaa1111", "uncommitted": []}}
+    older.write_text(json.dumps(made_earlier))  # a trial an older commit made
     lines: list[str] = []
     resumed = run_benchmark(profile, copy, resume=True, log=lines.append)
     run_lines = [line for line in lines if line.startswith("[")]
@@ -114,6 +117,9 @@ def test_resume_keeps_finished_runs_and_redoes_a_killed_one(serial, tmp_path):
     assert len(trained) == 1 and specs[1].label() in trained[0]
     assert len(run_lines) == len(specs) + 4  # + 4 tuning trials, all reused
     assert [p["reused"] for p in resumed["tuning"]["run_provenance"]] == [True] * 4
+    # a run read back keeps the commit that made it, not the resuming invocation's
+    assert resumed["tuning"]["run_provenance"][0]["code"] == {"commit": "aaa1111", "uncommitted": []}
+    assert resumed["tuning"]["run_provenance"][1]["code"] == resumed["machine"]["code"]
     assert untouched.read_text() == before
     assert (killed / RECORD).is_file()
     redone = next(r for r in resumed["runs"] if r["method"] == specs[1].method and r["seed"] == specs[1].seed)

@@ -39,8 +39,9 @@ ROUNDS = "/v1/alignment/rounds"
 INFER = "/v2/models/harmony-backend/infer"
 FAST = {"steps": 12, "batch_size": 32}
 LEASE = 2.0  # short, so a test sees an expired lease quickly
-# A round that must stay alive: its heartbeat renews every LIVE_LEASE / 3 s, and on a loaded machine
-# (2 cores, another test worker writing the same disk) one SQLite write can wait a second or more.
+# A round that must stay alive: its heartbeat renews every LIVE_LEASE / 3 s, so a renewal may come
+# 4 s late before the lease lapses; with LEASE a loaded machine (2 cores, another test worker writing
+# the same disk, every SQLite commit fsynced) once delayed one past it.
 LIVE_LEASE = 6.0
 
 
@@ -104,7 +105,7 @@ def leased_server(request, tmp_path, fitted_model_dir):
 
 @pytest.fixture
 def live_leased_server(request, tmp_path, fitted_model_dir):
-    """Rounds leased for LIVE_LEASE seconds: long enough that a slow write never lets a live one lapse."""
+    """Rounds leased for LIVE_LEASE seconds: a slow write does not let a live one lapse."""
     with running_server(request, tmp_path, fitted_model_dir, round_lease_seconds=LIVE_LEASE) as started:
         yield started
 
@@ -328,7 +329,9 @@ def test_restart_during_a_round_marks_it_interrupted_and_loses_nothing(leased_se
     monkeypatch.setattr(client.app.state.harmony.alignment, "beat", lambda: None)
     uploads = client.app.state.harmony.store.upload_stats()
     try:
-        with TestClient(create_app(settings)) as restarted:  # a new process on the same store
+        # a new process on the same store; the round it runs below must not lapse on a slow write
+        restarted_settings = settings.model_copy(update={"round_lease_seconds": LIVE_LEASE})
+        with TestClient(create_app(restarted_settings)) as restarted:
             record = wait_for_status(restarted, round_id, "interrupted", timeout=6 * LEASE)
             assert "stopped while this round" in record["error"]
             assert restarted.app.state.harmony.store.upload_stats() == uploads
@@ -370,6 +373,7 @@ def test_a_worker_starting_beside_a_live_round_leaves_it_running(live_leased_ser
             queued = other.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
             store_uploads(other, device, uploads=2)  # new rows for the queued round
             time.sleep(LIVE_LEASE)  # three heartbeats and sweeps of each process
+            other.app.state.harmony.alignment.beat()  # and one sweep surely after the first lease ran out
             assert other.get(f"{ROUNDS}/{round_id}", headers=ADMIN).json()["status"] == "running"
             assert other.get(f"{ROUNDS}/{queued}", headers=ADMIN).json()["status"] == "queued"
             release.set()

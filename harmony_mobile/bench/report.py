@@ -278,7 +278,7 @@ def plot_features(projections: dict, path: Path) -> bool:
     return True
 
 
-def _code_line(code: dict | None, runs: list[dict]) -> str:
+def _code_line(code: dict | None, runs: list[dict], runs_named: str = "runs") -> str:
     """The producing invocation's commit, and the commits that made the runs (of every stage) when
     they differ from it (a profile resumed across commits; records of older code did not keep one)."""
     if not code or not code.get("commit"):
@@ -286,8 +286,18 @@ def _code_line(code: dict | None, runs: list[dict]) -> str:
     line = f"Code: commit {_commit_text(code)}"
     made = Counter(_commit_text(run.get("code")) for run in runs)
     if set(made) != {_commit_text(code)}:
-        line += "; runs made at " + ", ".join(f"{commit} ({count})" for commit, count in made.most_common())
+        line += f"; {runs_named} made at " + ", ".join(
+            f"{commit} ({count})" for commit, count in made.most_common()
+        )
     return line + "."
+
+
+def _runs_with_provenance(results: dict) -> tuple[list[dict], str]:
+    """Every run whose provenance the results kept, and what to call them (results of older code
+    kept it for the evaluation runs only)."""
+    stages = {name: runs for name, runs in runs_by_stage(results).items() if runs}
+    named = "evaluation runs" if list(stages) == ["evaluation"] else "runs"
+    return [run for runs in stages.values() for run in runs], named
 
 
 def runs_by_stage(results: dict) -> dict[str, list[dict]]:
@@ -693,7 +703,7 @@ def header_lines(results: dict) -> list[str]:
         + f" on {machine.get('cpu_count')} CPUs, {machine.get('jobs', 1)} parallel job(s) of 1 torch "
         "thread. " + time_line(results),
         "",
-        _code_line(machine.get("code"), [run for runs in runs_by_stage(results).values() for run in runs]),
+        _code_line(machine.get("code"), *_runs_with_provenance(results)),
         "",
         "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
         "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "
