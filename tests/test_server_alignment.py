@@ -290,8 +290,9 @@ def test_crash_mid_round_keeps_old_version_and_uploads(server, monkeypatch):
     )
 
 
-def block_round_at_step(monkeypatch, step: int):
-    """Hold the round inside training at `step` until `release` is set; then fail it (a dead process)."""
+def block_round_at_step(monkeypatch, step: int, then_fail: bool = True):
+    """Hold the round inside training at `step` until `release` is set; then fail it (a dead
+    process) or, with `then_fail=False`, let it go on."""
     reached, release = threading.Event(), threading.Event()
     real = alignment_module.supcon_loss
     calls = 0
@@ -301,8 +302,9 @@ def block_round_at_step(monkeypatch, step: int):
         calls += 1
         if calls == step + 1:  # call 1 is the held-out 'before' measurement
             reached.set()
-            release.wait(30)
-            raise RuntimeError("the process died here")
+            release.wait(60)
+            if then_fail:
+                raise RuntimeError("the process died here")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(alignment_module, "supcon_loss", blocking)
@@ -353,19 +355,7 @@ def test_a_worker_starting_beside_a_live_round_leaves_it_running(live_leased_ser
     """`--workers N` or replicas: a process starting (or restarting) while another one runs a round
     does not interrupt that round, and a round it queues waits until the live one is done."""
     client, device, settings = live_leased_server
-    reached, release = threading.Event(), threading.Event()
-    real = alignment_module.supcon_loss
-    calls = 0
-
-    def pause_once(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        if calls == 3:
-            reached.set()
-            release.wait(60)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(alignment_module, "supcon_loss", pause_once)
+    reached, release = block_round_at_step(monkeypatch, step=2, then_fail=False)
     round_id = client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
     assert reached.wait(30)
     try:
@@ -421,19 +411,7 @@ def test_shutdown_during_a_round_marks_it_interrupted(tmp_path, monkeypatch):
 
 def test_hot_swap_inference_answers_during_the_round_and_switches_after(server, monkeypatch):
     client, device, _ = server
-    reached, release = threading.Event(), threading.Event()
-    real = alignment_module.supcon_loss
-    calls = 0
-
-    def pausing(*args, **kwargs):
-        nonlocal calls
-        calls += 1
-        if calls == 4:
-            reached.set()
-            release.wait(30)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(alignment_module, "supcon_loss", pausing)
+    reached, release = block_round_at_step(monkeypatch, step=3, then_fail=False)
     round_id = client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"]
     try:
         assert reached.wait(30)
