@@ -278,7 +278,7 @@ def plot_features(projections: dict, path: Path) -> bool:
     return True
 
 
-def _code_line(code: dict | None, runs: list[dict], runs_named: str = "runs") -> str:
+def _code_line(code: dict | None, runs: list[dict], runs_named: str) -> str:
     """The producing invocation's commit, and the commits that made the runs (of every stage) when
     they differ from it (a profile resumed across commits; records of older code did not keep one)."""
     if not code or not code.get("commit"):
@@ -295,19 +295,20 @@ def _code_line(code: dict | None, runs: list[dict], runs_named: str = "runs") ->
 def _runs_with_provenance(results: dict) -> tuple[list[dict], str]:
     """Every run whose provenance the results kept, and what to call them (results of older code
     kept it for the evaluation runs only)."""
-    stages = {name: runs for name, runs in runs_by_stage(results).items() if runs}
+    stages = runs_by_stage(results)
     named = "evaluation runs" if list(stages) == ["evaluation"] else "runs"
     return [run for runs in stages.values() for run in runs], named
 
 
 def runs_by_stage(results: dict) -> dict[str, list[dict]]:
-    """Each stage's runs (tuning and budget-check runs as their provenance only; results of older
-    code kept none)."""
-    return {
+    """Each stage that has runs, with them (tuning and budget-check runs as their provenance only;
+    results of older code kept none, a profile without those stages has none)."""
+    stages = {
         "evaluation": results["runs"],
         "tuning": (results.get("tuning") or {}).get("run_provenance", []),
         "budget check": (results.get("budget_check") or {}).get("run_provenance", []),
     }
+    return {name: runs for name, runs in stages.items() if runs}
 
 
 def _commit_text(code: dict | None) -> str:
@@ -676,14 +677,14 @@ def invocation_line(results: dict) -> str:
     keeps it); with `--resume` part of its runs were read back from earlier invocations, so it can
     be far below the runs' own summed time."""
     text = f"The invocation that produced these results took {results['total_wall_seconds'] / 60:.1f} min"
-    stages = {name: runs for name, runs in runs_by_stage(results).items() if runs}
+    stages = runs_by_stage(results)
     reused = {name: sum(1 for r in runs if r.get("reused")) for name, runs in stages.items()}
     if any(reused.values()):
-        per_stage = ", ".join(f"{name} {reused[name]} of {len(runs)}" for name, runs in stages.items())
-        text += (
-            f" ({sum(reused.values())} of {sum(map(len, stages.values()))} runs read back from earlier "
-            f"invocations with `--resume`: {per_stage})"
-        )
+        every, named = _runs_with_provenance(results)
+        text += f" ({sum(reused.values())} of {len(every)} {named} read back from earlier invocations with `--resume`"
+        if len(stages) > 1:
+            text += ": " + ", ".join(f"{name} {reused[name]} of {len(runs)}" for name, runs in stages.items())
+        text += ")"
     return text
 
 
