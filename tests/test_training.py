@@ -1,5 +1,6 @@
 """Each HARMONY mechanism alone, the round loop's resume, and one short end-to-end run."""
 
+import copy
 import json
 
 import pytest
@@ -7,6 +8,7 @@ import torch
 import yaml
 
 from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold, split_step
+from harmony_mobile.algorithms.harmony import RoundModels
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
@@ -86,10 +88,11 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
         for p in adapted.parameters():
             p.add_(1.0)  # theta' - theta = 1 everywhere, so variant - theta = beta
     variant = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
+    models = RoundModels(client.model, adapted, variant, client.held_parameters())
     generator = torch.Generator().manual_seed(0)
     depths, betas = set(), []
     for _ in range(60):
-        depth, noise = algo._sample_variant(client, adapted, variant, generator)
+        depth, noise = algo._sample_variant(client, models, generator)
         depths.add(depth)
         assert noise == 0.0  # weight_noise = 0: the measured noise is none
         betas.append(
@@ -100,7 +103,33 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
     assert max(betas) > 1.0  # extrapolation beyond the personalized point happens
 
     fixed = tiny_federation(algorithm="harmony-fixed-depth").algorithm
-    assert {fixed._sample_variant(client, adapted, variant, generator)[0] for _ in range(20)} == {3}
+    assert {fixed._sample_variant(client, models, generator)[0] for _ in range(20)} == {3}
+
+
+def test_a_round_on_reused_working_copies_equals_a_round_on_fresh_copies():
+    """HARMONY deep-copies theta' and theta_v once per client and resets them every round: a second
+    round must give exactly what a new algorithm, copying afresh, gives from the same state."""
+    federation = tiny_federation()
+    algo, server = federation.algorithm, federation.server
+    client = next(c for c in federation.clients if c.split_depth == 3)
+    federation.broadcast(client)
+    server.start_round(0)
+    algo.client_round(client, server, 0, torch.Generator().manual_seed(1))
+    copies = algo._working_copies[client.model]
+    fresh_client, fresh_server = copy.deepcopy(client), copy.deepcopy(server)
+    fresh_algo = build_algorithm("harmony", algo.config.model_dump())
+
+    torch.manual_seed(3)  # channel drop draws from the global generator
+    reused = algo.client_round(client, server, 1, torch.Generator().manual_seed(2))
+    torch.manual_seed(3)
+    fresh = fresh_algo.client_round(fresh_client, fresh_server, 1, torch.Generator().manual_seed(2))
+
+    assert algo._working_copies[client.model] is copies  # the round reused the first round's copies
+    assert fresh_client.model in fresh_algo._working_copies
+    assert reused.weights.keys() == fresh.weights.keys()
+    for name in reused.weights:
+        assert torch.equal(reused.weights[name], fresh.weights[name]), name
+    assert reused.metrics == fresh.metrics
 
 
 def connector_gradient_of_one_split_step(algorithm: str) -> torch.Tensor:

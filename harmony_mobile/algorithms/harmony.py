@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -122,6 +124,9 @@ class Harmony(SplitMethod):
         super().__init__(config)
         if name:
             self.name = name
+        # per client model: its theta' and theta_v working copies, deep-copied once and reset every
+        # round (a deepcopy per client round cost more than a tenth of a HARMONY run's Python time)
+        self._working_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def split_trainer_config(self) -> SplitTrainerConfig:
         c = self.config
@@ -141,23 +146,19 @@ class Harmony(SplitMethod):
         self, client: Client, server: SplitTrainer, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
-        theta = client.held_parameters()
-        optimizer = torch.optim.Adam(theta.values(), lr=c.lr)
-        adapted = copy.deepcopy(client.model)  # theta'
-        variant = copy.deepcopy(client.model)  # theta_v
+        models = self._round_models(client)
+        optimizer = torch.optim.Adam(models.held.values(), lr=c.lr)
         totals: dict[str, float] = {}
         for _ in range(c.local_steps):
             support = client.batch(c.batch_size, generator)
             query_x, query_y = client.batch(c.batch_size, generator)
             optimizer.zero_grad()
             if c.meta:
-                self._personalize_inner(client, adapted, *support)
+                self._personalize_inner(client, models, *support)
             else:
-                adapted.load_state_dict(client.model.state_dict())
-            step = {"exit_loss": self._meta_gradient(client, adapted, theta, query_x, query_y)}
-            step |= self._variant_steps(
-                client, server, adapted, variant, query_x, query_y, round_id, generator
-            )
+                reset_to(models.adapted, client.model)
+            step = {"exit_loss": self._meta_gradient(client, models, query_x, query_y)}
+            step |= self._variant_steps(client, server, models, query_x, query_y, round_id, generator)
             optimizer.step()
             for key, value in step.items():
                 totals[key] = totals.get(key, 0.0) + value
@@ -167,30 +168,39 @@ class Harmony(SplitMethod):
         metrics.update(server.take_diagnostics())
         return client_update(client, round_id, metrics)
 
+    def _round_models(self, client: Client) -> RoundModels:
+        """theta (the client's model), theta' and theta_v for one round, the copies equal to theta."""
+        copies = self._working_copies.get(client.model)
+        if copies is None:
+            copies = (copy.deepcopy(client.model), copy.deepcopy(client.model))
+            self._working_copies[client.model] = copies
+        else:
+            for working_copy in copies:
+                reset_to(working_copy, client.model)
+        return RoundModels(client.model, *copies, client.held_parameters())
+
     @staticmethod
-    def _meta_gradient(client: Client, adapted: FamilyModel, theta: dict, query_x, query_y) -> float:
+    def _meta_gradient(client: Client, models: RoundModels, query_x, query_y) -> float:
         """First-order meta-gradient of the query exit loss, taken at theta', written into theta's grads."""
-        adapted.zero_grad()
-        query_loss = exit_loss(adapted, query_x, query_y, client.split_depth)
+        models.adapted.zero_grad()
+        query_loss = exit_loss(models.adapted, query_x, query_y, client.split_depth)
         query_loss.backward()
-        adapted_params = dict(adapted.named_parameters())
-        for name, p in theta.items():
-            grad = adapted_params[name].grad  # None for connectors: the exit loss does not reach them
+        for name, p in models.held.items():
+            grad = models.adapted_params[name].grad  # None for connectors: the exit loss does not reach them
             p.grad = grad.clone() if grad is not None else torch.zeros_like(p)
         return query_loss.item()
 
     def _variant_steps(
-        self, client: Client, server: SplitTrainer, adapted, variant, query_x, query_y, round_id, generator
+        self, client: Client, server: SplitTrainer, models: RoundModels, query_x, query_y, round_id, generator
     ) -> dict[str, float]:
         """Simulated extractors -> split steps (server CE + SupCon reach theta_v); adds mean_v g_v to
         theta's grads and returns the step's server loss and diversity measurements."""
         c = self.config
-        theta = client.held_parameters()
-        variant_params = dict(variant.named_parameters())
+        variant, variant_params = models.variant, models.variant_params
         server_loss = noise_norm = 0.0
         features_by_variant = []
         for _ in range(c.variants):
-            depth, noise = self._sample_variant(client, adapted, variant, generator)
+            depth, noise = self._sample_variant(client, models, generator)
             noise_norm += noise / c.variants
             variant.zero_grad()
             activation = variant.extract(query_x, depth)
@@ -202,19 +212,20 @@ class Harmony(SplitMethod):
             server_loss += (
                 split_step(client, server, features, query_y, depths, round_id, c.gamma) / c.variants
             )
-            for name, p in theta.items():
+            for name, p in models.held.items():
                 if variant_params[name].grad is not None:
                     p.grad += variant_params[name].grad / c.variants
         return {
             "server_ce": server_loss,
-            "path_norm": parameter_distance(client.model, adapted, theta),
+            "path_norm": parameter_distance(models),
             "noise_norm": noise_norm,
             "variant_spread": variant_spread(features_by_variant, query_y),
         }
 
-    def _personalize_inner(self, client: Client, adapted: FamilyModel, images, labels) -> None:
+    def _personalize_inner(self, client: Client, models: RoundModels, images, labels) -> None:
         """Inner loop: theta' = theta after `inner_steps` SGD steps on the support exit loss."""
-        adapted.load_state_dict(client.model.state_dict())
+        adapted = models.adapted
+        reset_to(adapted, client.model)
         inner = torch.optim.SGD(adapted.parameters(), lr=self.config.inner_lr)
         for _ in range(self.config.inner_steps):
             inner.zero_grad()
@@ -223,22 +234,20 @@ class Harmony(SplitMethod):
 
     @torch.no_grad()
     def _sample_variant(
-        self, client: Client, adapted: FamilyModel, variant: FamilyModel, generator: torch.Generator
+        self, client: Client, models: RoundModels, generator: torch.Generator
     ) -> tuple[int, float]:
-        """Load one simulated extractor into `variant`; returns its split depth and the norm of the
+        """Load one simulated extractor into theta_v; returns its split depth and the norm of the
         weight noise drawn for it (over the parameters the client holds)."""
         c = self.config
         beta = float(torch.rand((), generator=generator)) * c.beta_max
-        adapted_params = dict(adapted.named_parameters())
-        held = client.held_parameters()
         noise_sq = 0.0
-        for name, p in variant.named_parameters():
-            theta = client.model.get_parameter(name)
-            value = theta + beta * (adapted_params[name] - theta)
+        for name, p in models.variant_params.items():
+            theta = models.theta_params[name]
+            value = theta + beta * (models.adapted_params[name] - theta)
             if c.weight_noise > 0:
                 noise = value * c.weight_noise * torch.randn(value.shape, generator=generator)
                 value = value + noise
-                if name in held:
+                if name in models.held:
                     noise_sq += float(noise.pow(2).sum())
             p.copy_(value)
         depth = client.split_depth
@@ -256,11 +265,41 @@ class Harmony(SplitMethod):
         calibrate_client(client, c.calibration_target, self.exit_rule)
 
 
+@dataclass
+class RoundModels:
+    """theta (the client's model), theta' and theta_v, with their parameters by name, for one round."""
+
+    theta: FamilyModel
+    adapted: FamilyModel  # theta'
+    variant: FamilyModel  # theta_v
+    held: dict[str, torch.nn.Parameter]  # the parameters of theta the client holds (and updates)
+
+    def __post_init__(self):
+        self.theta_params = dict(self.theta.named_parameters())
+        self.adapted_params = dict(self.adapted.named_parameters())
+        self.variant_params = dict(self.variant.named_parameters())
+
+
 @torch.no_grad()
-def parameter_distance(model: FamilyModel, adapted: FamilyModel, held: dict) -> float:
+def reset_to(target: torch.nn.Module, source: torch.nn.Module) -> None:
+    """Make `target`, a deepcopy of `source` made earlier, what a fresh deepcopy would be: its
+    parameters, buffers, requires_grad flags and train/eval modes; no gradients."""
+    for t, s in zip(target.parameters(), source.parameters(), strict=True):
+        t.copy_(s)
+        t.requires_grad_(s.requires_grad)
+        t.grad = None
+    for t, s in zip(target.buffers(), source.buffers(), strict=True):
+        t.copy_(s)
+    for t, s in zip(target.modules(), source.modules(), strict=True):
+        t.training = s.training
+
+
+@torch.no_grad()
+def parameter_distance(models: RoundModels) -> float:
     """||theta' - theta|| over the parameters the client holds: the personalization path's length."""
-    adapted_params = dict(adapted.named_parameters())
-    return math.sqrt(sum(float((adapted_params[n] - model.get_parameter(n)).pow(2).sum()) for n in held))
+    return math.sqrt(
+        sum(float((models.adapted_params[n] - models.theta_params[n]).pow(2).sum()) for n in models.held)
+    )
 
 
 @torch.no_grad()
