@@ -9,8 +9,8 @@ from pydantic import ValidationError
 from scipy import stats
 
 from harmony_mobile.bench.latency import expected_latency_ms
-from harmony_mobile.bench.profile import BenchProfile, load_profile
-from harmony_mobile.bench.report import aggregate, paired_gap, write_report
+from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, load_profile
+from harmony_mobile.bench.report import aggregate, paired_gap, repo_relative, write_report
 from harmony_mobile.bench.stats import paired_ci
 
 METHODS = ["harmony", "harmony-full-softmax", "splitgp", "fedavg", "centralized"]
@@ -512,3 +512,16 @@ def test_re_rendering_keeps_the_notes_of_results_made_at_another_budget(tmp_path
     (tmp_path / "results.json").write_text(json.dumps(results))
     text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
     assert "tuned on validation only" not in text and "**Budget.**" in text
+
+
+def test_a_tiers_file_is_named_relative_to_the_repository_whichever_checkout_ran_it():
+    inside = {"clients_per_tier": 2, "tiers_file": str(REPO_ROOT / "benchmarks/configs/tiers-standard.yaml")}
+    other_checkout = {"tiers_file": "/elsewhere/checkout/benchmarks/configs/tiers-standard.yaml"}
+    own_file = {"tiers_file": "/home/me/my-tiers.yaml"}
+    assert repo_relative(inside) == {
+        "clients_per_tier": 2,
+        "tiers_file": "benchmarks/configs/tiers-standard.yaml",
+    }
+    assert repo_relative(other_checkout) == {"tiers_file": "benchmarks/configs/tiers-standard.yaml"}
+    assert repo_relative(own_file) == own_file
+    assert repo_relative({"clients_per_tier": 2}) == {"clients_per_tier": 2}

@@ -27,6 +27,8 @@ COLUMNS = (
     ("exit_rate", "exit rate", "pct"),
     ("fallback_rate", "fallback rate", "pct"),
     ("server_fallback_accuracy", "server fallback acc", "pct"),
+    ("exit_only_id", "exit-only acc p=0", "pct"),
+    ("server_id", "server acc p=0", "pct"),
     ("alignment_score", "alignment", "pct"),
     ("unseen_family", "family-unseen acc", "pct"),
     ("unseen_client", "client-unseen acc", "pct"),
@@ -44,6 +46,9 @@ def metric_value(run: dict, key: str) -> float:
         return summary["accuracy_with_ood"]
     if key in ("exit_rate", "fallback_rate", "server_fallback_accuracy"):
         return mean["p=0.5"].get(key, math.nan)  # the hardest mix: half the queries are OOD
+    if key in ("exit_only_id", "server_id"):  # each half of the hybrid on the client's own ID samples
+        field = "exit_only_accuracy" if key == "exit_only_id" else "server_accuracy"
+        return mean["p=0"].get(field, math.nan)
     if key == "alignment_score":
         return summary.get("alignment_score", math.nan)
     if key == "val_acc_with_ood":
@@ -632,11 +637,13 @@ def budget_line(results: dict) -> str:
 
 
 def repo_relative(train: dict) -> dict:
-    """The shared settings with a tiers file inside the repository named relative to it (the
-    profile resolves it to an absolute path on the machine that ran it)."""
-    tiers_file = train.get("tiers_file")
-    if tiers_file and Path(tiers_file).is_relative_to(REPO_ROOT):
-        return {**train, "tiers_file": str(Path(tiers_file).relative_to(REPO_ROOT))}
+    """The shared settings with a tiers file of the repository named relative to it (the profile
+    resolves it to an absolute path on the machine that ran it, maybe in another checkout)."""
+    tiers_file = Path(train.get("tiers_file") or "")
+    if tiers_file.is_relative_to(REPO_ROOT):
+        return {**train, "tiers_file": str(tiers_file.relative_to(REPO_ROOT))}
+    if tiers_file.parent.parts[-2:] == ("benchmarks", "configs"):  # a profile's tiers, other checkout
+        return {**train, "tiers_file": f"benchmarks/configs/{tiers_file.name}"}
     return train
 
 
@@ -710,6 +717,8 @@ def header_lines(results: dict) -> list[str]:
         "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "
         "(classes it does not hold); *with OOD* = mean of p=0.2 and p=0.5. Exit rate, fallback rate and "
         "server fallback accuracy (accuracy of the back-end on the queries that fell back) at p=0.5. "
+        "Exit-only and server acc p=0: each half of the hybrid alone on the client's ID test samples (the "
+        "exit head's answer for every sample; the back-end's answer for every sample, fallen back or not). "
         "Alignment = cross-family kNN accuracy of back-end features. Family-unseen acc = accuracy on the "
         "classes no client of the family holds (the server's for split methods, the full model's otherwise), "
         "mean over families that miss a class; client-unseen acc = the same on the classes the client "
