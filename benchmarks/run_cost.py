@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -68,7 +68,7 @@ def checkout_version(path: Path) -> str:
 def run_in(checkout: Path, method: str, args: argparse.Namespace, work_dir: Path) -> dict:
     command = [
         str(checkout / ".venv/bin/python"),
-        str(HERE / "benchmarks/run_cost.py"),
+        str(REPO_ROOT / "benchmarks/run_cost.py"),
         "--worker",
         f"--method={method}",
         f"--profile={args.profile}",
@@ -84,7 +84,7 @@ def run_in(checkout: Path, method: str, args: argparse.Namespace, work_dir: Path
 
 def measure(args: argparse.Namespace, methods: list[str]) -> list[dict]:
     """Per method: the baseline's run and this checkout's run, started together."""
-    checkouts = {"baseline": Path(args.baseline).resolve(), "this": HERE}
+    checkouts = {"baseline": Path(args.baseline).resolve(), "this": REPO_ROOT}
     rows = []
     with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(max_workers=2) as pool:
         for method in methods:
@@ -98,6 +98,11 @@ def measure(args: argparse.Namespace, methods: list[str]) -> list[dict]:
                 f"{method}: {runs['baseline']['wall_seconds']:.0f} s -> {runs['this']['wall_seconds']:.0f} s"
             )
     return rows
+
+
+def _same(a: dict, b: dict) -> bool:
+    """Equal results, NaN included (NaN != NaN, but its JSON text is the same)."""
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def render(rows: list[dict], args: argparse.Namespace, versions: dict[str, str]) -> str:
@@ -115,7 +120,7 @@ def render(rows: list[dict], args: argparse.Namespace, versions: dict[str, str])
     ]
     for row in rows:
         old, new = row["baseline"], row["this"]
-        same = "yes" if old["summary"] == new["summary"] else "**no**"
+        same = "yes" if _same(old["summary"], new["summary"]) else "**no**"
         lines.append(
             f"| {row['method']} | {old['wall_seconds']:.1f} | {new['wall_seconds']:.1f} "
             f"| {new['wall_seconds'] / old['wall_seconds']:.2f} | {old['cpu_seconds']:.1f} "
@@ -142,7 +147,7 @@ def main() -> None:
     parser.add_argument("--setting", default="mnist5k-family")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--methods", help="comma-separated (default: every method of the profile)")
-    parser.add_argument("--out", type=Path, default=HERE / "benchmarks/results/run_cost")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/run_cost")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--method", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
@@ -156,7 +161,7 @@ def main() -> None:
     from harmony_mobile.bench.profile import load_profile
 
     methods = args.methods.split(",") if args.methods else list(load_profile(args.profile).methods)
-    versions = {"baseline": checkout_version(Path(args.baseline)), "this": checkout_version(HERE)}
+    versions = {"baseline": checkout_version(Path(args.baseline)), "this": checkout_version(REPO_ROOT)}
     rows = measure(args, methods)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.md").write_text(render(rows, args, versions))

@@ -518,10 +518,12 @@ def test_a_tiers_file_is_named_relative_to_the_repository_whichever_checkout_ran
     inside = {"clients_per_tier": 2, "tiers_file": str(REPO_ROOT / "benchmarks/configs/tiers-standard.yaml")}
     other_checkout = {"tiers_file": "/elsewhere/checkout/benchmarks/configs/tiers-standard.yaml"}
     own_file = {"tiers_file": "/home/me/my-tiers.yaml"}
+    not_ours = {"tiers_file": "/elsewhere/benchmarks/configs/tiers-of-another-project.yaml"}
     assert repo_relative(inside) == {
         "clients_per_tier": 2,
         "tiers_file": "benchmarks/configs/tiers-standard.yaml",
     }
     assert repo_relative(other_checkout) == {"tiers_file": "benchmarks/configs/tiers-standard.yaml"}
     assert repo_relative(own_file) == own_file
+    assert repo_relative(not_ours) == not_ours
     assert repo_relative({"clients_per_tier": 2}) == {"clients_per_tier": 2}

@@ -116,6 +116,18 @@ def test_a_round_on_reused_working_copies_equals_a_round_on_fresh_copies():
     server.start_round(0)
     algo.client_round(client, server, 0, torch.Generator().manual_seed(1))
     copies = algo._working_copies[client.model]
+    for working_copy in copies:  # leave the copies nothing like theta: values, modes, flags, grads
+        working_copy.eval()
+        for p in working_copy.parameters():
+            p.data.add_(1.0)
+            p.grad = torch.ones_like(p)
+        next(working_copy.parameters()).requires_grad_(False)
+    models = algo._round_models(client)
+    assert (models.adapted, models.variant) == copies
+    for working_copy in copies:  # a fresh deepcopy's state, in place
+        assert working_copy.training == client.model.training
+        for p, theta in zip(working_copy.parameters(), client.model.parameters(), strict=True):
+            assert torch.equal(p, theta) and p.grad is None and p.requires_grad == theta.requires_grad
     fresh_client, fresh_server = copy.deepcopy(client), copy.deepcopy(server)
     fresh_algo = build_algorithm("harmony", algo.config.model_dump())
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import math
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
@@ -119,14 +119,19 @@ class HarmonyConfig(SplitTrainingConfig):
 class Harmony(SplitMethod):
     name = "harmony"
     Config = HarmonyConfig
+    # attributes that are a process's scratch space, not state a client carries between turns (the
+    # Flower ClientApp saves every other attribute with the node's state)
+    process_local = ("_working_copies",)
 
     def __init__(self, config: HarmonyConfig | None = None, name: str | None = None):
         super().__init__(config)
         if name:
             self.name = name
-        # per client model: its theta' and theta_v working copies, deep-copied once and reset every
-        # round (a deepcopy per client round cost more than a tenth of a HARMONY run's Python time)
-        self._working_copies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        # per client model: its theta' and theta_v working copies, deep-copied once; `reset_to` makes
+        # them equal to the model again in place each round, which is cheaper than a new deepcopy
+        self._working_copies: weakref.WeakKeyDictionary[FamilyModel, tuple[FamilyModel, FamilyModel]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def split_trainer_config(self) -> SplitTrainerConfig:
         c = self.config
@@ -273,6 +278,9 @@ class RoundModels:
     adapted: FamilyModel  # theta'
     variant: FamilyModel  # theta_v
     held: dict[str, torch.nn.Parameter]  # the parameters of theta the client holds (and updates)
+    theta_params: dict[str, torch.nn.Parameter] = field(init=False)
+    adapted_params: dict[str, torch.nn.Parameter] = field(init=False)
+    variant_params: dict[str, torch.nn.Parameter] = field(init=False)
 
     def __post_init__(self):
         self.theta_params = dict(self.theta.named_parameters())

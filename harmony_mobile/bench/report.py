@@ -642,8 +642,9 @@ def repo_relative(train: dict) -> dict:
     tiers_file = Path(train.get("tiers_file") or "")
     if tiers_file.is_relative_to(REPO_ROOT):
         return {**train, "tiers_file": str(tiers_file.relative_to(REPO_ROOT))}
-    if tiers_file.parent.parts[-2:] == ("benchmarks", "configs"):  # a profile's tiers, other checkout
-        return {**train, "tiers_file": f"benchmarks/configs/{tiers_file.name}"}
+    ours = REPO_ROOT / "benchmarks" / "configs" / tiers_file.name
+    if tiers_file.parent.parts[-2:] == ("benchmarks", "configs") and ours.is_file():  # another checkout's
+        return {**train, "tiers_file": str(ours.relative_to(REPO_ROOT))}
     return train
 
 

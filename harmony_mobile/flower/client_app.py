@@ -139,7 +139,8 @@ def load_algorithm_state(algorithm, context: Context) -> None:
 
 
 def save_algorithm_state(algorithm, context: Context) -> None:
-    state = {k: v for k, v in vars(algorithm).items() if k not in ("config", "name")}
+    skipped = ("config", "name", *getattr(algorithm, "process_local", ()))
+    state = {k: v for k, v in vars(algorithm).items() if k not in skipped}
     if state:
         buffer = io.BytesIO()
         torch.save(state, buffer)
