@@ -1,5 +1,5 @@
 """Validation-only probe: one method of the `standard` profile, its config overridden, trained on
-settings and seeds of your choice (use seeds that neither tune nor evaluate, e.g. 100-102); prints
+settings and seeds of your choice (use seeds no profile evaluates on, e.g. 100-102); prints
 one JSON line per run with its validation accuracies and, as diagnostics, the test-split halves of
 the hybrid at p=0 (exit alone, back-end alone). A probe to decide what a profile should run, not a
 benchmark.
