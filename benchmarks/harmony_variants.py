@@ -50,11 +50,18 @@ def parse_variant(text: str) -> tuple[str, dict]:
     return name, json.loads(overrides)
 
 
-def variant_specs(profile: BenchProfile, overrides: dict, seeds: list[int]) -> list[RunSpec]:
-    """HARMONY on the profile's first setting and budget, its config with `overrides`, one run per seed."""
+def variant_specs(
+    profile: BenchProfile, overrides: dict, seeds: list[int], setting: str | None = None
+) -> list[RunSpec]:
+    """HARMONY on one of the profile's settings (by name; default its first) at the profile's budget,
+    its config with `overrides`, one run per seed."""
+    known = {s.name: s for s in profile.settings}
+    if setting is not None and setting not in known:
+        raise ValueError(f"setting {setting!r} is not in profile {profile.name!r}; it has {sorted(known)}")
+    chosen = known[setting] if setting else profile.settings[0]
     config = {**profile.method_config("harmony"), **overrides}
     rounds = profile.method_budget("harmony").rounds
-    return [RunSpec("eval", profile.settings[0], "harmony", seed, rounds, config) for seed in seeds]
+    return [RunSpec("eval", chosen, "harmony", seed, rounds, config) for seed in seeds]
 
 
 # how diverse the simulated extractors were: means over the run's rounds (algorithms/harmony.py)
@@ -96,10 +103,11 @@ def compare(records: dict[str, dict[int, dict]], reference: str) -> dict:
 
 
 def markdown(args, variants: dict, table: dict, seconds: float) -> str:
+    setting = f"`{args.setting}`" if args.setting else "the profile's first"
     lines = [
         f"# HARMONY variants over {len(args.seeds)} seeds (profile `{args.profile}`)",
         "",
-        f"Seeds {args.seeds[0]}-{args.seeds[-1]}; each variant overrides the profile's HARMONY config; "
+        f"Setting {setting}; seeds {args.seeds[0]}-{args.seeds[-1]}; each variant overrides the profile's HARMONY config; "
         f"reference **{args.reference}**. Numbers in percent; differences paired by seed with a 95 % t "
         f"interval. {len(variants) * len(args.seeds)} runs, {seconds / 60:.1f} min wall in this call "
         "(runs reused from the work directory count as zero).",
@@ -133,6 +141,7 @@ def markdown(args, variants: dict, table: dict, seconds: float) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="quick")
+    parser.add_argument("--setting", help="one of the profile's settings by name (default: its first)")
     parser.add_argument("--seeds", type=seed_list, required=True)
     parser.add_argument("--variant", type=parse_variant, action="append", required=True)
     parser.add_argument("--reference", required=True, help="the variant every other is compared to")
@@ -148,7 +157,7 @@ def main() -> None:
     records: dict[str, dict[int, dict]] = {}
     for name, overrides in variants.items():  # each variant's runs under WORK_DIR/NAME, resumable
         runs = execute(
-            variant_specs(profile, overrides, args.seeds),
+            variant_specs(profile, overrides, args.seeds, args.setting),
             profile.train,
             args.work_dir / name,
             data_root=None,
@@ -162,6 +171,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = {
         "profile": args.profile,
+        "setting": args.setting,
         "seeds": args.seeds,
         "reference": args.reference,
         "variants": variants,
