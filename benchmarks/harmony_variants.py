@@ -55,10 +55,7 @@ def variant_specs(
 ) -> list[RunSpec]:
     """HARMONY on one of the profile's settings (by name; default its first) at the profile's budget,
     its config with `overrides`, one run per seed."""
-    known = {s.name: s for s in profile.settings}
-    if setting is not None and setting not in known:
-        raise ValueError(f"setting {setting!r} is not in profile {profile.name!r}; it has {sorted(known)}")
-    chosen = known[setting] if setting else profile.settings[0]
+    chosen = profile.settings_named([setting])[0] if setting else profile.settings[0]
     config = {**profile.method_config("harmony"), **overrides}
     rounds = profile.method_budget("harmony").rounds
     return [RunSpec("eval", chosen, "harmony", seed, rounds, config) for seed in seeds]

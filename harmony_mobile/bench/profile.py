@@ -273,6 +273,14 @@ class BenchProfile(BaseModel):
             config.update(self.algorithm_config.get(method, {}))
         return config
 
+    def settings_named(self, names: list[str]) -> list[Setting]:
+        """The profile's settings called `names`, in that order; a ValueError naming every unknown one."""
+        known = {s.name: s for s in self.settings}
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(f"settings {unknown} are not in profile {self.name!r}; it has {sorted(known)}")
+        return [known[name] for name in names]
+
     def tuning_settings(self) -> list[Setting]:
         if self.tuning is None:
             return []

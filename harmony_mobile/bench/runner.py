@@ -497,13 +497,7 @@ def narrowed(
     if methods:
         updates["methods"] = methods
     if settings:
-        known = {s.name: s for s in profile.settings}
-        unknown = [name for name in settings if name not in known]
-        if unknown:
-            raise ValueError(
-                f"settings {unknown} are not in profile {profile.name!r}; it has {sorted(known)}"
-            )
-        updates["settings"] = [known[name].model_dump() for name in settings]
+        updates["settings"] = [s.model_dump() for s in profile.settings_named(settings)]
     if methods and profile.budget_check:  # a narrowed run checks only the methods it runs
         kept = [m for m in profile.budget_check.methods if m in methods]
         updates["budget_check"] = {**profile.budget_check.model_dump(), "methods": kept} if kept else None
