@@ -125,14 +125,23 @@ def test_round_bookkeeping(store):
         assert store.round(outside) is None
 
 
+def let_lease_run_out(store: Store, owner: str) -> None:
+    """The database clock passing `owner`'s lease, without the test waiting on a wall clock (a
+    short real lease can run out early on a loaded machine)."""
+    with store.engine.begin() as db:
+        db.execute(
+            text("UPDATE alignment_rounds SET lease_expires_at = 1.0 WHERE owner = :owner"), {"owner": owner}
+        )
+
+
 def test_only_rounds_whose_lease_expired_are_interrupted(store):
     """A process starting (or sweeping) beside a live one leaves the live one's round alone; a round
     whose owner stopped renewing is interrupted once its lease is over, whoever sweeps."""
     live = store.create_round({}, "alive", 60)
-    dead = store.create_round({}, "dead", 0.5)
+    dead = store.create_round({}, "dead", 60)
     assert store.start_round(live)
     assert store.interrupt_expired_rounds() == 0  # both leases still run
-    time.sleep(0.7)
+    let_lease_run_out(store, "dead")
     assert store.renew_round_leases("alive", 60) == {live}  # 'dead' renews nothing
     assert store.interrupt_expired_rounds() == 1
     assert store.round(live).status == "running" and store.round(dead).status == "interrupted"
@@ -145,11 +154,11 @@ def test_only_rounds_whose_lease_expired_are_interrupted(store):
 def test_a_round_starts_only_while_no_other_holds_a_live_lease(store):
     """Rounds run one at a time across every process on the store; a dead owner's round does not
     block the next one once its lease has expired."""
-    running = store.create_round({}, "proc-a", 0.5)
+    running = store.create_round({}, "proc-a", 60)
     waiting = store.create_round({}, "proc-b", 60)
     assert store.start_round(running)
     assert not store.start_round(waiting) and store.round(waiting).status == "queued"
-    time.sleep(0.7)  # proc-a died without renewing: its lease is over
+    let_lease_run_out(store, "proc-a")  # proc-a died without renewing
     assert store.start_round(waiting)
     assert store.interrupt_expired_rounds() == 1 and store.round(running).status == "interrupted"
 
