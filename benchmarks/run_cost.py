@@ -159,8 +159,13 @@ def main() -> None:
     if not (Path(args.baseline) / ".venv/bin/python").is_file():
         parser.error(f"{args.baseline} has no .venv/bin/python (run `make .venv/.installed` there)")
     from harmony_mobile.bench.profile import load_profile
+    from harmony_mobile.bench.runner import narrowed
 
-    methods = args.methods.split(",") if args.methods else list(load_profile(args.profile).methods)
+    methods = args.methods.split(",") if args.methods else None
+    try:  # checked here, not in the workers: the baseline checkout's code may predate these checks
+        methods = narrowed(load_profile(args.profile), None, methods, [args.setting]).methods
+    except ValueError as error:
+        parser.error(str(error))
     versions = {"baseline": checkout_version(Path(args.baseline)), "this": checkout_version(REPO_ROOT)}
     rows = measure(args, methods)
     args.out.mkdir(parents=True, exist_ok=True)
