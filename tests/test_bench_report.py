@@ -500,18 +500,21 @@ def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_
     assert "budget check): met." in write_report(results, tmp_path / "met").read_text()
 
 
-def test_re_rendering_keeps_the_notes_of_results_made_at_another_budget(tmp_path):
+def test_re_rendering_keeps_the_prose_of_results_made_at_another_budget(tmp_path):
     from harmony_mobile.bench.runner import bench
 
-    results = synthetic_results()  # notes "tuned on validation only", budget 2 rounds
+    results = synthetic_results()  # "a synthetic profile", notes "tuned on validation only", 2 rounds
     (tmp_path / "results.json").write_text(json.dumps(results))
     lines: list[str] = []
     text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
-    assert "tuned on validation only" in text and any("notes are kept" in line for line in lines)
-    results["profile"]["budget"] = load_profile("standard").budget.model_dump()  # the same budget
+    assert "tuned on validation only" in text and "a synthetic profile" in text
+    assert any("description and notes are kept" in line for line in lines)
+    standard = load_profile("standard")
+    results["profile"]["budget"] = standard.budget.model_dump()  # the same budget
     (tmp_path / "results.json").write_text(json.dumps(results))
     text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
     assert "tuned on validation only" not in text and "**Budget.**" in text
+    assert "a synthetic profile" not in text and standard.description.strip()[:60] in text
 
 
 def test_a_tiers_file_is_named_relative_to_the_repository_whichever_checkout_ran_it():

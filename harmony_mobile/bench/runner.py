@@ -529,15 +529,15 @@ def bench(
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     profile = narrowed(load_profile(profile_name), seeds, methods, settings)
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
-    if report_only:  # re-render from results.json (numbers unchanged; notes from the current profile)
+    if report_only:  # re-render from results.json (numbers unchanged; prose from the current profile)
         results_file = out_dir / "results.json"
         if not results_file.is_file():
             raise FileNotFoundError(f"no {results_file} to re-render; run the benchmark first")
         results = json.loads(results_file.read_text())
         if results["profile"]["budget"] == profile.budget.model_dump():
-            results["profile"]["notes"] = profile.notes
-        else:  # the notes describe the profile's current budget, not the one these results ran at
-            log("the profile's budget changed since these results: their own notes are kept")
+            results["profile"].update(description=profile.description, notes=profile.notes)
+        else:  # the prose describes the profile's current budget, not the one these results ran at
+            log("the profile's budget changed since these results: their own description and notes are kept")
         report = write_report(results, out_dir)
         log(f"report: {report} (re-rendered from {results_file})")
         return report
