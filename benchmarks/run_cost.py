@@ -138,6 +138,20 @@ def render(rows: list[dict], args: argparse.Namespace, versions: dict[str, str])
     return "\n".join(lines)
 
 
+def checked_methods(profile_name: str, setting: str, methods: str | None) -> list[str]:
+    """The methods to measure (comma-separated, or every method of the profile); a ValueError naming
+    an unknown setting or method."""
+    from harmony_mobile.algorithms.registry import check_algorithm
+    from harmony_mobile.bench.profile import load_profile
+
+    profile = load_profile(profile_name)
+    profile.settings_named([setting])
+    named = [m.strip() for m in methods.split(",")] if methods else list(profile.methods)
+    for method in named:
+        check_algorithm(method)
+    return named
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -158,13 +172,9 @@ def main() -> None:
         parser.error("--baseline CHECKOUT is required")
     if not (Path(args.baseline) / ".venv/bin/python").is_file():
         parser.error(f"{args.baseline} has no .venv/bin/python (run `make .venv/.installed` there)")
-    from harmony_mobile.bench.profile import load_profile
-    from harmony_mobile.bench.runner import narrowed
-
-    methods = args.methods.split(",") if args.methods else None
     try:  # checked here, not in the workers: the baseline checkout's code may predate these checks
-        methods = narrowed(load_profile(args.profile), None, methods, [args.setting]).methods
-    except ValueError as error:
+        methods = checked_methods(args.profile, args.setting, args.methods)
+    except (FileNotFoundError, ValueError) as error:
         parser.error(str(error))
     versions = {"baseline": checkout_version(Path(args.baseline)), "this": checkout_version(REPO_ROOT)}
     rows = measure(args, methods)

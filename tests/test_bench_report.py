@@ -512,8 +512,10 @@ def test_re_rendering_keeps_the_prose_of_results_made_at_another_budget(tmp_path
     standard = load_profile("standard")
     results["profile"]["budget"] = standard.budget.model_dump()  # the same budget
     (tmp_path / "results.json").write_text(json.dumps(results))
+    lines.clear()
     text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
     assert "tuned on validation only" not in text and "**Budget.**" in text
+    assert not any("are kept" in line for line in lines)
     assert "a synthetic profile" not in text and standard.description.strip()[:60] in text
 
 

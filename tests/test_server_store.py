@@ -129,9 +129,10 @@ def let_lease_run_out(store: Store, owner: str) -> None:
     """The database clock passing `owner`'s lease, without the test waiting on a wall clock (a
     short real lease can run out early on a loaded machine)."""
     with store.engine.begin() as db:
-        db.execute(
+        moved = db.execute(
             text("UPDATE alignment_rounds SET lease_expires_at = 1.0 WHERE owner = :owner"), {"owner": owner}
         )
+    assert moved.rowcount >= 1, f"{owner} holds no round"
 
 
 def test_only_rounds_whose_lease_expired_are_interrupted(store):
