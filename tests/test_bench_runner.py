@@ -167,6 +167,8 @@ def test_a_narrowed_profile_keeps_the_named_settings_and_run_paths(tmp_path):
     assert narrowed(standard, None, ["local"], None).budget_check is None
     with pytest.raises(ValueError, match="not in profile 'standard'"):
         narrowed(standard, None, None, ["cifar-family"])
+    with pytest.raises(ValueError, match=r"tunes on \['mnist5k-family'\]: --settings must include it"):
+        narrowed(standard, None, None, ["digits-family"])
 
 
 def test_a_profiles_tiers_file_is_read_relative_to_the_profile(tmp_path, monkeypatch):

@@ -498,6 +498,9 @@ def narrowed(
         updates["methods"] = methods
     if settings:
         updates["settings"] = [s.model_dump() for s in profile.settings_named(settings)]
+        untuned = [s.name for s in profile.tuning_settings() if s.name not in settings]
+        if untuned:  # every method's pick is made there, before any evaluation run
+            raise ValueError(f"profile {profile.name!r} tunes on {untuned}: --settings must include it")
     if methods and profile.budget_check:  # a narrowed run checks only the methods it runs
         kept = [m for m in profile.budget_check.methods if m in methods]
         updates["budget_check"] = {**profile.budget_check.model_dump(), "methods": kept} if kept else None
