@@ -46,6 +46,26 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def comma_list(text: str | None, flag: str) -> list[str] | None:
+    """The names of a comma-separated flag (spaces around them dropped); None when the flag is not given."""
+    if text is None:
+        return None
+    names = [name.strip() for name in text.split(",")]
+    if not all(names):
+        fail(f"{flag} {text!r}: an empty name (two commas in a row, or a trailing comma)")
+    return names
+
+
+def comma_ints(text: str | None, flag: str) -> list[int] | None:
+    names = comma_list(text, flag)
+    if names is None:
+        return None
+    try:
+        return [int(name) for name in names]
+    except ValueError:
+        fail(f"{flag} {text!r}: expected comma-separated integers")
+
+
 # Options of `harmony train` (DataRootOption also of `harmony bench`), named so that the signature
 # reads as a list of settings. A train flag left at None is not passed on: the --config file's value
 # (else TrainConfig's default) stands.
@@ -229,12 +249,12 @@ def bench(
             work_dir,
             str(data_root) if data_root else None,
             resume,
-            [int(s) for s in seeds.split(",")] if seeds else None,
-            [m.strip() for m in methods.split(",")] if methods else None,
+            comma_ints(seeds, "--seeds"),
+            comma_list(methods, "--methods"),
             log=console.print,
             report_only=report_only,
             jobs=jobs,
-            settings=[s.strip() for s in settings.split(",")] if settings else None,
+            settings=comma_list(settings, "--settings"),
         )
     except (FileNotFoundError, ValidationError, ValueError) as error:
         fail(str(error))
@@ -293,7 +313,7 @@ def export(
     from harmony_mobile.export.pipeline import export_run
     from harmony_mobile.export.steps import ExportError
 
-    names = [t.strip() for t in tiers.split(",") if t.strip()] if tiers else None
+    names = comma_list(tiers, "--tiers")
     try:
         given = {"max_batch": dynamic_batch, "threads": threads}
         result = export_run(

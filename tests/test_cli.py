@@ -1,5 +1,10 @@
 """The `harmony` command's own behaviour: help, info, and clear errors for bad training flags."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from typer.testing import CliRunner
 
 from harmony_mobile.cli import app
@@ -75,3 +80,26 @@ def test_demo_and_export_pass_only_the_flags_given(monkeypatch, tmp_path):
 
 def _raise():
     raise ValueError("stopped after the call was recorded")
+
+
+def test_bench_rejects_malformed_comma_lists_before_any_run(tmp_path):
+    work = ["--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+    result = runner.invoke(app, ["bench", "--seeds", "0,one", *work])
+    assert result.exit_code == 2
+    assert "--seeds '0,one': expected comma-separated integers" in result.output
+
+    result = runner.invoke(app, ["bench", "--methods", "harmony,,fedavg", *work])
+    assert result.exit_code == 2
+    assert "--methods 'harmony,,fedavg': an empty name" in result.output
+    assert not (tmp_path / "work").exists()
+
+
+def test_bench_script_is_the_bench_command():
+    script = Path(__file__).parents[1] / "benchmarks" / "bench.py"
+    wide = {**os.environ, "COLUMNS": "200"}  # rich would cut long flag names at 80 columns
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, env=wide
+    )
+    assert result.returncode == 0, result.stderr
+    for flag in ("--settings", "--jobs", "--resume", "--report-only"):
+        assert flag in result.stdout
