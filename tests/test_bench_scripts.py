@@ -11,13 +11,33 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RUN_COST = REPO_ROOT / "benchmarks/run_cost.py"
+STEP_COST = REPO_ROOT / "benchmarks/step_cost.py"
 
 
-def load_run_cost():
-    spec = importlib.util.spec_from_file_location("run_cost", RUN_COST)
+def load_script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_run_cost():
+    return load_script(RUN_COST)
+
+
+def test_step_cost_counts_the_multiply_accumulates_of_convolutions_and_linear_layers():
+    from torch import nn
+
+    step_cost = load_script(STEP_COST)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),  # 28 x 28 x 4 outputs, 9 MACs each
+        nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=4),  # depthwise: 14 x 14 x 4 outputs, 9 each
+        nn.Flatten(),
+        nn.Linear(4 * 14 * 14, 10),
+    )
+    assert step_cost.macs_per_sample(model) == 28 * 28 * 4 * 9 + 14 * 14 * 4 * 9 + 4 * 14 * 14 * 10
+    full, half = (step_cost.macs_per_sample(step_cost.backbone("cnn", w)) for w in (1.0, 0.5))
+    assert 3.5 < full / half < 4.5  # channels halve on both sides of every convolution
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,137 @@
+"""Cost of one training step of each model family: forward and backward of the whole backbone (four
+stages and a linear head) on a batch of 28x28 images, one torch thread, as a benchmark run trains.
+The families are timed in turns (round-robin, median of the rounds), so a load that comes and goes
+hits them alike. Also counts multiply-accumulates per sample, to show how far the time follows them.
+
+    .venv/bin/python benchmarks/step_cost.py                 # widths 1.0 and 0.5, batch 64
+    .venv/bin/python benchmarks/step_cost.py --widths 1.0 --rounds 5
+
+Writes benchmarks/results/step_cost.md and .json. What the numbers are for: a `standard` benchmark
+run spends most of its time in these steps, so they bound how much cheaper the profile can get
+without changing what it trains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from harmony_mobile.models.families import FAMILIES, NUM_STAGES, build_stages, stage_channels, stage_spatial
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def backbone(family: str, width: float) -> nn.Module:
+    channels = stage_channels(width)[NUM_STAGES - 1]
+    size = stage_spatial(NUM_STAGES)
+    head = nn.Sequential(nn.Flatten(), nn.Linear(channels * size * size, 10))
+    return nn.Sequential(*build_stages(family, 1, 28, width), head)
+
+
+def macs_per_sample(model: nn.Module) -> int:
+    """Multiply-accumulates of one forward pass of one 28x28 sample (convolutions and linear layers)."""
+    total = 0
+
+    def count(module: nn.Module, _inputs, output: torch.Tensor) -> None:
+        nonlocal total
+        if isinstance(module, nn.Conv2d):
+            per_output = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+            total += output[0].numel() * per_output
+        elif isinstance(module, nn.Linear):
+            total += module.in_features * module.out_features
+
+    hooks = [m.register_forward_hook(count) for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+    with torch.no_grad():
+        model(torch.zeros(1, 1, 28, 28))
+    for hook in hooks:
+        hook.remove()
+    return total
+
+
+def step_seconds(model: nn.Module, batch: int, steps: int) -> float:
+    """Mean wall time of `steps` forward + backward passes (the optimizer's update is negligible here)."""
+    images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    started = time.perf_counter()
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(images), labels).backward()
+    return (time.perf_counter() - started) / steps
+
+
+def measure(widths: list[float], batch: int, steps: int, rounds: int) -> list[dict]:
+    models = {(f, w): backbone(f, w) for w in widths for f in FAMILIES}
+    for model in models.values():
+        step_seconds(model, batch, 2)  # warm-up: first calls allocate and pick kernels
+    times: dict[tuple, list[float]] = {key: [] for key in models}
+    for _ in range(rounds):
+        for key, model in models.items():
+            times[key].append(step_seconds(model, batch, steps))
+    return [
+        {
+            "family": family,
+            "width": width,
+            "parameters": sum(p.numel() for p in models[family, width].parameters()),
+            "macs_per_sample": macs_per_sample(models[family, width]),
+            "step_ms": 1000 * statistics.median(times[family, width]),
+            "step_ms_rounds": [1000 * t for t in times[family, width]],
+        }
+        for family, width in models
+    ]
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> str:
+    lines = [
+        "# One training step per model family",
+        "",
+        f"Made by `benchmarks/step_cost.py`: forward + backward of the whole backbone (4 stages + linear "
+        f"head), batch {args.batch}, 28x28 inputs, 1 torch thread; median over {args.rounds} rounds of "
+        f"{args.steps} steps, the families timed in turns. torch {torch.__version__}, {platform.processor() or platform.machine()}.",
+        "",
+        "| family | width | parameters | MACs per sample | ms per step | ns per MAC |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        per_mac = row["step_ms"] * 1e6 / (3 * row["macs_per_sample"] * args.batch)  # backward ~ 2x forward
+        lines.append(
+            f"| {row['family']} | {row['width']} | {row['parameters']:,} | {row['macs_per_sample'] / 1e6:.2f} M "
+            f"| {row['step_ms']:.1f} | {per_mac:.2f} |"
+        )
+    lines += [
+        "",
+        "ns per MAC counts forward + backward as 3 forward passes' MACs: how efficiently each family's "
+        "layers run on this CPU, not a hardware figure.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--widths", default="1.0,0.5", help="comma-separated width multipliers")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=5, help="steps per timing")
+    parser.add_argument("--rounds", type=int, default=7, help="timings per family (the median is kept)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "step_cost")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    rows = measure([float(w) for w in args.widths.split(",")], args.batch, args.steps, args.rounds)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".json").write_text(
+        json.dumps({"config": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=2)
+    )
+    args.out.with_suffix(".md").write_text(report(rows, args))
+    print(report(rows, args))
+
+
+if __name__ == "__main__":
+    main()
