@@ -1,5 +1,5 @@
-"""Cost of one training step of each model family: forward and backward of the whole backbone (four
-stages and a linear head) on a batch of 28x28 images, one torch thread, as a benchmark run trains.
+"""Cost of one training step of each model family: forward and backward of the full-depth model (four
+stages and the depth-4 exit head) on a batch of 28x28 images, one torch thread, as a benchmark run trains.
 The families are timed in turns (round-robin, median of the rounds), so a load that comes and goes
 hits them alike. Also counts multiply-accumulates per sample, to show how far the time follows them.
 
@@ -23,16 +23,17 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from harmony_mobile.models.families import FAMILIES, NUM_STAGES, build_stages, stage_channels, stage_spatial
+from harmony_mobile.models.families import FAMILIES, NUM_STAGES
+from harmony_mobile.models.family_model import FamilyModel
 
 RESULTS = Path(__file__).parent / "results"
 
 
-def backbone(family: str, width: float) -> nn.Module:
-    channels = stage_channels(width)[NUM_STAGES - 1]
-    size = stage_spatial(NUM_STAGES)
-    head = nn.Sequential(nn.Flatten(), nn.Linear(channels * size * size, 10))
-    return nn.Sequential(*build_stages(family, 1, 28, width), head)
+def full_depth_model(family: str, width: float) -> nn.Module:
+    """The full-depth model of a family as the no-split baselines train it (`FamilyModel.classify_full`:
+    the four stages, then the depth-4 exit head), without the heads and connectors it does not run."""
+    model = FamilyModel(family, in_channels=1, input_size=28, num_classes=10, width=width)
+    return nn.Sequential(*model.stages, model.exits[str(NUM_STAGES)])
 
 
 def macs_per_sample(model: nn.Module) -> int:
@@ -66,7 +67,7 @@ def step_seconds(model: nn.Module, batch: int, steps: int) -> float:
 
 
 def measure(widths: list[float], batch: int, steps: int, rounds: int) -> list[dict]:
-    models = {(f, w): backbone(f, w) for w in widths for f in FAMILIES}
+    models = {(f, w): full_depth_model(f, w) for w in widths for f in FAMILIES}
     for model in models.values():
         step_seconds(model, batch, 2)  # warm-up: first calls allocate and pick kernels
     times: dict[tuple, list[float]] = {key: [] for key in models}
@@ -90,8 +91,8 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [
         "# One training step per model family",
         "",
-        f"Made by `benchmarks/step_cost.py`: forward + backward of the whole backbone (4 stages + linear "
-        f"head), batch {args.batch}, 28x28 inputs, 1 torch thread; median over {args.rounds} rounds of "
+        f"Made by `benchmarks/step_cost.py`: forward + backward of the full-depth model (4 stages + the "
+        f"depth-4 exit head, as `local` and `fedavg` train it), batch {args.batch}, 28x28 inputs, 1 torch thread; median over {args.rounds} rounds of "
         f"{args.steps} steps, the families timed in turns. torch {torch.__version__}, {platform.processor() or platform.machine()}.",
         "",
         "| family | width | parameters | MACs per sample | ms per step | ns per MAC |",
@@ -119,7 +120,7 @@ def main() -> None:
     parser.add_argument("--widths", default="1.0,0.5", help="comma-separated width multipliers")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="steps per timing")
-    parser.add_argument("--rounds", type=int, default=7, help="timings per family (the median is kept)")
+    parser.add_argument("--rounds", type=int, default=21, help="timings per family (the median is kept)")
     parser.add_argument("--out", type=Path, default=RESULTS / "step_cost")
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -129,8 +130,9 @@ def main() -> None:
     args.out.with_suffix(".json").write_text(
         json.dumps({"config": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=2)
     )
-    args.out.with_suffix(".md").write_text(report(rows, args))
-    print(report(rows, args))
+    text = report(rows, args)
+    args.out.with_suffix(".md").write_text(text)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def test_step_cost_counts_the_multiply_accumulates_of_convolutions_and_linear_la
         nn.Linear(4 * 14 * 14, 10),
     )
     assert step_cost.macs_per_sample(model) == 28 * 28 * 4 * 9 + 14 * 14 * 4 * 9 + 4 * 14 * 14 * 10
-    full, half = (step_cost.macs_per_sample(step_cost.backbone("cnn", w)) for w in (1.0, 0.5))
+    full, half = (step_cost.macs_per_sample(step_cost.full_depth_model("cnn", w)) for w in (1.0, 0.5))
     assert 3.5 < full / half < 4.5  # channels halve on both sides of every convolution
 
 
