@@ -233,11 +233,19 @@ def bench(
         int,
         typer.Option(min=1, help="independent runs in parallel worker processes (1 torch thread each)"),
     ] = 1,
+    extend: Annotated[
+        bool,
+        typer.Option(
+            help="add the --settings to the report already in the out folder, with its tuning picks "
+            "(no tuning or budget check is run)"
+        ),
+    ] = False,
 ) -> None:
     """Run every method on the same partitions, tiers and budget over several seeds; write the report.
 
     `--resume` continues an interrupted profile: finished runs are read back from their records in
-    the work dir, a run killed half-way is redone."""
+    the work dir, a run killed half-way is redone. `--extend` finishes a long profile a setting at
+    a time: run it first with `--settings` naming its tuning settings, then add the others."""
     from pydantic import ValidationError
 
     from harmony_mobile.bench.runner import bench as run_bench
@@ -255,6 +263,7 @@ def bench(
             report_only=report_only,
             jobs=jobs,
             settings=comma_list(settings, "--settings"),
+            extend_report=extend,
         )
     except (FileNotFoundError, ValidationError, ValueError) as error:
         fail(str(error))

@@ -231,3 +231,86 @@ def test_a_method_has_stopped_improving_only_if_no_longer_budget_gains_the_toler
     assert not budget_row("m", 12, {12: 0.70, 24: 0.71}, 0.01)["stopped_improving"]  # exactly the tolerance
     missing = budget_row("m", 12, {12: 0.70, 24: float("nan"), 48: 0.69}, 0.01)  # a failed longer run
     assert not missing["stopped_improving"] and math.isnan(missing["gain"])
+
+
+def _two_setting_profile(folder, **changes) -> str:
+    """A tiny profile file with a tuning setting and a second one, tuned on the first only."""
+    import yaml
+
+    profile = {
+        **TINY,
+        "name": "two",
+        "settings": [
+            TINY["settings"][0],
+            {"name": "digits-dirichlet", "dataset": "digits", "dataset_limit": 600, "partition": "dirichlet"},
+        ],
+        "methods": ["harmony", "local"],
+        "tuning": {"seeds": [7], "settings": ["digits-family"], "grids": {"local": [{}, {"lr": 0.01}]}},
+        **changes,
+    }
+    path = folder / "two.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return str(path)
+
+
+def test_extending_a_report_adds_a_setting_as_the_whole_profile_would_run_it(tmp_path):
+    from harmony_mobile.bench.runner import bench
+
+    profile, out, work = _two_setting_profile(tmp_path), tmp_path / "out", tmp_path / "work"
+    quiet = lambda _: None  # noqa: E731
+    bench(profile, out, work, settings=["digits-family"], log=quiet)
+    first = json.loads((out / "results.json").read_text())
+    lines: list[str] = []
+    report = bench(
+        profile, out, work, resume=True, settings=["digits-dirichlet"], extend_report=True, log=lines.append
+    )
+    extended = json.loads((out / "results.json").read_text())
+    # only the new setting's evaluation runs trained: no tuning trial, no run of the first setting
+    assert [line for line in lines if line.startswith("[")] == [
+        line
+        for line in lines
+        if line.startswith("[") and "eval digits-dirichlet" in line and "reused" not in line
+    ]
+    assert len([line for line in lines if line.startswith("[")]) == 2
+    assert extended["tuning"] == first["tuning"] and extended["runs"][:2] == first["runs"]
+    assert [r["setting"] for r in extended["runs"]] == ["digits-family"] * 2 + ["digits-dirichlet"] * 2
+    assert extended["narrowed"]["settings"] is None and len(extended["invocations"]) == 2
+    assert set(extended["aggregated"]) == {"digits-family", "digits-dirichlet"}
+    # the same numbers as the whole profile in one invocation (the tuning pick reaches the new runs)
+    bench(profile, tmp_path / "whole", tmp_path / "whole-work", log=quiet)
+    whole = json.loads((tmp_path / "whole" / "results.json").read_text())
+    assert [comparable(r) for r in extended["runs"]] == [comparable(r) for r in whole["runs"]]
+    text = report.read_text()
+    assert "## digits-dirichlet" in text and "The 2 invocations that produced these results took" in text
+    assert "--settings digits-dirichlet --extend" in text
+
+
+def _profile_from(path: str) -> BenchProfile:
+    from harmony_mobile.bench.profile import load_profile
+
+    return load_profile(path)
+
+
+def test_a_report_is_extended_only_by_the_profile_that_made_it(tmp_path):
+    from harmony_mobile.bench.runner import bench, extend
+
+    profile, out = _two_setting_profile(tmp_path), tmp_path / "out"
+    with pytest.raises(FileNotFoundError, match="to extend"):
+        bench(profile, out, tmp_path / "w", settings=["digits-dirichlet"], extend_report=True)
+    with pytest.raises(ValueError, match="name them with --settings"):
+        bench(profile, out, tmp_path / "w", extend_report=True)
+    with pytest.raises(ValueError, match="not in profile 'two'"):
+        bench(profile, out, tmp_path / "w", settings=["cifar"], extend_report=True)
+    made = {
+        "profile": _profile_from(profile).model_dump(),
+        "narrowed": {"settings": ["digits-family"], "seeds": None, "methods": None},
+    }
+    longer = _profile_from(_two_setting_profile(tmp_path, budget={**TINY["budget"], "rounds": 2}))
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps(made))
+    with pytest.raises(ValueError, match="another version of profile 'two'"):
+        extend(longer, ["digits-dirichlet"], out, tmp_path / "w", None, False, print)
+    (out / "results.json").write_text(json.dumps({**made, "narrowed": {"seeds": [0]}}))
+    with pytest.raises(ValueError, match="only some seeds or methods"):
+        extend(_profile_from(profile), ["digits-dirichlet"], out, tmp_path / "w", None, False, print)
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())

@@ -91,6 +91,9 @@ def test_bench_rejects_malformed_comma_lists_before_any_run(tmp_path):
     result = runner.invoke(app, ["bench", "--methods", "harmony,,fedavg", *work])
     assert result.exit_code == 2
     assert "--methods 'harmony,,fedavg': an empty name" in result.output
+
+    result = runner.invoke(app, ["bench", "--extend", "--seeds", "0", *work])
+    assert result.exit_code == 2 and "name them with --settings" in result.output
     assert not (tmp_path / "work").exists()
 
 
@@ -101,5 +104,5 @@ def test_bench_script_is_the_bench_command():
         [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, env=wide
     )
     assert result.returncode == 0, result.stderr
-    for flag in ("--settings", "--jobs", "--resume", "--report-only"):
+    for flag in ("--settings", "--jobs", "--resume", "--report-only", "--extend"):
         assert flag in result.stdout

@@ -684,7 +684,13 @@ def invocation_line(results: dict) -> str:
     """The wall time of the benchmark invocation that produced these results (`--report-only`
     keeps it); with `--resume` part of its runs were read back from earlier invocations, so it can
     be far below the runs' own summed time."""
-    text = f"The invocation that produced these results took {results['total_wall_seconds'] / 60:.1f} min"
+    invocations = results.get("invocations") or []
+    if len(invocations) > 1:  # a report extended a setting at a time (`--extend`)
+        text = f"The {len(invocations)} invocations that produced these results took " + " + ".join(
+            f"{i['wall_seconds'] / 60:.1f} min (`{i['command']}`)" for i in invocations
+        )
+    else:
+        text = f"The invocation that produced these results took {results['total_wall_seconds'] / 60:.1f} min"
     stages = runs_by_stage(results)
     reused = {name: sum(1 for r in runs if r.get("reused")) for name, runs in stages.items()}
     if any(reused.values()):
@@ -704,7 +710,9 @@ def header_lines(results: dict) -> list[str]:
         "",
         profile.get("description", "").strip(),
         "",
-        f"Produced by `{command_line(results)}`. Evaluation seeds {profile['seeds']}; every "
+        f"Produced by `{command_line(results)}`"
+        + (", run a setting at a time with `--extend`" if len(results.get("invocations") or []) > 1 else "")
+        + f". Evaluation seeds {profile['seeds']}; every "
         "method gets the same partition and tiers per seed. "
         + budget_line(results)
         + " "

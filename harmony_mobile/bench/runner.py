@@ -507,6 +507,103 @@ def narrowed(
     return BenchProfile(**{**profile.model_dump(), **updates}) if updates else profile
 
 
+def _comparable_profile(profile: dict) -> dict:
+    """What must not change between results and the invocations that extend them: everything but
+    the prose and the settings (the machine-specific tiers path named relative to the repository)."""
+    from harmony_mobile.bench.report import repo_relative
+
+    kept = {k: v for k, v in profile.items() if k not in ("description", "notes", "settings")}
+    return {**kept, "train": repo_relative(kept.get("train") or {})}
+
+
+def _extendable(results: dict, profile: BenchProfile, results_file: Path) -> None:
+    """A ValueError unless `results` are of this profile as it is now, with every method and seed."""
+    narrowing = results.get("narrowed") or {}
+    if narrowing.get("seeds") or narrowing.get("methods"):
+        raise ValueError(f"{results_file} ran only some seeds or methods: extend a report of all of them")
+    if _comparable_profile(results["profile"]) != _comparable_profile(profile.model_dump()):
+        raise ValueError(
+            f"{results_file} was made with another version of profile {profile.name!r}: run it again"
+        )
+    mine = [s.model_dump() for s in profile.settings]
+    for setting in results["profile"]["settings"]:  # a setting redefined since would mix two datasets
+        if setting not in mine:
+            raise ValueError(f"setting {setting['name']!r} of {results_file} is not the profile's any more")
+
+
+def extend(
+    profile: BenchProfile,
+    settings: list[str],
+    out_dir: Path,
+    work_dir: Path,
+    data_root: str | None,
+    resume: bool,
+    log: Callable[[str], None],
+    jobs: int = 1,
+) -> dict:
+    """The results already in `out_dir` with the evaluation runs of `settings` added (or redone),
+    trained with that report's tuning picks; its tuning, budget check, latency and projections are
+    kept. A profile too long for one sitting is finished a setting at a time this way."""
+    from harmony_mobile.bench.report import command_line
+
+    results_file = Path(out_dir) / "results.json"
+    if not results_file.is_file():
+        raise FileNotFoundError(
+            f"no {results_file} to extend; run the profile with its tuning settings first"
+        )
+    results = json.loads(results_file.read_text())
+    _extendable(results, profile, results_file)
+    started = time.perf_counter()
+    added = profile.model_copy(update={"settings": profile.settings_named(settings)})
+    specs = evaluation_specs(added, results["tuning"]["chosen"])
+    new_runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
+    order = [s.name for s in profile.settings]
+    runs = sorted(  # stable: each setting's runs keep their seed-major order
+        [r for r in results["runs"] if r["setting"] not in settings] + new_runs,
+        key=lambda r: order.index(r["setting"]),
+    )
+    covered = [name for name in order if any(r["setting"] == name for r in runs)]
+    invocations = results.get("invocations") or [
+        {"command": command_line(results), "wall_seconds": results["total_wall_seconds"]}
+    ]
+    invocations.append(
+        {
+            "command": f"harmony bench --profile {profile.name} --settings {','.join(settings)} --extend",
+            "wall_seconds": time.perf_counter() - started,
+        }
+    )
+    return {
+        **results,
+        "profile": {
+            **profile.model_dump(),
+            "settings": [s.model_dump() for s in profile.settings_named(covered)],
+        },
+        "machine": {**results["machine"], "code": code_version(), "jobs": jobs},
+        "runs": runs,
+        "narrowed": {"settings": None if covered == order else covered, "seeds": None, "methods": None},
+        "invocations": invocations,
+        "total_wall_seconds": sum(i["wall_seconds"] for i in invocations),
+    }
+
+
+def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -> Path:
+    """The report written again from `out_dir`'s results.json: numbers unchanged, prose from the
+    current profile unless its budget changed since (then the results' own prose is kept)."""
+    from harmony_mobile.bench.report import write_report
+
+    results_file = out_dir / "results.json"
+    if not results_file.is_file():
+        raise FileNotFoundError(f"no {results_file} to re-render; run the benchmark first")
+    results = json.loads(results_file.read_text())
+    if results["profile"]["budget"] == profile.budget.model_dump():
+        results["profile"].update(description=profile.description, notes=profile.notes)
+    else:
+        log("the profile's budget changed since these results: their own description and notes are kept")
+    report = write_report(results, out_dir)
+    log(f"report: {report} (re-rendered from {results_file})")
+    return report
+
+
 def bench(
     profile_name: str = "quick",
     out_dir: Path | None = None,
@@ -519,9 +616,11 @@ def bench(
     report_only: bool = False,
     jobs: int = 1,
     settings: list[str] | None = None,
+    extend_report: bool = False,
 ) -> Path:
     """Load a profile, run it, write the report; returns the report path. `report_only` re-renders
-    the report from an earlier results.json without training.
+    the report from an earlier results.json without training; `extend_report` adds `settings` to
+    it (see `extend`).
 
     Defaults: report in benchmarks/results/<profile>/, runs in ~/.cache/harmony-mobile/bench/<profile>/
     (deleted and redone unless `resume`)."""
@@ -530,33 +629,37 @@ def bench(
 
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    profile = narrowed(load_profile(profile_name), seeds, methods, settings)
+    if extend_report and (not settings or seeds or methods or report_only):
+        raise ValueError(
+            "--extend adds whole settings to a report: name them with --settings, without --seeds, --methods or --report-only"
+        )
+    whole = load_profile(profile_name)
+    # extending skips the tuning stage, so its settings need not include the tuning ones
+    profile = whole if extend_report else narrowed(whole, seeds, methods, settings)
+    if extend_report:
+        whole.settings_named(settings)  # an unknown name fails before anything is deleted or trained
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
-    if report_only:  # re-render from results.json (numbers unchanged; prose from the current profile)
-        results_file = out_dir / "results.json"
-        if not results_file.is_file():
-            raise FileNotFoundError(f"no {results_file} to re-render; run the benchmark first")
-        results = json.loads(results_file.read_text())
-        if results["profile"]["budget"] == profile.budget.model_dump():
-            results["profile"].update(description=profile.description, notes=profile.notes)
-        else:  # the prose describes the profile's current budget, not the one these results ran at
-            log("the profile's budget changed since these results: their own description and notes are kept")
-        report = write_report(results, out_dir)
-        log(f"report: {report} (re-rendered from {results_file})")
-        return report
+    if report_only:
+        return rerender(profile, out_dir, log)
     work_dir = (
         Path(work_dir) if work_dir else Path.home() / ".cache" / "harmony-mobile" / "bench" / profile.name
     )
     if work_dir.exists() and not resume:
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
-    trials = profile.tuning.trials if profile.tuning else 0
-    log(
-        f"benchmark {profile.name}: {len(profile.settings)} setting(s) x {len(profile.methods)} methods x "
-        f"{len(profile.seeds)} seeds, {trials} tuning trials per tuned method, {jobs} job(s); runs in {work_dir}"
-    )
-    results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
-    results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
+    if extend_report:
+        log(
+            f"benchmark {profile.name}: adding {', '.join(settings)} to {out_dir}, {jobs} job(s); runs in {work_dir}"
+        )
+        results = extend(profile, settings, out_dir, work_dir, data_root, resume, log, jobs)
+    else:
+        trials = profile.tuning.trials if profile.tuning else 0
+        log(
+            f"benchmark {profile.name}: {len(profile.settings)} setting(s) x {len(profile.methods)} methods x "
+            f"{len(profile.seeds)} seeds, {trials} tuning trials per tuned method, {jobs} job(s); runs in {work_dir}"
+        )
+        results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
+        results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
     report = write_report(results, out_dir)
     log(f"report: {report} ({results['total_wall_seconds'] / 60:.1f} min)")
     return report
