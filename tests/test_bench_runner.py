@@ -234,7 +234,8 @@ def test_a_method_has_stopped_improving_only_if_no_longer_budget_gains_the_toler
 
 
 def _two_setting_profile(folder, **changes) -> str:
-    """A tiny profile file with a tuning setting and a second one, tuned on the first only."""
+    """A tiny profile file with a tuning setting and a second one, tuned on the first only; every
+    trial sets `lr`, so whichever wins, the pick shows in the runs' configs."""
     import yaml
 
     profile = {
@@ -245,12 +246,22 @@ def _two_setting_profile(folder, **changes) -> str:
             {"name": "digits-dirichlet", "dataset": "digits", "dataset_limit": 600, "partition": "dirichlet"},
         ],
         "methods": ["harmony", "local"],
-        "tuning": {"seeds": [7], "settings": ["digits-family"], "grids": {"local": [{}, {"lr": 0.01}]}},
+        "tuning": {
+            "seeds": [7],
+            "settings": ["digits-family"],
+            "grids": {"local": [{"lr": 0.02}, {"lr": 0.005}]},
+        },
         **changes,
     }
     path = folder / "two.yaml"
     path.write_text(yaml.safe_dump(profile))
     return str(path)
+
+
+def _profile_from(path: str) -> BenchProfile:
+    from harmony_mobile.bench.profile import load_profile
+
+    return load_profile(path)
 
 
 def test_extending_a_report_adds_a_setting_as_the_whole_profile_would_run_it(tmp_path):
@@ -261,22 +272,21 @@ def test_extending_a_report_adds_a_setting_as_the_whole_profile_would_run_it(tmp
     bench(profile, out, work, settings=["digits-family"], log=quiet)
     first = json.loads((out / "results.json").read_text())
     lines: list[str] = []
-    report = bench(
-        profile, out, work, resume=True, settings=["digits-dirichlet"], extend_report=True, log=lines.append
-    )
+    report = bench(profile, out, work, settings=["digits-dirichlet"], extend_report=True, log=lines.append)
     extended = json.loads((out / "results.json").read_text())
     # only the new setting's evaluation runs trained: no tuning trial, no run of the first setting
-    assert [line for line in lines if line.startswith("[")] == [
-        line
-        for line in lines
-        if line.startswith("[") and "eval digits-dirichlet" in line and "reused" not in line
-    ]
-    assert len([line for line in lines if line.startswith("[")]) == 2
+    trained = [line for line in lines if line.startswith("[")]
+    assert len(trained) == 2 and all("eval digits-dirichlet" in line for line in trained)
+    assert (work / "eval" / "digits-family" / "harmony" / "seed-0" / RECORD).is_file()  # not cleared
     assert extended["tuning"] == first["tuning"] and extended["runs"][:2] == first["runs"]
     assert [r["setting"] for r in extended["runs"]] == ["digits-family"] * 2 + ["digits-dirichlet"] * 2
+    assert (
+        extended["runs"][3]["train_config"]["algorithm_config"]["lr"]
+        == first["tuning"]["chosen"]["local"]["lr"]
+    )
     assert extended["narrowed"]["settings"] is None and len(extended["invocations"]) == 2
     assert set(extended["aggregated"]) == {"digits-family", "digits-dirichlet"}
-    # the same numbers as the whole profile in one invocation (the tuning pick reaches the new runs)
+    # the same numbers as the whole profile in one invocation
     bench(profile, tmp_path / "whole", tmp_path / "whole-work", log=quiet)
     whole = json.loads((tmp_path / "whole" / "results.json").read_text())
     assert [comparable(r) for r in extended["runs"]] == [comparable(r) for r in whole["runs"]]
@@ -285,32 +295,37 @@ def test_extending_a_report_adds_a_setting_as_the_whole_profile_would_run_it(tmp
     assert "--settings digits-dirichlet --extend" in text
 
 
-def _profile_from(path: str) -> BenchProfile:
-    from harmony_mobile.bench.profile import load_profile
+def test_a_report_is_extended_only_by_the_profile_that_made_it_before_anything_is_deleted(tmp_path):
+    from harmony_mobile.bench.runner import bench, load_extendable
 
-    return load_profile(path)
-
-
-def test_a_report_is_extended_only_by_the_profile_that_made_it(tmp_path):
-    from harmony_mobile.bench.runner import bench, extend
-
-    profile, out = _two_setting_profile(tmp_path), tmp_path / "out"
+    profile, out, work = _two_setting_profile(tmp_path), tmp_path / "out", tmp_path / "work"
+    work.mkdir()
+    (work / "earlier-run").write_text("kept")
     with pytest.raises(FileNotFoundError, match="to extend"):
-        bench(profile, out, tmp_path / "w", settings=["digits-dirichlet"], extend_report=True)
+        bench(profile, out, work, settings=["digits-dirichlet"], extend_report=True)
     with pytest.raises(ValueError, match="name them with --settings"):
-        bench(profile, out, tmp_path / "w", extend_report=True)
+        bench(profile, out, work, extend_report=True)
     with pytest.raises(ValueError, match="not in profile 'two'"):
-        bench(profile, out, tmp_path / "w", settings=["cifar"], extend_report=True)
-    made = {
-        "profile": _profile_from(profile).model_dump(),
-        "narrowed": {"settings": ["digits-family"], "seeds": None, "methods": None},
-    }
-    longer = _profile_from(_two_setting_profile(tmp_path, budget={**TINY["budget"], "rounds": 2}))
+        bench(profile, out, work, settings=["cifar"], extend_report=True)
+    with pytest.raises(ValueError, match="names a setting twice"):
+        bench(profile, out, work, settings=["digits-dirichlet", "digits-dirichlet"], extend_report=True)
+    assert (work / "earlier-run").read_text() == "kept"
+    current = _profile_from(profile)
+    older_code = {k: v for k, v in current.model_dump().items() if k != "budget_check"}  # a field added since
+    made = {"profile": older_code, "narrowed": {"settings": ["digits-family"]}, "machine": {"jobs": 2}}
     out.mkdir()
     (out / "results.json").write_text(json.dumps(made))
+    assert load_extendable(current, out, jobs=2)["machine"] == {"jobs": 2}
+    with pytest.raises(ValueError, match="made with --jobs 2"):
+        load_extendable(current, out, jobs=1)
+    longer = _profile_from(_two_setting_profile(tmp_path, budget={**TINY["budget"], "rounds": 2}))
     with pytest.raises(ValueError, match="another version of profile 'two'"):
-        extend(longer, ["digits-dirichlet"], out, tmp_path / "w", None, False, print)
+        load_extendable(longer, out, jobs=2)
     (out / "results.json").write_text(json.dumps({**made, "narrowed": {"seeds": [0]}}))
     with pytest.raises(ValueError, match="only some seeds or methods"):
-        extend(_profile_from(profile), ["digits-dirichlet"], out, tmp_path / "w", None, False, print)
-    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").iterdir())
+        load_extendable(current, out, jobs=2)
+    family, dirichlet = older_code["settings"]
+    redefined = {**made, "profile": {**older_code, "settings": [family, {**dirichlet, "alpha": 0.1}]}}
+    (out / "results.json").write_text(json.dumps(redefined))
+    with pytest.raises(ValueError, match="'digits-dirichlet' of .* is not the profile's any more"):
+        load_extendable(current, out, jobs=2)

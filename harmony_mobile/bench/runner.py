@@ -509,15 +509,29 @@ def narrowed(
 
 def _comparable_profile(profile: dict) -> dict:
     """What must not change between results and the invocations that extend them: everything but
-    the prose and the settings (the machine-specific tiers path named relative to the repository)."""
+    the prose and the settings, read through the current model (results of older code lack fields
+    added since, which take their defaults) with the tiers file named relative to the repository."""
+    from pydantic import ValidationError
+
     from harmony_mobile.bench.report import repo_relative
 
-    kept = {k: v for k, v in profile.items() if k not in ("description", "notes", "settings")}
+    try:
+        dumped = BenchProfile(**profile).model_dump()
+    except ValidationError as error:
+        raise ValueError(f"the results' profile is not valid any more: {error}") from error
+    kept = {k: v for k, v in dumped.items() if k not in ("description", "notes", "settings")}
     return {**kept, "train": repo_relative(kept.get("train") or {})}
 
 
-def _extendable(results: dict, profile: BenchProfile, results_file: Path) -> None:
-    """A ValueError unless `results` are of this profile as it is now, with every method and seed."""
+def load_extendable(profile: BenchProfile, out_dir: Path, jobs: int) -> dict:
+    """`out_dir`'s results, or a ValueError unless they are of this profile as it is now, with every
+    method and seed, run with the same number of jobs (the time line divides the runs' time by it)."""
+    results_file = Path(out_dir) / "results.json"
+    if not results_file.is_file():
+        raise FileNotFoundError(
+            f"no {results_file} to extend; run the profile with its tuning settings first"
+        )
+    results = json.loads(results_file.read_text())
     narrowing = results.get("narrowed") or {}
     if narrowing.get("seeds") or narrowing.get("methods"):
         raise ValueError(f"{results_file} ran only some seeds or methods: extend a report of all of them")
@@ -527,32 +541,29 @@ def _extendable(results: dict, profile: BenchProfile, results_file: Path) -> Non
         )
     mine = [s.model_dump() for s in profile.settings]
     for setting in results["profile"]["settings"]:  # a setting redefined since would mix two datasets
-        if setting not in mine:
+        if Setting(**setting).model_dump() not in mine:
             raise ValueError(f"setting {setting['name']!r} of {results_file} is not the profile's any more")
+    made_with = results.get("machine", {}).get("jobs", 1)
+    if made_with != jobs:
+        raise ValueError(f"{results_file} was made with --jobs {made_with}: extend it with the same")
+    return results
 
 
 def extend(
     profile: BenchProfile,
+    results: dict,
     settings: list[str],
-    out_dir: Path,
     work_dir: Path,
     data_root: str | None,
     resume: bool,
     log: Callable[[str], None],
     jobs: int = 1,
 ) -> dict:
-    """The results already in `out_dir` with the evaluation runs of `settings` added (or redone),
-    trained with that report's tuning picks; its tuning, budget check, latency and projections are
-    kept. A profile too long for one sitting is finished a setting at a time this way."""
+    """`results` (from `load_extendable`) with the evaluation runs of `settings` added (or redone),
+    trained with their tuning picks; the tuning, budget check and latency are kept. A profile too
+    long for one sitting is finished a setting at a time this way."""
     from harmony_mobile.bench.report import command_line
 
-    results_file = Path(out_dir) / "results.json"
-    if not results_file.is_file():
-        raise FileNotFoundError(
-            f"no {results_file} to extend; run the profile with its tuning settings first"
-        )
-    results = json.loads(results_file.read_text())
-    _extendable(results, profile, results_file)
     started = time.perf_counter()
     added = profile.model_copy(update={"settings": profile.settings_named(settings)})
     specs = evaluation_specs(added, results["tuning"]["chosen"])
@@ -563,6 +574,8 @@ def extend(
         key=lambda r: order.index(r["setting"]),
     )
     covered = [name for name in order if any(r["setting"] == name for r in runs)]
+    if (profile.pca.setting or order[0]) in settings:  # the features plot is of a setting added now
+        results = {**results, "projections": projections(profile, work_dir)}
     invocations = results.get("invocations") or [
         {"command": command_line(results), "wall_seconds": results["total_wall_seconds"]}
     ]
@@ -578,7 +591,7 @@ def extend(
             **profile.model_dump(),
             "settings": [s.model_dump() for s in profile.settings_named(covered)],
         },
-        "machine": {**results["machine"], "code": code_version(), "jobs": jobs},
+        "machine": {**results["machine"], "code": code_version()},
         "runs": runs,
         "narrowed": {"settings": None if covered == order else covered, "seeds": None, "methods": None},
         "invocations": invocations,
@@ -636,22 +649,25 @@ def bench(
     whole = load_profile(profile_name)
     # extending skips the tuning stage, so its settings need not include the tuning ones
     profile = whole if extend_report else narrowed(whole, seeds, methods, settings)
-    if extend_report:
-        whole.settings_named(settings)  # an unknown name fails before anything is deleted or trained
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
     if report_only:
         return rerender(profile, out_dir, log)
+    if extend_report:  # everything is checked before a run starts or a run folder is deleted
+        if len(set(s.name for s in whole.settings_named(settings))) != len(settings):
+            raise ValueError(f"--settings names a setting twice: {','.join(settings)}")
+        earlier = load_extendable(profile, out_dir, jobs)
     work_dir = (
         Path(work_dir) if work_dir else Path.home() / ".cache" / "harmony-mobile" / "bench" / profile.name
     )
-    if work_dir.exists() and not resume:
+    if work_dir.exists() and not resume and not extend_report:  # extending keeps the earlier runs
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     if extend_report:
         log(
             f"benchmark {profile.name}: adding {', '.join(settings)} to {out_dir}, {jobs} job(s); runs in {work_dir}"
         )
-        results = extend(profile, settings, out_dir, work_dir, data_root, resume, log, jobs)
+        results = extend(profile, earlier, settings, work_dir, data_root, resume, log, jobs)
     else:
         trials = profile.tuning.trials if profile.tuning else 0
         log(
@@ -661,5 +677,5 @@ def bench(
         results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
         results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
     report = write_report(results, out_dir)
-    log(f"report: {report} ({results['total_wall_seconds'] / 60:.1f} min)")
+    log(f"report: {report} ({(time.perf_counter() - started) / 60:.1f} min)")
     return report
