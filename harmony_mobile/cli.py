@@ -200,14 +200,22 @@ def _print_train_summary(train_config, run_dir: Path, results: dict) -> None:
     console.print(table)
 
 
+BenchProfileOption = Annotated[
+    str,
+    typer.Option(help="quick | standard | full (benchmarks/configs/<name>.yaml) or a path to a profile YAML"),
+]
+ExtendOption = Annotated[
+    bool,
+    typer.Option(
+        help="add the --settings to the report already in the out folder, with its tuning picks "
+        "(no tuning or budget check is run)"
+    ),
+]
+
+
 @app.command()
 def bench(
-    profile: Annotated[
-        str,
-        typer.Option(
-            help="quick | standard | full (benchmarks/configs/<name>.yaml) or a path to a profile YAML"
-        ),
-    ] = "quick",
+    profile: BenchProfileOption = "quick",
     out: Annotated[
         Path | None, typer.Option(help="report folder (default benchmarks/results/<profile>)")
     ] = None,
@@ -233,13 +241,7 @@ def bench(
         int,
         typer.Option(min=1, help="independent runs in parallel worker processes (1 torch thread each)"),
     ] = 1,
-    extend: Annotated[
-        bool,
-        typer.Option(
-            help="add the --settings to the report already in the out folder, with its tuning picks "
-            "(no tuning or budget check is run)"
-        ),
-    ] = False,
+    extend: ExtendOption = False,
 ) -> None:
     """Run every method on the same partitions, tiers and budget over several seeds; write the report.
 

@@ -617,6 +617,28 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
     return report
 
 
+def _report_to_extend(
+    whole: BenchProfile, settings: list[str] | None, out_dir: Path, jobs: int, narrowing: bool
+) -> dict:
+    """The results `--extend` adds `settings` to, once every argument is checked: before a run
+    starts or a run folder is deleted."""
+    if not settings or narrowing:
+        raise ValueError(
+            "--extend adds whole settings to a report: name them with --settings, without --seeds, --methods or --report-only"
+        )
+    if len({s.name for s in whole.settings_named(settings)}) != len(settings):
+        raise ValueError(f"--settings names a setting twice: {','.join(settings)}")
+    return load_extendable(whole, out_dir, jobs)
+
+
+def _work_dir(work_dir: Path | None, profile: BenchProfile, clear: bool) -> Path:
+    path = Path(work_dir) if work_dir else Path.home() / ".cache" / "harmony-mobile" / "bench" / profile.name
+    if path.exists() and clear:
+        shutil.rmtree(path)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def bench(
     profile_name: str = "quick",
     out_dir: Path | None = None,
@@ -636,32 +658,21 @@ def bench(
     it (see `extend`).
 
     Defaults: report in benchmarks/results/<profile>/, runs in ~/.cache/harmony-mobile/bench/<profile>/
-    (deleted and redone unless `resume`)."""
+    (deleted and redone unless `resume`; extending never deletes the earlier settings' runs)."""
     from harmony_mobile.bench.profile import load_profile
     from harmony_mobile.bench.report import write_report
 
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    if extend_report and (not settings or seeds or methods or report_only):
-        raise ValueError(
-            "--extend adds whole settings to a report: name them with --settings, without --seeds, --methods or --report-only"
-        )
     whole = load_profile(profile_name)
     # extending skips the tuning stage, so its settings need not include the tuning ones
     profile = whole if extend_report else narrowed(whole, seeds, methods, settings)
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
-    if report_only:
+    if extend_report:
+        earlier = _report_to_extend(whole, settings, out_dir, jobs, bool(seeds or methods or report_only))
+    elif report_only:
         return rerender(profile, out_dir, log)
-    if extend_report:  # everything is checked before a run starts or a run folder is deleted
-        if len(set(s.name for s in whole.settings_named(settings))) != len(settings):
-            raise ValueError(f"--settings names a setting twice: {','.join(settings)}")
-        earlier = load_extendable(profile, out_dir, jobs)
-    work_dir = (
-        Path(work_dir) if work_dir else Path.home() / ".cache" / "harmony-mobile" / "bench" / profile.name
-    )
-    if work_dir.exists() and not resume and not extend_report:  # extending keeps the earlier runs
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True, exist_ok=True)
+    work_dir = _work_dir(work_dir, profile, clear=not resume and not extend_report)
     started = time.perf_counter()
     if extend_report:
         log(
