@@ -316,6 +316,13 @@ def test_a_report_is_extended_only_by_the_profile_that_made_it_before_anything_i
     out.mkdir()
     (out / "results.json").write_text(json.dumps(made))
     assert load_extendable(current, out, jobs=2)["machine"] == {"jobs": 2}
+    # two extensions of one report at once would each write it without the other's setting
+    from filelock import FileLock
+
+    with FileLock(out / ".extend.lock", timeout=0):  # as another process extending it holds it
+        with pytest.raises(ValueError, match="another invocation is extending"):
+            bench(profile, out, work, settings=["digits-dirichlet"], extend_report=True, jobs=2)
+    assert (work / "earlier-run").read_text() == "kept"
     with pytest.raises(ValueError, match="made with --jobs 2"):
         load_extendable(current, out, jobs=1)
     longer = _profile_from(_two_setting_profile(tmp_path, budget={**TINY["budget"], "rounds": 2}))

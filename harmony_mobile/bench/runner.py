@@ -617,18 +617,53 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
     return report
 
 
-def _report_to_extend(
-    whole: BenchProfile, settings: list[str] | None, out_dir: Path, jobs: int, narrowing: bool
-) -> dict:
-    """The results `--extend` adds `settings` to, once every argument is checked: before a run
-    starts or a run folder is deleted."""
+def _check_extension_args(whole: BenchProfile, settings: list[str] | None, narrowing: bool) -> None:
     if not settings or narrowing:
         raise ValueError(
             "--extend adds whole settings to a report: name them with --settings, without --seeds, --methods or --report-only"
         )
     if len({s.name for s in whole.settings_named(settings)}) != len(settings):
         raise ValueError(f"--settings names a setting twice: {','.join(settings)}")
-    return load_extendable(whole, out_dir, jobs)
+
+
+def extend_and_report(
+    profile: BenchProfile,
+    settings: list[str] | None,
+    out_dir: Path,
+    work_dir: Path | None,
+    data_root: str | None,
+    resume: bool,
+    log: Callable[[str], None],
+    jobs: int,
+    narrowing: bool,
+) -> Path:
+    """`extend` the report in `out_dir` and write it again. A lock on the folder, released when
+    this process ends however it ends, keeps a second invocation from writing the report over
+    this one's settings."""
+    from filelock import FileLock, Timeout
+
+    from harmony_mobile.bench.report import write_report
+
+    _check_extension_args(profile, settings, narrowing)
+    load_extendable(profile, out_dir, jobs)  # everything is checked before a run folder is touched
+    lock = FileLock(Path(out_dir) / ".extend.lock")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout as error:
+        raise ValueError(f"another invocation is extending {out_dir}: wait for it") from error
+    try:
+        earlier = load_extendable(profile, out_dir, jobs)  # read again: another extension may just have ended
+        work_dir = _work_dir(work_dir, profile, clear=False)  # the earlier settings' runs stay
+        log(
+            f"benchmark {profile.name}: adding {', '.join(settings)} to {out_dir}, {jobs} job(s); runs in {work_dir}"
+        )
+        started = time.perf_counter()
+        results = extend(profile, earlier, settings, work_dir, data_root, resume, log, jobs)
+        report = write_report(results, out_dir)
+    finally:
+        lock.release()
+    log(f"report: {report} ({(time.perf_counter() - started) / 60:.1f} min)")
+    return report
 
 
 def _work_dir(work_dir: Path | None, profile: BenchProfile, clear: bool) -> Path:
@@ -669,24 +704,19 @@ def bench(
     profile = whole if extend_report else narrowed(whole, seeds, methods, settings)
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
     if extend_report:
-        earlier = _report_to_extend(whole, settings, out_dir, jobs, bool(seeds or methods or report_only))
-    elif report_only:
+        narrowing = bool(seeds or methods or report_only)
+        return extend_and_report(whole, settings, out_dir, work_dir, data_root, resume, log, jobs, narrowing)
+    if report_only:
         return rerender(profile, out_dir, log)
-    work_dir = _work_dir(work_dir, profile, clear=not resume and not extend_report)
+    work_dir = _work_dir(work_dir, profile, clear=not resume)
     started = time.perf_counter()
-    if extend_report:
-        log(
-            f"benchmark {profile.name}: adding {', '.join(settings)} to {out_dir}, {jobs} job(s); runs in {work_dir}"
-        )
-        results = extend(profile, earlier, settings, work_dir, data_root, resume, log, jobs)
-    else:
-        trials = profile.tuning.trials if profile.tuning else 0
-        log(
-            f"benchmark {profile.name}: {len(profile.settings)} setting(s) x {len(profile.methods)} methods x "
-            f"{len(profile.seeds)} seeds, {trials} tuning trials per tuned method, {jobs} job(s); runs in {work_dir}"
-        )
-        results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
-        results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
+    trials = profile.tuning.trials if profile.tuning else 0
+    log(
+        f"benchmark {profile.name}: {len(profile.settings)} setting(s) x {len(profile.methods)} methods x "
+        f"{len(profile.seeds)} seeds, {trials} tuning trials per tuned method, {jobs} job(s); runs in {work_dir}"
+    )
+    results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
+    results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
     report = write_report(results, out_dir)
     log(f"report: {report} ({(time.perf_counter() - started) / 60:.1f} min)")
     return report
