@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from harmony_mobile.bench.profile import BenchProfile
+from harmony_mobile.bench.profile import BenchProfile, load_profile
 from harmony_mobile.bench.report import write_report
 from harmony_mobile.bench.runner import RECORD, evaluation_specs, run_benchmark
 
@@ -151,7 +151,6 @@ def test_jobs_must_be_positive():
 
 
 def test_a_narrowed_profile_keeps_the_named_settings_and_run_paths(tmp_path):
-    from harmony_mobile.bench.profile import load_profile
     from harmony_mobile.bench.runner import narrowed
 
     standard = load_profile("standard")
@@ -174,7 +173,7 @@ def test_a_narrowed_profile_keeps_the_named_settings_and_run_paths(tmp_path):
 def test_a_profiles_tiers_file_is_read_relative_to_the_profile(tmp_path, monkeypatch):
     import yaml
 
-    from harmony_mobile.bench.profile import CONFIG_DIR, load_profile
+    from harmony_mobile.bench.profile import CONFIG_DIR
     from harmony_mobile.models import load_tiers
 
     folder = tmp_path / "configs"
@@ -258,12 +257,6 @@ def _two_setting_profile(folder, **changes) -> str:
     return str(path)
 
 
-def _profile_from(path: str) -> BenchProfile:
-    from harmony_mobile.bench.profile import load_profile
-
-    return load_profile(path)
-
-
 def test_extending_a_report_adds_a_setting_as_the_whole_profile_would_run_it(tmp_path):
     from harmony_mobile.bench.runner import bench
 
@@ -310,7 +303,7 @@ def test_a_report_is_extended_only_by_the_profile_that_made_it_before_anything_i
     with pytest.raises(ValueError, match="names a setting twice"):
         bench(profile, out, work, settings=["digits-dirichlet", "digits-dirichlet"], extend_report=True)
     assert (work / "earlier-run").read_text() == "kept"
-    current = _profile_from(profile)
+    current = load_profile(profile)
     older_code = {k: v for k, v in current.model_dump().items() if k != "budget_check"}  # a field added since
     made = {"profile": older_code, "narrowed": {"settings": ["digits-family"]}, "machine": {"jobs": 2}}
     out.mkdir()
@@ -325,7 +318,7 @@ def test_a_report_is_extended_only_by_the_profile_that_made_it_before_anything_i
     assert (work / "earlier-run").read_text() == "kept"
     with pytest.raises(ValueError, match="made with --jobs 2"):
         load_extendable(current, out, jobs=1)
-    longer = _profile_from(_two_setting_profile(tmp_path, budget={**TINY["budget"], "rounds": 2}))
+    longer = load_profile(_two_setting_profile(tmp_path, budget={**TINY["budget"], "rounds": 2}))
     with pytest.raises(ValueError, match="another version of profile 'two'"):
         load_extendable(longer, out, jobs=2)
     (out / "results.json").write_text(json.dumps({**made, "narrowed": {"seeds": [0]}}))

@@ -680,12 +680,17 @@ def time_line(results: dict) -> str:
     return text + "."
 
 
+def extended(results: dict) -> bool:
+    """Whether the results were made a setting at a time (`--extend`), by several invocations."""
+    return len(results.get("invocations") or []) > 1
+
+
 def invocation_line(results: dict) -> str:
     """The wall time of the benchmark invocation that produced these results (`--report-only`
     keeps it); with `--resume` part of its runs were read back from earlier invocations, so it can
     be far below the runs' own summed time."""
-    invocations = results.get("invocations") or []
-    if len(invocations) > 1:  # a report extended a setting at a time (`--extend`)
+    if extended(results):
+        invocations = results["invocations"]
         text = f"The {len(invocations)} invocations that produced these results took " + " + ".join(
             f"{i['wall_seconds'] / 60:.1f} min (`{i['command']}`)" for i in invocations
         )
@@ -711,7 +716,7 @@ def header_lines(results: dict) -> list[str]:
         profile.get("description", "").strip(),
         "",
         f"Produced by `{command_line(results)}`"
-        + (", run a setting at a time with `--extend`" if len(results.get("invocations") or []) > 1 else "")
+        + (", run a setting at a time with `--extend`" if extended(results) else "")
         + f". Evaluation seeds {profile['seeds']}; every "
         "method gets the same partition and tiers per seed. "
         + budget_line(results)

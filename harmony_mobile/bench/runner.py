@@ -523,14 +523,21 @@ def _comparable_profile(profile: dict) -> dict:
     return {**kept, "train": repo_relative(kept.get("train") or {})}
 
 
+FIRST_RUN_THE_TUNING_SETTINGS = "run the profile with its tuning settings first"
+
+
+def _results_file(out_dir: Path, action: str, hint: str) -> Path:
+    """`out_dir`'s results.json, or a FileNotFoundError saying what could not be done without it."""
+    results_file = Path(out_dir) / "results.json"
+    if not results_file.is_file():
+        raise FileNotFoundError(f"no {results_file} to {action}; {hint}")
+    return results_file
+
+
 def load_extendable(profile: BenchProfile, out_dir: Path, jobs: int) -> dict:
     """`out_dir`'s results, or a ValueError unless they are of this profile as it is now, with every
     method and seed, run with the same number of jobs (the time line divides the runs' time by it)."""
-    results_file = Path(out_dir) / "results.json"
-    if not results_file.is_file():
-        raise FileNotFoundError(
-            f"no {results_file} to extend; run the profile with its tuning settings first"
-        )
+    results_file = _results_file(out_dir, "extend", FIRST_RUN_THE_TUNING_SETTINGS)
     results = json.loads(results_file.read_text())
     narrowing = results.get("narrowed") or {}
     if narrowing.get("seeds") or narrowing.get("methods"):
@@ -604,9 +611,7 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
     current profile unless its budget changed since (then the results' own prose is kept)."""
     from harmony_mobile.bench.report import write_report
 
-    results_file = out_dir / "results.json"
-    if not results_file.is_file():
-        raise FileNotFoundError(f"no {results_file} to re-render; run the benchmark first")
+    results_file = _results_file(out_dir, "re-render", "run the benchmark first")
     results = json.loads(results_file.read_text())
     if results["profile"]["budget"] == profile.budget.model_dump():
         results["profile"].update(description=profile.description, notes=profile.notes)
@@ -645,14 +650,16 @@ def extend_and_report(
     from harmony_mobile.bench.report import write_report
 
     _check_extension_args(profile, settings, narrowing)
-    load_extendable(profile, out_dir, jobs)  # everything is checked before a run folder is touched
+    # the lock lives beside the report, so there must be one; the report is read under the lock
+    # (another extension may just have ended) and checked before a run folder is touched
+    _results_file(out_dir, "extend", FIRST_RUN_THE_TUNING_SETTINGS)
     lock = FileLock(Path(out_dir) / ".extend.lock")
     try:
         lock.acquire(timeout=0)
     except Timeout as error:
         raise ValueError(f"another invocation is extending {out_dir}: wait for it") from error
     try:
-        earlier = load_extendable(profile, out_dir, jobs)  # read again: another extension may just have ended
+        earlier = load_extendable(profile, out_dir, jobs)
         work_dir = _work_dir(work_dir, profile, clear=False)  # the earlier settings' runs stay
         log(
             f"benchmark {profile.name}: adding {', '.join(settings)} to {out_dir}, {jobs} job(s); runs in {work_dir}"
