@@ -48,7 +48,12 @@ def fake_run(method: str, seed: int, accuracy: float, split: bool = True) -> dic
             "client_mean": accuracy / 3,
         },
         "per_tier": {tier: rates for tier in TIERS},
-        "round_metrics": [{"round": 0, "path_to_noise": 0.5}, {"round": 1, "path_to_noise": 1.5}]
+        "round_metrics": [
+            {"round": 0, "path_to_noise": 0.5, "contrastive_grad_ratio": 0.2},
+            {"round": 1, "path_to_noise": 1.5, "contrastive_grad_ratio": 0.3},
+            # a round where the CE is fit: the ratio's outlier
+            {"round": 2, "path_to_noise": 1.0, "contrastive_grad_ratio": 9e6},
+        ]
         if method == "harmony"
         else [{"round": 0, "loss": 1.0}],
     }
@@ -203,7 +208,8 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
     assert '| harmony | 0 | `{"lr": 0.003}` | 80.0 | 90.0 | **yes** |' in text
     assert "methods with their own stated budget instead of the shared one: `centralized` 9 x 8 x 64" in text
     diagnostics = text.split("Mechanism diagnostics")[1].split("\n\n")[1].splitlines()
-    assert diagnostics[2] == "| harmony | – | – | 1 | – | – |"  # mean of 0.5 and 1.5 over rounds
+    # path / noise: the mean of 0.5, 1.5 and 1.0; the gradient ratio: the median, not the outlier's mean
+    assert diagnostics[2] == "| harmony | – | – | 1 | – | 0.3 |"
     assert len(diagnostics) == 3  # methods that log none of the diagnostics have no row
     assert "tuned on validation only" in text
     # an ablation's configuration shows the one field that defines it, not only the profile's values
