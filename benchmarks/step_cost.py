@@ -6,6 +6,9 @@ hits them alike. Also counts multiply-accumulates per sample, to show how far th
     .venv/bin/python benchmarks/step_cost.py                 # widths 1.0 and 0.5, batch 64
     .venv/bin/python benchmarks/step_cost.py --widths 1.0 --rounds 5
 
+Each model is timed in PyTorch's default (contiguous, NCHW) memory format and in channels_last, side
+by side in the same turns, so the ratio of the two is not a comparison of two machine states.
+
 Writes benchmarks/results/step_cost.md and .json. What the numbers are for: a `standard` benchmark
 run spends most of its time in these steps, so they bound how much cheaper the profile can get
 without changing what it trains.
@@ -56,9 +59,16 @@ def macs_per_sample(model: nn.Module) -> int:
     return total
 
 
-def step_seconds(model: nn.Module, batch: int, steps: int) -> float:
-    """Mean wall time of `steps` forward + backward passes (the optimizer's update is negligible here)."""
-    images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
+
+
+def step_seconds(model: nn.Module, batch: int, steps: int, memory_format: str = "contiguous") -> float:
+    """Mean wall time of `steps` forward + backward passes (the optimizer's update is negligible here),
+    the weights and the images in `memory_format`."""
+    layout = MEMORY_FORMATS[memory_format]
+    model.to(memory_format=layout)
+    images = torch.randn(batch, 1, 28, 28).contiguous(memory_format=layout)
+    labels = torch.randint(0, 10, (batch,))
     started = time.perf_counter()
     for _ in range(steps):
         model.zero_grad(set_to_none=True)
@@ -66,24 +76,28 @@ def step_seconds(model: nn.Module, batch: int, steps: int) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def measure(widths: list[float], batch: int, steps: int, rounds: int) -> list[dict]:
+def measure(widths: list[float], batch: int, steps: int, rounds: int, formats: list[str]) -> list[dict]:
     models = {(f, w): full_depth_model(f, w) for w in widths for f in FAMILIES}
-    for model in models.values():
-        step_seconds(model, batch, 2)  # warm-up: first calls allocate and pick kernels
-    times: dict[tuple, list[float]] = {key: [] for key in models}
+    runs = [(family, width, layout) for family, width in models for layout in formats]
+    for family, width, layout in runs:
+        step_seconds(models[family, width], batch, 2, layout)  # warm-up: allocations, kernel choice
+    times: dict[tuple, list[float]] = {run: [] for run in runs}
     for _ in range(rounds):
-        for key, model in models.items():
-            times[key].append(step_seconds(model, batch, steps))
+        for family, width, layout in runs:
+            times[family, width, layout].append(step_seconds(models[family, width], batch, steps, layout))
     return [
         {
             "family": family,
             "width": width,
+            "memory_format": layout,
             "parameters": sum(p.numel() for p in models[family, width].parameters()),
-            "macs_per_sample": macs_per_sample(models[family, width]),
-            "step_ms": 1000 * statistics.median(times[family, width]),
-            "step_ms_rounds": [1000 * t for t in times[family, width]],
+            "macs_per_sample": macs_per_sample(
+                models[family, width].to(memory_format=torch.contiguous_format)
+            ),
+            "step_ms": 1000 * statistics.median(times[family, width, layout]),
+            "step_ms_rounds": [1000 * t for t in times[family, width, layout]],
         }
-        for family, width in models
+        for family, width, layout in runs
     ]
 
 
@@ -95,19 +109,23 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
         f"depth-4 exit head, as `local` and `fedavg` train it), batch {args.batch}, 28x28 inputs, 1 torch thread; median over {args.rounds} rounds of "
         f"{args.steps} steps, the families timed in turns. torch {torch.__version__}, {platform.processor() or platform.machine()}.",
         "",
-        "| family | width | parameters | MACs per sample | ms per step | ns per MAC |",
-        "|---|---|---|---|---|---|",
+        "| family | width | memory format | parameters | MACs per sample | ms per step | ns per MAC | vs contiguous |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    contiguous = {(r["family"], r["width"]): r["step_ms"] for r in rows if r["memory_format"] == "contiguous"}
     for row in rows:
         per_mac = row["step_ms"] * 1e6 / (3 * row["macs_per_sample"] * args.batch)  # backward ~ 2x forward
+        base = contiguous.get((row["family"], row["width"]))
+        ratio = f"{row['step_ms'] / base:.2f}" if base else "–"
         lines.append(
-            f"| {row['family']} | {row['width']} | {row['parameters']:,} | {row['macs_per_sample'] / 1e6:.2f} M "
-            f"| {row['step_ms']:.1f} | {per_mac:.2f} |"
+            f"| {row['family']} | {row['width']} | {row['memory_format']} | {row['parameters']:,} "
+            f"| {row['macs_per_sample'] / 1e6:.2f} M | {row['step_ms']:.1f} | {per_mac:.2f} | {ratio} |"
         )
     lines += [
         "",
         "ns per MAC counts forward + backward as 3 forward passes' MACs: how efficiently each family's "
-        "layers run on this CPU, not a hardware figure.",
+        "layers run on this CPU, not a hardware figure. *vs contiguous*: this row's median time over the "
+        "same model's in the default memory format, timed in the same turns.",
         "",
     ]
     return "\n".join(lines)
@@ -121,11 +139,21 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="steps per timing")
     parser.add_argument("--rounds", type=int, default=21, help="timings per family (the median is kept)")
+    parser.add_argument(
+        "--memory-formats",
+        default="contiguous,channels_last",
+        help=f"comma-separated, of {', '.join(MEMORY_FORMATS)}",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "step_cost")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    rows = measure([float(w) for w in args.widths.split(",")], args.batch, args.steps, args.rounds)
+    formats = args.memory_formats.split(",")
+    unknown = sorted(set(formats) - set(MEMORY_FORMATS))
+    if unknown:
+        parser.error(f"unknown memory format(s) {', '.join(unknown)}; known: {', '.join(MEMORY_FORMATS)}")
+    widths = [float(w) for w in args.widths.split(",")]
+    rows = measure(widths, args.batch, args.steps, args.rounds, formats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(
         json.dumps({"config": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=2)

@@ -70,3 +70,40 @@ def test_run_cost_takes_any_setting_of_the_profile_and_spaced_method_lists():
     assert "centralized" in checked_methods("standard", "mnist5k-family", None)
     with pytest.raises(ValueError, match="harmony-no-meta"):  # a renamed ablation names its new name
         checked_methods("standard", "mnist5k-family", "harmony-meta")
+
+
+def test_step_cost_times_the_same_computation_in_either_memory_format():
+    import torch
+
+    step_cost = load_script(STEP_COST)
+    images = torch.randn(8, 1, 28, 28)
+
+    def kernels_in_channels_last(model) -> bool:
+        kernels = [p for p in model.parameters() if p.dim() == 4]
+        return all(p.is_contiguous(memory_format=torch.channels_last) for p in kernels)
+
+    for family in ("cnn", "mobilenet", "resnet"):
+        model = step_cost.full_depth_model(family, 0.5)
+        with torch.no_grad():
+            contiguous = model(images)
+        assert not kernels_in_channels_last(model)
+        step_cost.step_seconds(model, batch=8, steps=1, memory_format="channels_last")
+        assert kernels_in_channels_last(model)
+        with torch.no_grad():
+            channels_last = model(images.contiguous(memory_format=torch.channels_last))
+        # the timed steps only back-propagate (no optimizer), so the weights are the same: the outputs
+        # agree to rounding
+        torch.testing.assert_close(channels_last, contiguous, rtol=1e-4, atol=1e-5)
+
+
+def test_step_cost_refuses_an_unknown_memory_format_before_timing(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(STEP_COST), "--memory-formats=contiguous,nhwc", f"--out={tmp_path / 'out'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "nhwc" in result.stderr and "channels_last" in result.stderr, (
+        result.stderr
+    )
+    assert not (tmp_path / "out.md").exists()
