@@ -59,6 +59,10 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
         assert set(record["per_tier"]) == {"entry-android", "mid-android", "mid-ios", "flagship"}
     assert runs["fedavg", 0]["per_tier"]["flagship"]["p=0.5"]["exit_rate"] == 1.0
     assert runs["harmony", 0]["code"] == results["machine"]["code"]  # each run names the code that made it
+    assert runs["harmony", 0]["cpu"] == {  # and the CPU: another model can round differently
+        key: results["machine"][key] for key in ("cpu_model", "torch_cpu_capability")
+    }
+    assert results["machine"]["cpu_model"] and results["machine"]["torch_cpu_capability"]
     assert results["tuning"]["run_provenance"] == [{"reused": False, "code": results["machine"]["code"]}] * 4
     # tuning: 2 trials per tuned method, scored on validation, the pick reaches the evaluation runs
     trials = results["tuning"]["trials"]

@@ -709,6 +709,12 @@ def invocation_line(results: dict) -> str:
     return text
 
 
+def _cpu_model(machine: dict) -> str:
+    if not machine.get("cpu_model"):
+        return ""  # results of older code did not record it
+    return f" ({machine['cpu_model']}, torch kernels {machine.get('torch_cpu_capability')})"
+
+
 def header_lines(results: dict) -> list[str]:
     profile = results["profile"]
     machine = results.get("machine", {})
@@ -724,8 +730,8 @@ def header_lines(results: dict) -> list[str]:
         + budget_line(results)
         + " "
         + invocation_line(results)
-        + f" on {machine.get('cpu_count')} CPUs, {machine.get('jobs', 1)} parallel job(s) of 1 torch "
-        "thread. " + time_line(results),
+        + f" on {machine.get('cpu_count')} CPUs{_cpu_model(machine)}, {machine.get('jobs', 1)} parallel "
+        "job(s) of 1 torch thread. " + time_line(results),
         "",
         _code_line(machine.get("code"), *_runs_with_provenance(results)),
         "",

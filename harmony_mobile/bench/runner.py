@@ -107,6 +107,7 @@ def run_one(
         "trial": spec.trial,
         "train_config": config.model_dump(),
         "code": code or code_version(),  # a profile resumed across commits says which made each run
+        "cpu": cpu_info(),  # and across machines, which CPU
         "wall_seconds": wall,
         "cpu_seconds": cpu,  # on a shared machine closer to the run's own cost than wall time
         "summary": results["summary"],
@@ -405,12 +406,28 @@ def code_version() -> dict:
         return {"commit": None, "uncommitted": []}
 
 
+def cpu_info() -> dict:
+    """Which CPU and which of torch's kernel sets ran: the same run on another CPU model can round
+    differently, and over many rounds that moves a run's accuracy by points, not only in the last digit."""
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [
+            line.split(":", 1)[1].strip()
+            for line in cpuinfo.read_text().splitlines()
+            if line.startswith("model name")
+        ]
+        model = names[0] if names else model
+    return {"cpu_model": model, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
 def machine_info() -> dict:
     import os
 
     return {
         "code": code_version(),
         "platform": platform.platform(),
+        **cpu_info(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cpu_count": os.cpu_count(),
