@@ -212,6 +212,14 @@ ExtendOption = Annotated[
     ),
 ]
 
+ReuseRunsOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        help="another report's results.json (or folder); its recorded evaluation runs of the same "
+        "setting, method and configuration are read back instead of trained (with --resume; repeatable)"
+    ),
+]
+
 
 @app.command()
 def bench(
@@ -242,6 +250,7 @@ def bench(
         typer.Option(min=1, help="independent runs in parallel worker processes (1 torch thread each)"),
     ] = 1,
     extend: ExtendOption = False,
+    reuse_runs_from: ReuseRunsOption = None,
 ) -> None:
     """Run every method on the same partitions, tiers and budget over several seeds; write the report.
 
@@ -266,6 +275,7 @@ def bench(
             jobs=jobs,
             settings=comma_list(settings, "--settings"),
             extend_report=extend,
+            reuse_runs_from=reuse_runs_from,
         )
     except (FileNotFoundError, ValidationError, ValueError) as error:
         fail(str(error))

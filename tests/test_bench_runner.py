@@ -147,6 +147,45 @@ def test_a_record_of_another_configuration_is_not_reused(serial, tmp_path):
     assert not [line for line in lines if "reused" in line]
 
 
+def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial, tmp_path):
+    import shutil
+
+    from harmony_mobile.bench.runner import bench, load_recorded_runs
+
+    work, results, _ = serial
+    source = tmp_path / "earlier" / "results.json"
+    source.parent.mkdir()
+    source.write_text(json.dumps(results))
+    copy = tmp_path / "work"
+    shutil.copytree(work / "tune", copy / "tune")  # the tuning trials only: no evaluation run
+    lines: list[str] = []
+    recorded = load_recorded_runs([source.parent])
+    reused = run_benchmark(BenchProfile(**TINY), copy, resume=True, log=lines.append, recorded=recorded)
+    # the feature projections read harmony's and splitgp's run folders, so those two are trained
+    assert "2 of 4 evaluation runs copied from the recorded runs of other reports" in lines
+    trained = [line for line in lines if line.startswith("[") and "reused" not in line]
+    assert sorted(line.split(" seed=")[0].split()[-1] for line in trained) == ["harmony", "splitgp"]
+    by_method = {r["method"]: r for r in reused["runs"]}
+    assert {m for m, r in by_method.items() if r.get("copied_from")} == {"fedavg", "local"}
+    assert by_method["local"]["copied_from"] == str(source) and by_method["local"]["reused"]
+    original = {r["method"]: r for r in results["runs"]}
+    assert all(comparable(by_method[m]) == comparable(original[m]) for m in by_method)
+    text = write_report(reused, tmp_path / "report").read_text()
+    assert f"2 evaluation runs were copied from the records of `{source}` (2)" in text
+    # a run of another configuration is not copied
+    changed = BenchProfile(**{**TINY, "budget": {**TINY["budget"], "local_steps": 1}, "tuning": None})
+    lines.clear()
+    run_benchmark(changed, tmp_path / "other", resume=True, log=lines.append, recorded=recorded)
+    assert "0 of 4 evaluation runs copied from the recorded runs of other reports" in lines
+    with pytest.raises(ValueError, match="needs --resume"):
+        bench("quick", tmp_path / "out", tmp_path / "w", reuse_runs_from=[source])
+    with pytest.raises(FileNotFoundError, match="to reuse runs from"):
+        bench(
+            "quick", tmp_path / "out", tmp_path / "w", resume=True, reuse_runs_from=[tmp_path / "none.json"]
+        )
+    assert not (tmp_path / "w").exists()
+
+
 def test_jobs_must_be_positive():
     from harmony_mobile.bench.runner import bench
 

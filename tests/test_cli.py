@@ -94,6 +94,9 @@ def test_bench_rejects_malformed_comma_lists_before_any_run(tmp_path):
 
     result = runner.invoke(app, ["bench", "--extend", "--seeds", "0", *work])
     assert result.exit_code == 2 and "name them with --settings" in result.output
+
+    result = runner.invoke(app, ["bench", "--reuse-runs-from", str(tmp_path / "r.json"), *work])
+    assert result.exit_code == 2 and "--reuse-runs-from needs --resume" in result.output
     assert not (tmp_path / "work").exists()
 
 
@@ -104,5 +107,5 @@ def test_bench_script_is_the_bench_command():
         [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120, env=wide
     )
     assert result.returncode == 0, result.stderr
-    for flag in ("--settings", "--jobs", "--resume", "--report-only", "--extend"):
+    for flag in ("--settings", "--jobs", "--resume", "--report-only", "--extend", "--reuse-runs-from"):
         assert flag in result.stdout

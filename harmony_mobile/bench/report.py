@@ -705,8 +705,17 @@ def invocation_line(results: dict) -> str:
         text += f" ({sum(reused.values())} of {len(every)} {named} read back from earlier invocations with `--resume`"
         if len(stages) > 1:
             text += ": " + ", ".join(f"{name} {reused[name]} of {len(runs)}" for name, runs in stages.items())
-        text += ")"
+        text += _copied_clause(results["runs"]) + ")"
     return text
+
+
+def _copied_clause(runs: list[dict]) -> str:
+    """Which evaluation runs were copied from other reports' records (`--reuse-runs-from`)."""
+    copied = Counter(run["copied_from"] for run in runs if run.get("copied_from"))
+    if not copied:
+        return ""
+    sources = ", ".join(f"`{source}` ({count})" for source, count in copied.most_common())
+    return f"; {sum(copied.values())} evaluation runs were copied from the records of {sources}"
 
 
 def _cpu_model(machine: dict) -> str:

@@ -186,6 +186,71 @@ def execute(
     return records
 
 
+def load_recorded_runs(sources: list[Path]) -> list[dict]:
+    """The evaluation run records kept in other reports' results.json files (or their folders), each
+    marked with the file it was copied from, for `copy_recorded_runs`."""
+    recorded = []
+    for source in sources:
+        results_file = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
+        if not results_file.is_file():
+            raise FileNotFoundError(f"no {results_file} to reuse runs from")
+        try:
+            runs = json.loads(results_file.read_text())["runs"]
+        except (json.JSONDecodeError, KeyError, TypeError) as error:
+            raise ValueError(f"{results_file} is not a benchmark's results.json: {error}") from error
+        name = _display_path(results_file)
+        recorded += [{**run, "copied_from": name} for run in runs if run.get("stage", "eval") == "eval"]
+    return recorded
+
+
+def _display_path(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def copy_recorded_runs(
+    specs: list[RunSpec],
+    shared: dict,
+    work_dir: Path,
+    data_root: str | None,
+    recorded: list[dict],
+    keep: set[Path],
+) -> int:
+    """Write into the work dir, as finished runs that `--resume` reads back, the `recorded` runs of
+    the same setting, method and training configuration as a spec (a run's config holds its seed,
+    budget, hyperparameters and the tiers file's absolute path, so only runs of this checkout
+    match). A run folder that exists already, or one in `keep` (the report reads its files, not
+    only its record), is left alone. Returns how many runs were copied."""
+    by_run = {}
+    for record in recorded:
+        key = (record["setting"], record["method"], json.dumps(record["train_config"], sort_keys=True))
+        by_run.setdefault(key, record)
+    copied = 0
+    for spec in specs:
+        path = spec.path(work_dir)
+        config = json.dumps(train_config(spec, shared, data_root).model_dump(), sort_keys=True)
+        record = by_run.get((spec.setting.name, spec.method, config))
+        if record is None or path.exists() or path in keep:
+            continue
+        path.mkdir(parents=True)
+        (path / RECORD).write_text(json.dumps({k: v for k, v in record.items() if k != "reused"}, indent=1))
+        copied += 1
+    return copied
+
+
+def runs_read_for_files(profile: BenchProfile, work_dir: Path) -> set[Path]:
+    """The evaluation runs whose files (models, features), not only their records, the report
+    reads: the latency measurement's and the feature projections'."""
+    runs = set()
+    if profile.latency is not None:
+        first = profile.settings[0].name
+        runs.add(Path(work_dir) / "eval" / first / profile.latency.method / f"seed-{profile.seeds[0]}")
+    setting = profile.pca.setting or profile.settings[0].name
+    seed = profile.pca.seed if profile.pca.seed is not None else profile.seeds[0]
+    runs |= {Path(work_dir) / "eval" / setting / method / f"seed-{seed}" for method in profile.pca.methods}
+    return runs
+
+
 def records_of(records: list[dict], specs: list[RunSpec], **fields) -> list[dict]:
     """The records (in the order of `specs`) whose spec has the given field values."""
     return [
@@ -257,6 +322,13 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
         "run_wall_seconds": sum(r["wall_seconds"] for r in records),
         "run_provenance": provenance(records),
     }
+
+
+def _copy_and_log(profile, specs, work_dir, data_root, recorded: list[dict] | None, log) -> None:
+    if recorded:
+        keep = runs_read_for_files(profile, work_dir)
+        copied = copy_recorded_runs(specs, profile.train, work_dir, data_root, recorded, keep)
+        log(f"{copied} of {len(specs)} evaluation runs copied from the recorded runs of other reports")
 
 
 def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
@@ -477,15 +549,18 @@ def run_benchmark(
     resume: bool = False,
     log: Callable[[str], None] = print,
     jobs: int = 1,
+    recorded: list[dict] | None = None,
 ) -> dict:
     """Tuning, every (setting, method, seed), latency and projections; returns the raw results the
-    report is written from."""
+    report is written from. `recorded`: run records of other reports that `--resume` may read back
+    instead of training (`copy_recorded_runs`)."""
     torch.set_num_threads(1)
     started = time.perf_counter()
     machine = {**machine_info(), "jobs": jobs}
     tuning = tune(profile, work_dir, data_root, resume, jobs, log)
     tuning_seconds = time.perf_counter() - started
     specs = evaluation_specs(profile, tuning["chosen"])
+    _copy_and_log(profile, specs, work_dir, data_root, recorded, log)
     runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
     budget_check = check_budget(profile, tuning["chosen"], work_dir, data_root, resume, jobs, log)
     return {
@@ -582,6 +657,7 @@ def extend(
     resume: bool,
     log: Callable[[str], None],
     jobs: int = 1,
+    recorded: list[dict] | None = None,
 ) -> dict:
     """`results` (from `load_extendable`) with the evaluation runs of `settings` added (or redone),
     trained with their tuning picks; the tuning, budget check and latency are kept. A profile too
@@ -591,6 +667,7 @@ def extend(
     started = time.perf_counter()
     added = profile.model_copy(update={"settings": profile.settings_named(settings)})
     specs = evaluation_specs(added, results["tuning"]["chosen"])
+    _copy_and_log(profile, specs, work_dir, data_root, recorded, log)
     new_runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
     order = [s.name for s in profile.settings]
     runs = sorted(  # stable: each setting's runs keep their seed-major order
@@ -658,6 +735,7 @@ def extend_and_report(
     log: Callable[[str], None],
     jobs: int,
     narrowing: bool,
+    recorded: list[dict] | None = None,
 ) -> Path:
     """`extend` the report in `out_dir` and write it again. A lock on the folder, released when
     this process ends however it ends, keeps a second invocation from writing the report over
@@ -682,7 +760,7 @@ def extend_and_report(
             f"benchmark {profile.name}: adding {', '.join(settings)} to {out_dir}, {jobs} job(s); runs in {work_dir}"
         )
         started = time.perf_counter()
-        results = extend(profile, earlier, settings, work_dir, data_root, resume, log, jobs)
+        results = extend(profile, earlier, settings, work_dir, data_root, resume, log, jobs, recorded)
         report = write_report(results, out_dir)
     finally:
         lock.release()
@@ -711,10 +789,12 @@ def bench(
     jobs: int = 1,
     settings: list[str] | None = None,
     extend_report: bool = False,
+    reuse_runs_from: list[Path] | None = None,
 ) -> Path:
     """Load a profile, run it, write the report; returns the report path. `report_only` re-renders
     the report from an earlier results.json without training; `extend_report` adds `settings` to
-    it (see `extend`).
+    it (see `extend`). `reuse_runs_from`: other reports whose recorded evaluation runs of the same
+    configuration are read back instead of trained (needs `resume`; see `copy_recorded_runs`).
 
     Defaults: report in benchmarks/results/<profile>/, runs in ~/.cache/harmony-mobile/bench/<profile>/
     (deleted and redone unless `resume`; extending never deletes the earlier settings' runs)."""
@@ -723,13 +803,20 @@ def bench(
 
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if reuse_runs_from and (not resume or report_only):
+        raise ValueError(
+            "--reuse-runs-from needs --resume (copied runs are read back as finished runs) and training"
+        )
+    recorded = load_recorded_runs(reuse_runs_from) if reuse_runs_from else None
     whole = load_profile(profile_name)
     # extending skips the tuning stage, so its settings need not include the tuning ones
     profile = whole if extend_report else narrowed(whole, seeds, methods, settings)
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
     if extend_report:
         narrowing = bool(seeds or methods or report_only)
-        return extend_and_report(whole, settings, out_dir, work_dir, data_root, resume, log, jobs, narrowing)
+        return extend_and_report(
+            whole, settings, out_dir, work_dir, data_root, resume, log, jobs, narrowing, recorded
+        )
     if report_only:
         return rerender(profile, out_dir, log)
     work_dir = _work_dir(work_dir, profile, clear=not resume)
@@ -739,7 +826,7 @@ def bench(
         f"benchmark {profile.name}: {len(profile.settings)} setting(s) x {len(profile.methods)} methods x "
         f"{len(profile.seeds)} seeds, {trials} tuning trials per tuned method, {jobs} job(s); runs in {work_dir}"
     )
-    results = run_benchmark(profile, work_dir, data_root, resume, log, jobs)
+    results = run_benchmark(profile, work_dir, data_root, resume, log, jobs, recorded)
     results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
     report = write_report(results, out_dir)
     log(f"report: {report} ({(time.perf_counter() - started) / 60:.1f} min)")
