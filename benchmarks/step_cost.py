@@ -1,6 +1,6 @@
 """Cost of one training step of each model family: forward and backward of the full-depth model (four
 stages and the depth-4 exit head) on a batch of 28x28 images, one torch thread, as a benchmark run trains.
-The families are timed in turns (round-robin, median of the rounds), so a load that comes and goes
+The families (and memory formats) are timed in turns (round-robin, median of the rounds), so a load that comes and goes
 hits them alike. Also counts multiply-accumulates per sample, to show how far the time follows them.
 
     .venv/bin/python benchmarks/step_cost.py                 # widths 1.0 and 0.5, batch 64
@@ -62,12 +62,12 @@ def macs_per_sample(model: nn.Module) -> int:
 MEMORY_FORMATS = {"contiguous": torch.contiguous_format, "channels_last": torch.channels_last}
 
 
-def step_seconds(model: nn.Module, batch: int, steps: int, memory_format: str = "contiguous") -> float:
+def step_seconds(model: nn.Module, batch: int, steps: int, layout: str = "contiguous") -> float:
     """Mean wall time of `steps` forward + backward passes (the optimizer's update is negligible here),
-    the weights and the images in `memory_format`."""
-    layout = MEMORY_FORMATS[memory_format]
-    model.to(memory_format=layout)
-    images = torch.randn(batch, 1, 28, 28).contiguous(memory_format=layout)
+    the weights and the images in the memory format named `layout`."""
+    memory_format = MEMORY_FORMATS[layout]
+    model.to(memory_format=memory_format)
+    images = torch.randn(batch, 1, 28, 28).contiguous(memory_format=memory_format)
     labels = torch.randint(0, 10, (batch,))
     started = time.perf_counter()
     for _ in range(steps):
@@ -78,12 +78,12 @@ def step_seconds(model: nn.Module, batch: int, steps: int, memory_format: str = 
 
 def measure(widths: list[float], batch: int, steps: int, rounds: int, formats: list[str]) -> list[dict]:
     models = {(f, w): full_depth_model(f, w) for w in widths for f in FAMILIES}
-    runs = [(family, width, layout) for family, width in models for layout in formats]
-    for family, width, layout in runs:
+    timed = [(family, width, layout) for family, width in models for layout in formats]
+    for family, width, layout in timed:
         step_seconds(models[family, width], batch, 2, layout)  # warm-up: allocations, kernel choice
-    times: dict[tuple, list[float]] = {run: [] for run in runs}
+    times: dict[tuple, list[float]] = {key: [] for key in timed}
     for _ in range(rounds):
-        for family, width, layout in runs:
+        for family, width, layout in timed:
             times[family, width, layout].append(step_seconds(models[family, width], batch, steps, layout))
     return [
         {
@@ -91,13 +91,11 @@ def measure(widths: list[float], batch: int, steps: int, rounds: int, formats: l
             "width": width,
             "memory_format": layout,
             "parameters": sum(p.numel() for p in models[family, width].parameters()),
-            "macs_per_sample": macs_per_sample(
-                models[family, width].to(memory_format=torch.contiguous_format)
-            ),
+            "macs_per_sample": macs_per_sample(models[family, width]),
             "step_ms": 1000 * statistics.median(times[family, width, layout]),
             "step_ms_rounds": [1000 * t for t in times[family, width, layout]],
         }
-        for family, width, layout in runs
+        for family, width, layout in timed
     ]
 
 
@@ -107,7 +105,7 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
         "",
         f"Made by `benchmarks/step_cost.py`: forward + backward of the full-depth model (4 stages + the "
         f"depth-4 exit head, as `local` and `fedavg` train it), batch {args.batch}, 28x28 inputs, 1 torch thread; median over {args.rounds} rounds of "
-        f"{args.steps} steps, the families timed in turns. torch {torch.__version__}, {platform.processor() or platform.machine()}.",
+        f"{args.steps} steps, the families and memory formats timed in turns. torch {torch.__version__}, {platform.processor() or platform.machine()}.",
         "",
         "| family | width | memory format | parameters | MACs per sample | ms per step | ns per MAC | vs contiguous |",
         "|---|---|---|---|---|---|---|---|",
@@ -138,7 +136,9 @@ def main() -> None:
     parser.add_argument("--widths", default="1.0,0.5", help="comma-separated width multipliers")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="steps per timing")
-    parser.add_argument("--rounds", type=int, default=21, help="timings per family (the median is kept)")
+    parser.add_argument(
+        "--rounds", type=int, default=21, help="timings per family and memory format (the median is kept)"
+    )
     parser.add_argument(
         "--memory-formats",
         default="contiguous,channels_last",
@@ -148,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    formats = args.memory_formats.split(",")
+    formats = list(dict.fromkeys(args.memory_formats.split(",")))  # a format named twice is timed once
     unknown = sorted(set(formats) - set(MEMORY_FORMATS))
     if unknown:
         parser.error(f"unknown memory format(s) {', '.join(unknown)}; known: {', '.join(MEMORY_FORMATS)}")

@@ -267,12 +267,17 @@ def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocat
     ) in text
 
 
-def test_the_header_names_the_cpu_when_the_results_recorded_it(tmp_path):
+def test_the_code_line_names_the_cpus_that_made_the_runs_once_any_run_recorded_one(tmp_path):
     results = synthetic_results()
-    assert "on 2 CPUs, 2 parallel job(s)" in write_report(results, tmp_path / "older").read_text()
-    results["machine"] |= {"cpu_model": "AMD EPYC", "torch_cpu_capability": "AVX512"}
+    results["machine"]["code"] = {"commit": "bbb2222", "uncommitted": []}
+    assert "CPUs:" not in write_report(results, tmp_path / "older").read_text()  # none recorded
+    epyc = {"cpu_model": "AMD EPYC", "torch_cpu_capability": "AVX512"}
+    for run in results["runs"][1:]:
+        run["cpu"] = epyc
+    results["tuning"]["run_provenance"] = [{"reused": True, "code": None, "cpu": epyc}]
     text = write_report(results, tmp_path / "now").read_text()
-    assert "on 2 CPUs (AMD EPYC, torch kernels AVX512), 2 parallel job(s)" in text
+    total = len(results["runs"])
+    assert f"CPUs: runs made on AMD EPYC (torch kernels AVX512) ({total}), an unrecorded CPU (1)." in text
 
 
 def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp_path):

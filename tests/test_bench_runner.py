@@ -63,7 +63,10 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
         key: results["machine"][key] for key in ("cpu_model", "torch_cpu_capability")
     }
     assert results["machine"]["cpu_model"] and results["machine"]["torch_cpu_capability"]
-    assert results["tuning"]["run_provenance"] == [{"reused": False, "code": results["machine"]["code"]}] * 4
+    assert (
+        results["tuning"]["run_provenance"]
+        == [{"reused": False, "code": results["machine"]["code"], "cpu": runs["harmony", 0]["cpu"]}] * 4
+    )
     # tuning: 2 trials per tuned method, scored on validation, the pick reaches the evaluation runs
     trials = results["tuning"]["trials"]
     assert [(t["method"], t["trial"]) for t in trials] == [
@@ -150,40 +153,77 @@ def test_a_record_of_another_configuration_is_not_reused(serial, tmp_path):
 def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial, tmp_path):
     import shutil
 
-    from harmony_mobile.bench.runner import bench, load_recorded_runs
+    from harmony_mobile.bench.runner import (
+        RecordedRuns,
+        load_recorded_runs,
+        runs_whose_files_the_report_reads,
+    )
 
     work, results, _ = serial
-    source = tmp_path / "earlier" / "results.json"
-    source.parent.mkdir()
-    source.write_text(json.dumps(results))
+    write_report(results, tmp_path / "earlier")  # the source as a report keeps it (results.json)
     copy = tmp_path / "work"
     shutil.copytree(work / "tune", copy / "tune")  # the tuning trials only: no evaluation run
+    profile = BenchProfile(**TINY)
+    needs_files = frozenset(runs_whose_files_the_report_reads(profile))
+    assert needs_files == {
+        ("digits-family", "splitgp", 0),
+        ("digits-family", "harmony", 0),
+    }  # the projections'
+    recorded = RecordedRuns(load_recorded_runs([tmp_path / "earlier"], tmp_path / "out"), needs_files)
     lines: list[str] = []
-    recorded = load_recorded_runs([source.parent])
-    reused = run_benchmark(BenchProfile(**TINY), copy, resume=True, log=lines.append, recorded=recorded)
-    # the feature projections read harmony's and splitgp's run folders, so those two are trained
-    assert "2 of 4 evaluation runs copied from the recorded runs of other reports" in lines
+    reused = run_benchmark(profile, copy, resume=True, log=lines.append, recorded=recorded)
+    assert any(line.startswith("2 of 4 evaluation runs copied from 4 recorded runs") for line in lines)
     trained = [line for line in lines if line.startswith("[") and "reused" not in line]
     assert sorted(line.split(" seed=")[0].split()[-1] for line in trained) == ["harmony", "splitgp"]
     by_method = {r["method"]: r for r in reused["runs"]}
     assert {m for m, r in by_method.items() if r.get("copied_from")} == {"fedavg", "local"}
-    assert by_method["local"]["copied_from"] == str(source) and by_method["local"]["reused"]
-    original = {r["method"]: r for r in results["runs"]}
-    assert all(comparable(by_method[m]) == comparable(original[m]) for m in by_method)
+    source = str((tmp_path / "earlier" / "results.json").resolve())
+    assert by_method["local"]["copied_from"] == source and by_method["local"]["reused"]
     text = write_report(reused, tmp_path / "report").read_text()
-    assert f"2 evaluation runs were copied from the records of `{source}` (2)" in text
-    # a run of another configuration is not copied
-    changed = BenchProfile(**{**TINY, "budget": {**TINY["budget"], "local_steps": 1}, "tuning": None})
+    # the report's numbers are the source report's (harmony and splitgp trained again, the same)
+    aggregated = [
+        json.loads((tmp_path / d / "results.json").read_text())["aggregated"] for d in ("earlier", "report")
+    ]
+    timeless = [  # all but the wall time: harmony and splitgp were trained again
+        {
+            m: {k: v for k, v in cells.items() if k != "wall_seconds"}
+            for m, cells in a["digits-family"].items()
+        }
+        for a in aggregated
+    ]
+    assert timeless[0] == timeless[1] and len(timeless[0]) == 4
+    assert f"2 of them evaluation runs copied from the records of `{source}` (2)" in text
+    # only the run whose configuration changed is not copied
+    changed = BenchProfile(
+        **{**TINY, "algorithm_config": {**TINY["algorithm_config"], "local": {"lr": 0.02}}}
+    )
+    shutil.copytree(work / "tune", tmp_path / "other" / "tune")
     lines.clear()
     run_benchmark(changed, tmp_path / "other", resume=True, log=lines.append, recorded=recorded)
-    assert "0 of 4 evaluation runs copied from the recorded runs of other reports" in lines
+    assert any(line.startswith("1 of 4 evaluation runs copied") for line in lines)
+    assert (tmp_path / "other" / "eval" / "digits-family" / "fedavg" / "seed-0" / RECORD).is_file()
+
+
+def test_recorded_runs_are_refused_before_any_training_unless_they_are_a_reports(tmp_path):
+    from harmony_mobile.bench.runner import bench, load_recorded_runs
+
+    out = tmp_path / "out"
     with pytest.raises(ValueError, match="needs --resume"):
-        bench("quick", tmp_path / "out", tmp_path / "w", reuse_runs_from=[source])
+        bench("quick", out, tmp_path / "w", reuse_runs_from=[tmp_path])
+    with pytest.raises(ValueError, match="nothing with --report-only"):
+        bench("quick", out, tmp_path / "w", resume=True, report_only=True, reuse_runs_from=[tmp_path])
     with pytest.raises(FileNotFoundError, match="to reuse runs from"):
-        bench(
-            "quick", tmp_path / "out", tmp_path / "w", resume=True, reuse_runs_from=[tmp_path / "none.json"]
-        )
+        bench("quick", out, tmp_path / "w", resume=True, reuse_runs_from=[tmp_path / "none.json"])
     assert not (tmp_path / "w").exists()
+    malformed = tmp_path / "malformed.json"
+    for content in ("{", '{"runs": {"harmony": []}}', '{"runs": [{"method": "harmony"}]}'):
+        malformed.write_text(content)
+        with pytest.raises(ValueError, match="is not a benchmark's results.json"):
+            load_recorded_runs([malformed], out)
+    out.mkdir()
+    (out / "results.json").write_text('{"runs": []}')
+    with pytest.raises(ValueError, match="is the report this invocation writes"):
+        load_recorded_runs([out], out)
 
 
 def test_jobs_must_be_positive():
@@ -258,8 +298,8 @@ def test_the_budget_check_trains_the_tuned_pick_longer_on_validation_seeds(tmp_p
     assert len([line for line in lines if "budget " in line and line.startswith("[")]) == 2
     assert check["run_wall_seconds"] == pytest.approx(short["wall_seconds"] + long["wall_seconds"])
     assert check["run_provenance"] == [
-        {"reused": False, "code": short["code"]},
-        {"reused": False, "code": long["code"]},
+        {"reused": False, "code": short["code"], "cpu": short["cpu"]},
+        {"reused": False, "code": long["code"], "cpu": long["cpu"]},
     ]
 
 

@@ -87,7 +87,7 @@ def test_step_cost_times_the_same_computation_in_either_memory_format():
         with torch.no_grad():
             contiguous = model(images)
         assert not kernels_in_channels_last(model)
-        step_cost.step_seconds(model, batch=8, steps=1, memory_format="channels_last")
+        step_cost.step_seconds(model, batch=8, steps=1, layout="channels_last")
         assert kernels_in_channels_last(model)
         with torch.no_grad():
             channels_last = model(images.contiguous(memory_format=torch.channels_last))

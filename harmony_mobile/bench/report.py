@@ -297,6 +297,21 @@ def _code_line(code: dict | None, runs: list[dict], runs_named: str) -> str:
     return line + "."
 
 
+def _cpu_clause(runs: list[dict], runs_named: str) -> str:
+    """Which CPUs made the runs, once any run recorded its CPU (the same run on another CPU model
+    can round differently and end points apart)."""
+    made = Counter(_cpu_text(run.get("cpu")) for run in runs)
+    if set(made) == {_cpu_text(None)}:
+        return ""  # results of older code recorded none
+    return f" CPUs: {runs_named} made on " + ", ".join(f"{cpu} ({n})" for cpu, n in made.most_common()) + "."
+
+
+def _cpu_text(cpu: dict | None) -> str:
+    if not cpu:
+        return "an unrecorded CPU"
+    return f"{cpu['cpu_model']} (torch kernels {cpu['torch_cpu_capability']})"
+
+
 def _runs_with_provenance(results: dict) -> tuple[list[dict], str]:
     """Every run whose provenance the results kept, and what to call them (results of older code
     kept it for the evaluation runs only)."""
@@ -583,7 +598,8 @@ def budget_check_lines(results: dict) -> list[str]:
 # per-round training metrics that show whether a mechanism does anything, over the rounds and seeds
 # of a method: how far the simulated extractors are from theta, how much a class's features move
 # across them, and how large the contrastive gradient at z is next to the CE's. The gradient ratio is
-# summarized by its median: in rounds where the CE is fit its gradient nears zero and the ratio
+# summarized by its median over the rounds' values (each round's own median over its steps; runs of
+# older code logged the round's mean): where the CE is fit its gradient nears zero and the ratio
 # explodes, so one such round would set the mean
 DIAGNOSTICS = (
     ("path_norm", "path ‖θ′−θ‖", np.mean),
@@ -715,13 +731,10 @@ def _copied_clause(runs: list[dict]) -> str:
     if not copied:
         return ""
     sources = ", ".join(f"`{source}` ({count})" for source, count in copied.most_common())
-    return f"; {sum(copied.values())} evaluation runs were copied from the records of {sources}"
-
-
-def _cpu_model(machine: dict) -> str:
-    if not machine.get("cpu_model"):
-        return ""  # results of older code did not record it
-    return f" ({machine['cpu_model']}, torch kernels {machine.get('torch_cpu_capability')})"
+    return (
+        f"; {sum(copied.values())} of them evaluation runs copied from the records of {sources} with "
+        "`--reuse-runs-from`, their wall times as measured where they were made"
+    )
 
 
 def header_lines(results: dict) -> list[str]:
@@ -739,10 +752,11 @@ def header_lines(results: dict) -> list[str]:
         + budget_line(results)
         + " "
         + invocation_line(results)
-        + f" on {machine.get('cpu_count')} CPUs{_cpu_model(machine)}, {machine.get('jobs', 1)} parallel "
-        "job(s) of 1 torch thread. " + time_line(results),
+        + f" on {machine.get('cpu_count')} CPUs, {machine.get('jobs', 1)} parallel job(s) of 1 torch "
+        "thread. " + time_line(results),
         "",
-        _code_line(machine.get("code"), *_runs_with_provenance(results)),
+        _code_line(machine.get("code"), *_runs_with_provenance(results))
+        + _cpu_clause(*_runs_with_provenance(results)),
         "",
         "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
         "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "

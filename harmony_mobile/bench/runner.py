@@ -186,69 +186,95 @@ def execute(
     return records
 
 
-def load_recorded_runs(sources: list[Path]) -> list[dict]:
-    """The evaluation run records kept in other reports' results.json files (or their folders), each
-    marked with the file it was copied from, for `copy_recorded_runs`."""
+@dataclass(frozen=True)
+class RecordedRuns:
+    """Evaluation runs recorded in other reports, copied into the work dir instead of trained
+    (`harmony bench --reuse-runs-from`), and the runs never copied because the report reads their
+    files (models for the latency, features for the projections), not only their records."""
+
+    runs: list[dict]
+    needs_files: frozenset[tuple[str, str, int]]  # (setting, method, seed)
+
+
+def load_recorded_runs(sources: list[Path], out_dir: Path) -> list[dict]:
+    """The evaluation run records in other reports' results.json files (or their folders), each
+    saying which file it was copied from (a record copied before keeps its first source)."""
     recorded = []
     for source in sources:
-        results_file = Path(source) / "results.json" if Path(source).is_dir() else Path(source)
+        results_file = (Path(source) / "results.json" if Path(source).is_dir() else Path(source)).resolve()
         if not results_file.is_file():
             raise FileNotFoundError(f"no {results_file} to reuse runs from")
-        try:
-            runs = json.loads(results_file.read_text())["runs"]
-        except (json.JSONDecodeError, KeyError, TypeError) as error:
-            raise ValueError(f"{results_file} is not a benchmark's results.json: {error}") from error
-        name = _display_path(results_file)
-        recorded += [{**run, "copied_from": name} for run in runs if run.get("stage", "eval") == "eval"]
+        if results_file == (Path(out_dir) / "results.json").resolve():
+            raise ValueError(f"{results_file} is the report this invocation writes: copy it elsewhere first")
+        runs = _evaluation_runs(results_file)
+        name = (
+            str(results_file.relative_to(REPO_ROOT))
+            if results_file.is_relative_to(REPO_ROOT)
+            else str(results_file)
+        )
+        recorded += [{"copied_from": name, **run} for run in runs]
     return recorded
 
 
-def _display_path(path: Path) -> str:
-    path = path.resolve()
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+def _evaluation_runs(results_file: Path) -> list[dict]:
+    """The evaluation runs of a benchmark's results.json, or a ValueError saying it is not one."""
+    try:
+        runs = json.loads(results_file.read_text())["runs"]
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ValueError(f"{results_file} is not a benchmark's results.json: {error!r}") from error
+    fields = ("stage", "setting", "method", "seed", "train_config")
+    if not isinstance(runs, list) or not all(
+        isinstance(r, dict) and all(f in r for f in fields) for r in runs
+    ):
+        raise ValueError(
+            f"{results_file} is not a benchmark's results.json: its runs lack {', '.join(fields)}"
+        )
+    return [run for run in runs if run["stage"] == "eval"]
+
+
+def runs_whose_files_the_report_reads(profile: BenchProfile) -> set[tuple[str, str, int]]:
+    """(setting, method, seed) of the runs whose models the latency measurement exports and whose
+    features the projections plot."""
+    first = (profile.settings[0].name, profile.seeds[0])
+    runs = {(first[0], profile.latency.method, first[1])} if profile.latency is not None else set()
+    setting = profile.pca.setting or first[0]
+    seed = profile.pca.seed if profile.pca.seed is not None else first[1]
+    return runs | {(setting, method, seed) for method in profile.pca.methods}
 
 
 def copy_recorded_runs(
-    specs: list[RunSpec],
-    shared: dict,
-    work_dir: Path,
-    data_root: str | None,
-    recorded: list[dict],
-    keep: set[Path],
+    specs: list[RunSpec], shared: dict, work_dir: Path, data_root: str | None, recorded: RecordedRuns
 ) -> int:
-    """Write into the work dir, as finished runs that `--resume` reads back, the `recorded` runs of
-    the same setting, method and training configuration as a spec (a run's config holds its seed,
-    budget, hyperparameters and the tiers file's absolute path, so only runs of this checkout
-    match). A run folder that exists already, or one in `keep` (the report reads its files, not
-    only its record), is left alone. Returns how many runs were copied."""
+    """Write into the work dir, as finished runs that `--resume` reads back, the recorded runs of
+    the same setting, method and training configuration as a spec. The tiers file is compared by
+    its name in benchmarks/configs (runs record its absolute path, maybe in another checkout), not
+    by content. A run folder that exists already, or a run in `recorded.needs_files`, is left
+    alone. Returns how many runs were copied."""
+    from harmony_mobile.bench.report import repo_relative
+
+    def key(setting: str, method: str, config: dict) -> tuple[str, str, str]:
+        return setting, method, json.dumps(repo_relative(config), sort_keys=True)
+
     by_run = {}
-    for record in recorded:
-        key = (record["setting"], record["method"], json.dumps(record["train_config"], sort_keys=True))
-        by_run.setdefault(key, record)
+    for record in recorded.runs:
+        by_run.setdefault(key(record["setting"], record["method"], record["train_config"]), record)
     copied = 0
     for spec in specs:
-        path = spec.path(work_dir)
-        config = json.dumps(train_config(spec, shared, data_root).model_dump(), sort_keys=True)
-        record = by_run.get((spec.setting.name, spec.method, config))
-        if record is None or path.exists() or path in keep:
+        path, config = spec.path(work_dir), train_config(spec, shared, data_root).model_dump()
+        record = by_run.get(key(spec.setting.name, spec.method, config))
+        if (
+            record is None
+            or path.exists()
+            or (spec.setting.name, spec.method, spec.seed) in recorded.needs_files
+        ):
             continue
+        copy = {k: v for k, v in record.items() if k != "reused"} | {"train_config": config}
+        if record["train_config"] != config:
+            copy["copied_tiers_file"] = record["train_config"].get("tiers_file")
         path.mkdir(parents=True)
-        (path / RECORD).write_text(json.dumps({k: v for k, v in record.items() if k != "reused"}, indent=1))
+        (path / RECORD).write_text(json.dumps(copy, indent=1))
         copied += 1
     return copied
-
-
-def runs_read_for_files(profile: BenchProfile, work_dir: Path) -> set[Path]:
-    """The evaluation runs whose files (models, features), not only their records, the report
-    reads: the latency measurement's and the feature projections'."""
-    runs = set()
-    if profile.latency is not None:
-        first = profile.settings[0].name
-        runs.add(Path(work_dir) / "eval" / first / profile.latency.method / f"seed-{profile.seeds[0]}")
-    setting = profile.pca.setting or profile.settings[0].name
-    seed = profile.pca.seed if profile.pca.seed is not None else profile.seeds[0]
-    runs |= {Path(work_dir) / "eval" / setting / method / f"seed-{seed}" for method in profile.pca.methods}
-    return runs
 
 
 def records_of(records: list[dict], specs: list[RunSpec], **fields) -> list[dict]:
@@ -261,7 +287,7 @@ def records_of(records: list[dict], specs: list[RunSpec], **fields) -> list[dict
 def provenance(records: list[dict]) -> list[dict]:
     """Which of a stage's runs were read back (`--resume`) and which commit made each: what the
     report says of tuning and budget-check runs, whose records it does not keep."""
-    return [{"reused": bool(r.get("reused")), "code": r.get("code")} for r in records]
+    return [{"reused": bool(r.get("reused")), "code": r.get("code"), "cpu": r.get("cpu")} for r in records]
 
 
 def validation_score(record: dict) -> float:
@@ -324,11 +350,13 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
     }
 
 
-def _copy_and_log(profile, specs, work_dir, data_root, recorded: list[dict] | None, log) -> None:
-    if recorded:
-        keep = runs_read_for_files(profile, work_dir)
-        copied = copy_recorded_runs(specs, profile.train, work_dir, data_root, recorded, keep)
-        log(f"{copied} of {len(specs)} evaluation runs copied from the recorded runs of other reports")
+def _copy_and_log(profile, specs, work_dir, data_root, recorded: RecordedRuns | None, log) -> None:
+    if recorded is not None:
+        copied = copy_recorded_runs(specs, profile.train, work_dir, data_root, recorded)
+        log(
+            f"{copied} of {len(specs)} evaluation runs copied from {len(recorded.runs)} recorded runs of "
+            "other reports (runs copied by an earlier invocation are read back, not counted here)"
+        )
 
 
 def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
@@ -549,7 +577,7 @@ def run_benchmark(
     resume: bool = False,
     log: Callable[[str], None] = print,
     jobs: int = 1,
-    recorded: list[dict] | None = None,
+    recorded: RecordedRuns | None = None,
 ) -> dict:
     """Tuning, every (setting, method, seed), latency and projections; returns the raw results the
     report is written from. `recorded`: run records of other reports that `--resume` may read back
@@ -657,7 +685,7 @@ def extend(
     resume: bool,
     log: Callable[[str], None],
     jobs: int = 1,
-    recorded: list[dict] | None = None,
+    recorded: RecordedRuns | None = None,
 ) -> dict:
     """`results` (from `load_extendable`) with the evaluation runs of `settings` added (or redone),
     trained with their tuning picks; the tuning, budget check and latency are kept. A profile too
@@ -735,7 +763,7 @@ def extend_and_report(
     log: Callable[[str], None],
     jobs: int,
     narrowing: bool,
-    recorded: list[dict] | None = None,
+    recorded: RecordedRuns | None = None,
 ) -> Path:
     """`extend` the report in `out_dir` and write it again. A lock on the folder, released when
     this process ends however it ends, keeps a second invocation from writing the report over
@@ -803,15 +831,18 @@ def bench(
 
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
-    if reuse_runs_from and (not resume or report_only):
-        raise ValueError(
-            "--reuse-runs-from needs --resume (copied runs are read back as finished runs) and training"
-        )
-    recorded = load_recorded_runs(reuse_runs_from) if reuse_runs_from else None
+    if reuse_runs_from and report_only:
+        raise ValueError("--reuse-runs-from copies runs for training: it does nothing with --report-only")
+    if reuse_runs_from and not resume:
+        raise ValueError("--reuse-runs-from needs --resume (copied runs are read back as finished runs)")
     whole = load_profile(profile_name)
     # extending skips the tuning stage, so its settings need not include the tuning ones
     profile = whole if extend_report else narrowed(whole, seeds, methods, settings)
     out_dir = Path(out_dir) if out_dir else REPO_ROOT / "benchmarks" / "results" / profile.name
+    recorded = None
+    if reuse_runs_from:  # the whole profile's file-reading runs too: a later whole run reads them
+        needs_files = runs_whose_files_the_report_reads(whole) | runs_whose_files_the_report_reads(profile)
+        recorded = RecordedRuns(load_recorded_runs(reuse_runs_from, out_dir), frozenset(needs_files))
     if extend_report:
         narrowing = bool(seeds or methods or report_only)
         return extend_and_report(

@@ -10,6 +10,7 @@ w.r.t. logits crosses the boundary (docs/ALGORITHM.md, step 6).
 
 from __future__ import annotations
 
+import statistics
 from typing import Literal
 
 import torch
@@ -183,7 +184,8 @@ class SplitTrainer:
     def take_diagnostics(self) -> dict[str, float]:
         """The measurements since the last call (logged with the round's metrics), then cleared."""
         ratios, self._grad_ratios = self._grad_ratios, []
-        return {"contrastive_grad_ratio": sum(ratios) / len(ratios)} if ratios else {}
+        # the median: a step where the CE is fit has a near-zero CE gradient and an exploding ratio
+        return {"contrastive_grad_ratio": statistics.median(ratios)} if ratios else {}
 
     def _remember(
         self, embeddings: torch.Tensor | None, tokens: tuple[bytes, ...], slots: torch.Tensor, family: int
