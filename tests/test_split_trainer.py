@@ -70,3 +70,18 @@ def test_the_contrastive_term_changes_the_gradient_at_z(mode):
         server.step(first)
         grads[weight] = server.step(second).grad_features
     assert not torch.allclose(grads[1.0], grads[None])
+
+
+def test_a_rounds_gradient_ratio_is_the_median_of_its_steps():
+    import statistics
+
+    server = trainer("token")
+    server.start_round(0)
+    for client in ("a", "b", "c"):
+        server.step(upload(client, "cnn", [0, 1, 0, 1]))
+    assert len(server._grad_ratios) == 3  # ratio_every=1: every contrastive step is measured
+    server._grad_ratios[-1] = 1e9  # a step where the CE is fit: its gradient near zero, the ratio huge
+    expected = statistics.median(server._grad_ratios)
+    assert expected < 1e9
+    assert server.take_diagnostics()["contrastive_grad_ratio"] == expected  # a mean would be over 3e8
+    assert server.take_diagnostics() == {}  # the measurements are cleared once taken
