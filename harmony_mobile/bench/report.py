@@ -291,10 +291,13 @@ def _code_line(code: dict | None, runs: list[dict], runs_named: str) -> str:
     line = f"Code: commit {_commit_text(code)}"
     made = Counter(_commit_text(run.get("code")) for run in runs)
     if set(made) != {_commit_text(code)}:
-        line += f"; {runs_named} made at " + ", ".join(
-            f"{commit} ({count})" for commit, count in made.most_common()
-        )
+        line += f"; {runs_named} made at " + _tally(made)
     return line + "."
+
+
+def _tally(counts: Counter) -> str:
+    """`a (3), b (1)`: each counted thing with its count, the most common first."""
+    return ", ".join(f"{thing} ({count})" for thing, count in counts.most_common())
 
 
 def _cpu_clause(runs: list[dict], runs_named: str) -> str:
@@ -303,7 +306,7 @@ def _cpu_clause(runs: list[dict], runs_named: str) -> str:
     made = Counter(_cpu_text(run.get("cpu")) for run in runs)
     if set(made) == {_cpu_text(None)}:
         return ""  # results of older code recorded none
-    return f" CPUs: {runs_named} made on " + ", ".join(f"{cpu} ({n})" for cpu, n in made.most_common()) + "."
+    return f" CPUs: {runs_named} made on {_tally(made)}."
 
 
 def _cpu_text(cpu: dict | None) -> str:
@@ -727,12 +730,11 @@ def invocation_line(results: dict) -> str:
 
 def _copied_clause(runs: list[dict]) -> str:
     """Which evaluation runs were copied from other reports' records (`--reuse-runs-from`)."""
-    copied = Counter(run["copied_from"] for run in runs if run.get("copied_from"))
+    copied = Counter(f"`{run['copied_from']}`" for run in runs if run.get("copied_from"))
     if not copied:
         return ""
-    sources = ", ".join(f"`{source}` ({count})" for source, count in copied.most_common())
     return (
-        f"; {sum(copied.values())} of them evaluation runs copied from the records of {sources} with "
+        f"; {sum(copied.values())} of them evaluation runs copied from the records of {_tally(copied)} with "
         "`--reuse-runs-from`, their wall times as measured where they were made"
     )
 
@@ -740,6 +742,7 @@ def _copied_clause(runs: list[dict]) -> str:
 def header_lines(results: dict) -> list[str]:
     profile = results["profile"]
     machine = results.get("machine", {})
+    runs, runs_named = _runs_with_provenance(results)
     return [
         f"# Benchmark `{profile['name']}`",
         "",
@@ -755,8 +758,7 @@ def header_lines(results: dict) -> list[str]:
         + f" on {machine.get('cpu_count')} CPUs, {machine.get('jobs', 1)} parallel job(s) of 1 torch "
         "thread. " + time_line(results),
         "",
-        _code_line(machine.get("code"), *_runs_with_provenance(results))
-        + _cpu_clause(*_runs_with_provenance(results)),
+        _code_line(machine.get("code"), runs, runs_named) + _cpu_clause(runs, runs_named),
         "",
         "Columns: accuracy = mean over clients of the phone's answer (local exit when confident, else the "
         "server back-end), each client's test set = its ID test samples plus a fraction p of OOD samples "
