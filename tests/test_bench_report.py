@@ -191,6 +191,16 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
         line for line in text.splitlines() if line.startswith("| harmony-full-softmax - harmony")
     )
     assert ablation_row.endswith("| yes |")  # -5 points on every seed up to the harmony noise
+    # the ablation judged on the back-end too: family-unseen acc (half the accuracy in fake_run)
+    # falls on every seed, alignment (0.5 for every split run) does not move
+    unseen = paired_ci([(0.85 - 0.9 - NOISE[s]) / 2 for s in SEEDS])
+    unseen_text = f"{100 * unseen['mean']:+.1f} [{100 * unseen['low']:+.1f}, {100 * unseen['high']:+.1f}]"
+    backend_row = text.split("Each ablation on the back-end")[1].split("\n\n")[1].splitlines()[2]
+    assert backend_row == f"| harmony-full-softmax - harmony | **{unseen_text}** | +0.0 [+0.0, +0.0] |"
+    assert (
+        "on the back-end, turning it off lowers (CI below 0) family-unseen acc in toy-family; "
+        "alignment in no setting" in text
+    )
     # targets: +20 over the best baseline (splitgp), 0.80 / 0.83 of centralized, the mechanism helps
     assert "above the best baseline (`splitgp`)" in text and "-> **met**" in text
     ratio = (0.8 + np.mean(list(NOISE.values()))) / 0.83  # 0.97 >= 0.9

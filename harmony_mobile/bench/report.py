@@ -36,6 +36,9 @@ COLUMNS = (
     ("wall_seconds", "wall s", "seconds"),
 )
 FAMILY_MARKERS = {"cnn": "o", "mobilenet": "^", "resnet": "s"}
+# what each ablation is judged on besides the headline: what the back-end answers for a family's
+# unseen classes and how well it aligns the families' features (docs/ALGORITHM.md, "Benchmark")
+BACKEND_KEYS = (("unseen_family", "family-unseen acc"), ("alignment_score", "alignment"))
 
 
 def metric_value(run: dict, key: str) -> float:
@@ -398,6 +401,13 @@ def comparisons(results: dict, setting: str, confidence: float = 0.95) -> dict:
         "ablations": {
             m: paired_gap(results, setting, m, "harmony", confidence=confidence) for m in ablations
         },
+        "backend": {
+            m: {
+                key: paired_gap(results, setting, m, "harmony", key=key, confidence=confidence)
+                for key, _ in BACKEND_KEYS
+            }
+            for m in ablations
+        },
     }
 
 
@@ -413,7 +423,28 @@ def comparison_lines(gaps: dict, confidence: float) -> list[str]:
         lines.append(f"| harmony - {method} | {_ci_text(gap)} | {'yes' if gap['excludes_zero'] else 'no'} |")
     for method, gap in gaps["ablations"].items():
         lines.append(f"| {method} - harmony | {_ci_text(gap)} | {'yes' if gap['excludes_zero'] else 'no'} |")
+    return [*lines, "", *backend_lines(gaps.get("backend", {}), level)]
+
+
+def backend_lines(backend: dict, level: str) -> list[str]:
+    """Each ablation's paired effect on the back-end's answers for unseen classes and on alignment."""
+    if not backend:
+        return []
+    lines = [
+        f"Each ablation on the back-end, off − on, paired by seed, points, mean [{level} t CI] "
+        "(bold: the CI excludes 0):",
+        "",
+        "| comparison | " + " | ".join(header for _, header in BACKEND_KEYS) + " |",
+        "|---|" + "---|" * len(BACKEND_KEYS),
+    ]
+    for method, by_key in backend.items():
+        cells = [_bold_if(_ci_text(by_key[key]), by_key[key]["excludes_zero"]) for key, _ in BACKEND_KEYS]
+        lines.append(f"| {method} - harmony | " + " | ".join(cells) + " |")
     return [*lines, ""]
+
+
+def _bold_if(text: str, condition: bool) -> str:
+    return f"**{text}**" if condition else text
 
 
 def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
@@ -451,8 +482,23 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
             "settings_where_it_helps": helps,
             "settings_where_ci_excludes_zero": [s for s, g in per_setting.items() if g["excludes_zero"]],
             "met": bool(helps),
+            "backend_settings_where_it_helps": _backend_helps(gaps, ablation),
         }
     return out
+
+
+def _backend_helps(gaps: dict, ablation: str) -> dict[str, list[str]]:
+    """Per back-end measure, the settings where turning the mechanism off lowers it with a CI below 0."""
+    return {
+        key: [
+            setting
+            for setting, g in gaps.items()
+            if ablation in g.get("backend", {})
+            and g["backend"][ablation][key]["n"] > 1
+            and g["backend"][ablation][key]["high"] < 0
+        ]
+        for key, _ in BACKEND_KEYS
+    }
 
 
 def target_lines(targets: dict, spec: dict) -> list[str]:
@@ -480,8 +526,18 @@ def target_lines(targets: dict, spec: dict) -> list[str]:
         lines.append(
             f"- mechanism *{entry['mechanism']}* (`{ablation}`): turning it off costs accuracy with OOD with a "
             f"CI below 0 in {where} (CI excludes 0 in: {excludes}) -> {verdict[entry['met']]}"
+            + _backend_clause(entry.get("backend_settings_where_it_helps", {}))
         )
     return [*lines, ""]
+
+
+def _backend_clause(where_by_key: dict[str, list[str]]) -> str:
+    """What the headline verdict leaves out: where the mechanism also holds up the back-end."""
+    if not where_by_key:
+        return ""
+    headers = dict(BACKEND_KEYS)
+    parts = [f"{headers[key]} in {', '.join(where) or 'no setting'}" for key, where in where_by_key.items()]
+    return "; on the back-end, turning it off lowers (CI below 0) " + "; ".join(parts)
 
 
 def convergence_lines(results: dict, aggregated: dict) -> list[str]:
