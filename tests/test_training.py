@@ -92,7 +92,7 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
     generator = torch.Generator().manual_seed(0)
     depths, betas = set(), []
     for _ in range(60):
-        depth, noise = algo._sample_variant(client, models, generator)
+        depth, noise = algo._sample_variant(client, models, 1.0, generator)
         depths.add(depth)
         assert noise == 0.0  # weight_noise = 0: the measured noise is none
         betas.append(
@@ -103,7 +103,35 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
     assert max(betas) > 1.0  # extrapolation beyond the personalized point happens
 
     fixed = tiny_federation(algorithm="harmony-fixed-depth").algorithm
-    assert {fixed._sample_variant(client, models, generator)[0] for _ in range(20)} == {3}
+    assert {fixed._sample_variant(client, models, 1.0, generator)[0] for _ in range(20)} == {3}
+
+
+def test_a_configured_path_length_moves_the_variants_that_far_along_the_personalization_path():
+    federation = tiny_federation(overrides={"weight_noise": 0.0, "path_length": 0.1})
+    algo = federation.algorithm
+    client = next(c for c in federation.clients if c.split_depth == 3)
+    federation.broadcast(client)
+    adapted = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
+    adapted.load_state_dict(client.model.state_dict())
+    with torch.no_grad():
+        for p in adapted.parameters():
+            p.mul_(1.001)  # a path 0.1 % of theta's norm long
+    variant = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
+    models = RoundModels(client.model, adapted, variant, client.held_parameters())
+    scale = algo._path_scale(models)
+    assert scale == pytest.approx(100.0, rel=1e-4)  # stretched to 10 % of ||theta||
+    generator = torch.Generator().manual_seed(0)
+    algo._sample_variant(client, models, scale, generator)
+    held = models.held
+    moved = sum(float((models.variant_params[n] - p).detach().pow(2).sum()) for n, p in held.items()) ** 0.5
+    theta_norm = sum(float(p.detach().pow(2).sum()) for p in held.values()) ** 0.5
+    # the variant sits at beta in [0, beta_max] times the configured length from theta, on the path
+    assert 0 < moved / theta_norm <= algo.config.beta_max * 0.1 + 1e-6
+    # an empty path (the inner loop off) is not stretched: the variants stay theta plus noise
+    models.adapted.load_state_dict(client.model.state_dict())
+    assert algo._path_scale(models) == 1.0
+    # and without the setting the path keeps the inner loop's own length
+    assert tiny_federation().algorithm._path_scale(models) == 1.0
 
 
 def test_a_round_on_reused_working_copies_equals_a_round_on_fresh_copies():

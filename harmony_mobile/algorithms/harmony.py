@@ -70,6 +70,12 @@ class HarmonyConfig(SplitTrainingConfig):
     beta_max: float = Field(
         default=1.5, gt=1, description="interpolation/extrapolation range on the personalization path"
     )
+    path_length: float | None = Field(
+        default=None,
+        gt=0,
+        description="length of the personalization path the variants move along, as a fraction of "
+        "||theta|| (the weight noise's is about `weight_noise`); None: the inner loop's own length",
+    )
     weight_noise: float = Field(
         default=0.02, ge=0, description="std of multiplicative weight noise of a variant"
     )
@@ -204,8 +210,9 @@ class Harmony(SplitMethod):
         variant, variant_params = models.variant, models.variant_params
         server_loss = noise_norm = 0.0
         features_by_variant = []
+        path_scale = self._path_scale(models)
         for _ in range(c.variants):
-            depth, noise = self._sample_variant(client, models, generator)
+            depth, noise = self._sample_variant(client, models, path_scale, generator)
             noise_norm += noise / c.variants
             variant.zero_grad()
             activation = variant.extract(query_x, depth)
@@ -222,7 +229,7 @@ class Harmony(SplitMethod):
                     p.grad += variant_params[name].grad / c.variants
         return {
             "server_ce": server_loss,
-            "path_norm": parameter_distance(models),
+            "path_norm": path_scale * parameter_distance(models),
             "noise_norm": noise_norm,
             "variant_spread": variant_spread(features_by_variant, query_y),
         }
@@ -237,14 +244,25 @@ class Harmony(SplitMethod):
             exit_loss(adapted, images, labels, client.split_depth).backward()
             inner.step()
 
+    def _path_scale(self, models: RoundModels) -> float:
+        """What the variants multiply theta' - theta by so that the path has the configured length
+        (1 without `path_length`, and for an empty path: nothing to scale)."""
+        if self.config.path_length is None:
+            return 1.0
+        path = parameter_distance(models)
+        if path == 0.0:
+            return 1.0
+        theta_norm = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in models.held.values()))
+        return self.config.path_length * theta_norm / path
+
     @torch.no_grad()
     def _sample_variant(
-        self, client: Client, models: RoundModels, generator: torch.Generator
+        self, client: Client, models: RoundModels, path_scale: float, generator: torch.Generator
     ) -> tuple[int, float]:
         """Load one simulated extractor into theta_v; returns its split depth and the norm of the
         weight noise drawn for it (over the parameters the client holds)."""
         c = self.config
-        beta = float(torch.rand((), generator=generator)) * c.beta_max
+        beta = float(torch.rand((), generator=generator)) * c.beta_max * path_scale
         noise_sq = 0.0
         for name, p in models.variant_params.items():
             theta = models.theta_params[name]
