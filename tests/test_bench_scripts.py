@@ -107,3 +107,20 @@ def test_step_cost_refuses_an_unknown_memory_format_before_timing(tmp_path):
         result.stderr
     )
     assert not (tmp_path / "out.md").exists()
+
+
+def test_harmony_variants_summarizes_the_gradient_ratio_by_its_median_and_the_rest_by_the_mean():
+    variants = load_script(REPO_ROOT / "benchmarks/harmony_variants.py")
+    rounds = [
+        {"path_to_noise": 0.5, "variant_spread": 0.2, "contrastive_grad_ratio": 0.2},
+        {"path_to_noise": 1.5, "variant_spread": 0.4, "contrastive_grad_ratio": 0.3},
+        # a round whose CE is already fit: the ratio's outlier
+        {"path_to_noise": 1.0, "variant_spread": 0.6, "contrastive_grad_ratio": 9e6},
+    ]
+    summary = variants.round_summary({"round_metrics": rounds})
+    assert summary == pytest.approx(
+        {"path_to_noise": 1.0, "variant_spread": 0.4, "contrastive_grad_ratio": 0.3}
+    )
+    # a run without the SupCon term logs no ratio, and the summary leaves it out
+    no_ratio = [{k: v for k, v in row.items() if k != "contrastive_grad_ratio"} for row in rounds]
+    assert "contrastive_grad_ratio" not in variants.round_summary({"round_metrics": no_ratio})

@@ -318,10 +318,9 @@ def _cpu_text(cpu: dict | None) -> str:
     return f"{cpu['cpu_model']} (torch kernels {cpu['torch_cpu_capability']})"
 
 
-def _runs_with_provenance(results: dict) -> tuple[list[dict], str]:
-    """Every run whose provenance the results kept, and what to call them (results of older code
-    kept it for the evaluation runs only)."""
-    stages = runs_by_stage(results)
+def _runs_with_provenance(stages: dict[str, list[dict]]) -> tuple[list[dict], str]:
+    """Every run of `runs_by_stage`, and what to call them (results of older code kept provenance
+    for the evaluation runs only)."""
     named = "evaluation runs" if list(stages) == ["evaluation"] else "runs"
     return [run for runs in stages.values() for run in runs], named
 
@@ -776,7 +775,7 @@ def invocation_line(results: dict) -> str:
     stages = runs_by_stage(results)
     reused = {name: sum(1 for r in runs if r.get("reused")) for name, runs in stages.items()}
     if any(reused.values()):
-        every, named = _runs_with_provenance(results)
+        every, named = _runs_with_provenance(stages)
         text += f" ({sum(reused.values())} of {len(every)} {named} read back from earlier invocations with `--resume`"
         if len(stages) > 1:
             text += ": " + ", ".join(f"{name} {reused[name]} of {len(runs)}" for name, runs in stages.items())
@@ -798,7 +797,7 @@ def _copied_clause(runs: list[dict]) -> str:
 def header_lines(results: dict) -> list[str]:
     profile = results["profile"]
     machine = results.get("machine", {})
-    runs, runs_named = _runs_with_provenance(results)
+    runs, runs_named = _runs_with_provenance(runs_by_stage(results))
     return [
         f"# Benchmark `{profile['name']}`",
         "",

@@ -11,6 +11,7 @@ numbers are the same as with `jobs` = 1.
 
 from __future__ import annotations
 
+import functools
 import json
 import multiprocessing
 import platform
@@ -509,6 +510,11 @@ def code_version() -> dict:
 def cpu_info() -> dict:
     """Which CPU and which of torch's kernel sets ran: the same run on another CPU model can round
     differently, and over many rounds that moves a run's accuracy by points, not only in the last digit."""
+    return dict(_cpu_info())  # a copy: every run record gets its own
+
+
+@functools.cache
+def _cpu_info() -> dict:
     model = platform.processor() or platform.machine()
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.is_file():
