@@ -130,7 +130,9 @@ def markdown(args, variants: dict, table: dict, seconds: float) -> str:
             if d:
                 cell += f" ({100 * d['mean']:+.1f} [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}])"
             cells.append(cell)
-        cells += [f"{row[key]['summary']:.3f}" if row[key]["summary"] is not None else "-" for key in DIVERSITY]
+        cells += [
+            f"{row[key]['summary']:.3f}" if row[key]["summary"] is not None else "-" for key in DIVERSITY
+        ]
         lines.append(f"| {name} | `{json.dumps(variants[name])}` | " + " | ".join(cells) + " |")
     lines += [
         "",
