@@ -44,6 +44,13 @@ def seed_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",")]
 
 
+def seed_text(seeds: list[int]) -> str:
+    """'0-7' for a contiguous range, else the seeds listed ('100, 103, 104')."""
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ", ".join(str(seed) for seed in seeds)
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     name, _, overrides = text.partition("=")
     if not name or not overrides:
@@ -112,7 +119,7 @@ def markdown(args, variants: dict, table: dict, seconds: float) -> str:
     lines = [
         f"# HARMONY variants over {len(args.seeds)} seeds (profile `{args.profile}`)",
         "",
-        f"Setting {setting}; seeds {args.seeds[0]}-{args.seeds[-1]}; each variant overrides the profile's HARMONY config; "
+        f"Setting {setting}; seeds {seed_text(args.seeds)}; each variant overrides the profile's HARMONY config; "
         f"reference **{args.reference}**. Numbers in percent; differences paired by seed with a 95 % t "
         f"interval. {len(variants) * len(args.seeds)} runs, {seconds / 60:.1f} min wall in this call "
         "(runs reused from the work directory count as zero).",

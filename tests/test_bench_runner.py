@@ -8,7 +8,15 @@ import pytest
 
 from harmony_mobile.bench.profile import BenchProfile, load_profile
 from harmony_mobile.bench.report import write_report
-from harmony_mobile.bench.runner import RECORD, evaluation_specs, run_benchmark
+from harmony_mobile.bench.runner import (
+    RECORD,
+    RunSpec,
+    evaluation_specs,
+    run_benchmark,
+    run_one,
+    same_training,
+    train_config,
+)
 
 TINY = {
     "name": "tiny",
@@ -412,3 +420,21 @@ def test_a_report_is_extended_only_by_the_profile_that_made_it_before_anything_i
     (out / "results.json").write_text(json.dumps(redefined))
     with pytest.raises(ValueError, match="'digits-dirichlet' of .* is not the profile's any more"):
         load_extendable(current, out, jobs=2)
+
+
+def test_resume_reads_back_a_run_recorded_in_another_checkout(tmp_path):
+    """A work dir made in another checkout records that checkout's absolute tiers path: the run is
+    the same run (the tiers file is compared by its name in benchmarks/configs), not one to redo."""
+    profile = load_profile("standard")
+    spec = RunSpec("eval", profile.settings[0], "local", 0, 1)
+    config = train_config(spec, profile.train, None).model_dump()
+    assert config["tiers_file"].endswith("benchmarks/configs/tiers-standard.yaml")
+    elsewhere = {**config, "tiers_file": "/another/checkout/benchmarks/configs/tiers-standard.yaml"}
+    record_file = spec.path(tmp_path) / RECORD
+    record_file.parent.mkdir(parents=True)
+    record_file.write_text(json.dumps({"train_config": elsewhere, "summary": {"marker": 1}}))
+    record = run_one(spec, profile.train, tmp_path, resume=True)
+    assert record["reused"] and record["summary"] == {"marker": 1}  # read back, not trained
+    # a tiers file of another name is another configuration
+    other = {**config, "tiers_file": "/another/checkout/benchmarks/configs/tiers-quick.yaml"}
+    assert not same_training(other, config) and same_training(elsewhere, config)

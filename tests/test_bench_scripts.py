@@ -124,3 +124,10 @@ def test_harmony_variants_summarizes_the_gradient_ratio_by_its_median_and_the_re
     # a run without the SupCon term logs no ratio, and the summary leaves it out
     no_ratio = [{k: v for k, v in row.items() if k != "contrastive_grad_ratio"} for row in rounds]
     assert "contrastive_grad_ratio" not in variants.round_summary({"round_metrics": no_ratio})
+
+
+def test_harmony_variants_names_the_seeds_it_ran():
+    variants = load_script(REPO_ROOT / "benchmarks/harmony_variants.py")
+    assert variants.seed_text([0, 1, 2, 3]) == "0-3"
+    assert variants.seed_text([100, 103, 104]) == "100, 103, 104"
+    assert variants.seed_text([5]) == "5"

@@ -317,3 +317,15 @@ def load_profile(name_or_path: str | Path) -> BenchProfile:
         # the absolute path enters every run's config, so `--resume` reuses runs of this checkout only
         train["tiers_file"] = str((path.parent / Path(train["tiers_file"]).expanduser()).resolve())
     return BenchProfile(**data)
+
+
+def repo_relative(train: dict) -> dict:
+    """The shared settings with a tiers file of the repository named relative to it (the profile
+    resolves it to an absolute path on the machine that ran it, maybe in another checkout)."""
+    tiers_file = Path(train.get("tiers_file") or "")
+    if tiers_file.is_relative_to(REPO_ROOT):
+        return {**train, "tiers_file": str(tiers_file.relative_to(REPO_ROOT))}
+    ours = REPO_ROOT / "benchmarks" / "configs" / tiers_file.name
+    if tiers_file.parent.parts[-2:] == ("benchmarks", "configs") and ours.is_file():  # another checkout's
+        return {**train, "tiers_file": str(ours.relative_to(REPO_ROOT))}
+    return train

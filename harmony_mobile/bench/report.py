@@ -14,7 +14,7 @@ import numpy as np
 
 from harmony_mobile.algorithms.registry import effective_config
 from harmony_mobile.bench.latency import latency_table
-from harmony_mobile.bench.profile import REPO_ROOT
+from harmony_mobile.bench.profile import repo_relative
 from harmony_mobile.bench.stats import paired_ci
 
 OOD_FRACTIONS = ("p=0", "p=0.2", "p=0.5")
@@ -710,18 +710,6 @@ def budget_line(results: dict) -> str:
     if own:
         text += "; methods with their own stated budget instead of the shared one: " + ", ".join(own)
     return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
-
-
-def repo_relative(train: dict) -> dict:
-    """The shared settings with a tiers file of the repository named relative to it (the profile
-    resolves it to an absolute path on the machine that ran it, maybe in another checkout)."""
-    tiers_file = Path(train.get("tiers_file") or "")
-    if tiers_file.is_relative_to(REPO_ROOT):
-        return {**train, "tiers_file": str(tiers_file.relative_to(REPO_ROOT))}
-    ours = REPO_ROOT / "benchmarks" / "configs" / tiers_file.name
-    if tiers_file.parent.parts[-2:] == ("benchmarks", "configs") and ours.is_file():  # another checkout's
-        return {**train, "tiers_file": str(ours.relative_to(REPO_ROOT))}
-    return train
 
 
 def command_line(results: dict) -> str:

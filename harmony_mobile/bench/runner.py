@@ -27,7 +27,7 @@ import torch
 
 from harmony_mobile import training
 from harmony_mobile.bench.hooks import RunExtras, UplinkCounter, instrument
-from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Setting
+from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Setting, repo_relative
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.run_dir import RunDir
 
@@ -90,7 +90,7 @@ def run_one(
     record_file = run_path / RECORD
     if resume and record_file.is_file():
         record = json.loads(record_file.read_text())
-        if record.get("train_config") == config.model_dump():
+        if same_training(record.get("train_config"), config.model_dump()):
             return {**record, "reused": True}
     if run_path.exists():
         shutil.rmtree(run_path)
@@ -125,6 +125,12 @@ def run_one(
     }
     record_file.write_text(json.dumps(record, indent=1))
     return record
+
+
+def same_training(recorded: dict | None, config: dict) -> bool:
+    """Whether a recorded run trained `config`, its tiers file compared by its name in
+    benchmarks/configs: a work dir made in another checkout records that checkout's absolute path."""
+    return recorded is not None and repo_relative(recorded) == repo_relative(config)
 
 
 def _round_metrics(run_path: Path) -> list[dict]:
@@ -251,7 +257,6 @@ def copy_recorded_runs(
     its name in benchmarks/configs (runs record its absolute path, maybe in another checkout), not
     by content. A run folder that exists already, or a run in `recorded.needs_files`, is left
     alone. Returns how many runs were copied."""
-    from harmony_mobile.bench.report import repo_relative
 
     def key(setting: str, method: str, config: dict) -> tuple[str, str, str]:
         return setting, method, json.dumps(repo_relative(config), sort_keys=True)
@@ -638,8 +643,6 @@ def _comparable_profile(profile: dict) -> dict:
     the prose and the settings, read through the current model (results of older code lack fields
     added since, which take their defaults) with the tiers file named relative to the repository."""
     from pydantic import ValidationError
-
-    from harmony_mobile.bench.report import repo_relative
 
     try:
         dumped = BenchProfile(**profile).model_dump()
