@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -42,6 +44,11 @@ def seed_list(text: str) -> list[int]:
         first, last = (int(part) for part in text.split("-"))
         return list(range(first, last + 1))
     return [int(part) for part in text.split(",")]
+
+
+def command_text() -> str:
+    """This invocation as a shell command, repository-relative (the work dir is where runs are kept)."""
+    return shlex.join(["python", "benchmarks/harmony_variants.py", *sys.argv[1:]])
 
 
 def seed_text(seeds: list[int]) -> str:
@@ -114,14 +121,17 @@ def compare(records: dict[str, dict[int, dict]], reference: str) -> dict:
     return table
 
 
-def markdown(args, variants: dict, table: dict, seconds: float) -> str:
+def markdown(args, variants: dict, table: dict, seconds: float, run_seconds: float) -> str:
     setting = f"`{args.setting}`" if args.setting else "the profile's first"
     lines = [
         f"# HARMONY variants over {len(args.seeds)} seeds (profile `{args.profile}`)",
         "",
+        f"Made by `{command_text()}`.",
+        "",
         f"Setting {setting}; seeds {seed_text(args.seeds)}; each variant overrides the profile's HARMONY config; "
         f"reference **{args.reference}**. Numbers in percent; differences paired by seed with a 95 % t "
-        f"interval. {len(variants) * len(args.seeds)} runs, {seconds / 60:.1f} min wall in this call "
+        f"interval. {len(variants) * len(args.seeds)} runs, {run_seconds / 60:.1f} min of training summed over "
+        f"them (1 torch thread each, {args.jobs} at a time), {seconds / 60:.1f} min wall in this call "
         "(runs reused from the work directory count as zero).",
         "",
         "| variant | overrides | "
@@ -197,7 +207,8 @@ def main() -> None:
         "runs": {name: [slim(r) for r in by_seed.values()] for name, by_seed in records.items()},
     }
     (args.out / "results.json").write_text(json.dumps(results, indent=1))
-    (args.out / "report.md").write_text(markdown(args, variants, table, seconds))
+    run_seconds = sum(r["wall_seconds"] for by_seed in records.values() for r in by_seed.values())
+    (args.out / "report.md").write_text(markdown(args, variants, table, seconds, run_seconds))
     print((args.out / "report.md").read_text())
 
 
