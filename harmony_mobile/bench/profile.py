@@ -314,7 +314,8 @@ def load_profile(name_or_path: str | Path) -> BenchProfile:
     train = data.get("train") or {}
     if train.get("tiers_file"):
         # a profile names its tiers file relative to itself, so it runs from any working directory;
-        # the absolute path enters every run's config, so `--resume` reuses runs of this checkout only
+        # the absolute path enters every run's config (`--resume` compares it by its name in
+        # benchmarks/configs, so a work dir made in another checkout is read back too)
         train["tiers_file"] = str((path.parent / Path(train["tiers_file"]).expanduser()).resolve())
     return BenchProfile(**data)
 
