@@ -47,7 +47,8 @@ def seed_list(text: str) -> list[int]:
 
 
 def command_text() -> str:
-    """This invocation as a shell command, repository-relative (the work dir is where runs are kept)."""
+    """This invocation as a shell command: the script named from the repository root, the arguments
+    as given (so the work dir is the one this machine kept the runs in)."""
     return shlex.join(["python", "benchmarks/harmony_variants.py", *sys.argv[1:]])
 
 
@@ -78,7 +79,8 @@ def variant_specs(
 
 # how diverse the simulated extractors were (algorithms/harmony.py), each summarized over the run's
 # rounds and then over seeds: a round whose CE is already fit has a near-zero CE gradient and an
-# exploding ratio, so the ratio by its median (as the benchmark report does), the others by the mean
+# exploding ratio, so the ratio by its median (per run over rounds, then over seeds; the benchmark
+# report takes one median over all rounds of all seeds), the others by the mean
 DIVERSITY = {
     "path_to_noise": statistics.mean,
     "variant_spread": statistics.mean,
@@ -113,9 +115,9 @@ def compare(records: dict[str, dict[int, dict]], reference: str) -> dict:
                 seeds = sorted(set(by_seed) & set(records[reference]))
                 diffs = [value(by_seed[s]) - value(records[reference][s]) for s in seeds]
                 row[key]["minus_reference"] = paired_ci(diffs)
-        means = [round_summary(r) for r in by_seed.values()]
+        summaries = [round_summary(r) for r in by_seed.values()]
         for key in DIVERSITY:
-            values = [m[key] for m in means if key in m]
+            values = [m[key] for m in summaries if key in m]
             row[key] = {"summary": DIVERSITY[key](values) if values else None}
         table[name] = row
     return table

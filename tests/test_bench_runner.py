@@ -422,7 +422,7 @@ def test_a_report_is_extended_only_by_the_profile_that_made_it_before_anything_i
         load_extendable(current, out, jobs=2)
 
 
-def test_resume_reads_back_a_run_recorded_in_another_checkout(tmp_path):
+def test_resume_reads_back_a_run_recorded_in_another_checkout(tmp_path, monkeypatch):
     """A work dir made in another checkout records that checkout's absolute tiers path: the run is
     the same run (the tiers file is compared by its name in benchmarks/configs), not one to redo."""
     profile = load_profile("standard")
@@ -433,8 +433,14 @@ def test_resume_reads_back_a_run_recorded_in_another_checkout(tmp_path):
     record_file = spec.path(tmp_path) / RECORD
     record_file.parent.mkdir(parents=True)
     record_file.write_text(json.dumps({"train_config": elsewhere, "summary": {"marker": 1}}))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the recorded run was trained again instead of read back")
+
+    monkeypatch.setattr("harmony_mobile.bench.runner.training.train", no_training)
     record = run_one(spec, profile.train, tmp_path, resume=True)
     assert record["reused"] and record["summary"] == {"marker": 1}  # read back, not trained
-    # a tiers file of another name is another configuration
-    other = {**config, "tiers_file": "/another/checkout/benchmarks/configs/tiers-quick.yaml"}
+    # a tiers file of another name is another configuration (benchmarks/configs has one tiers file:
+    # the other name is not ours, so it stays absolute and differs)
+    other = {**config, "tiers_file": "/another/checkout/benchmarks/configs/tiers-other.yaml"}
     assert not same_training(other, config) and same_training(elsewhere, config)

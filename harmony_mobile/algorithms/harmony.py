@@ -5,7 +5,8 @@ One local step of client k, top to bottom:
   1. inner loop   theta' = theta - inner_lr * grad L_exit(theta; support), `inner_steps` times
   2. meta-grad    g_exit = grad L_exit(theta'; query)                      (first-order MAML)
   3. variants     for v in 1..V: depth d_v ~ U{1..d_k}, beta_v ~ U[0, beta_max],
-                  theta_v = (theta + beta_v (theta' - theta)) * (1 + noise), optional channel drop;
+                  theta_v = (theta + beta_v (theta' - theta)) * (1 + noise), optional channel drop
+                  (`path_length` rescales theta' - theta to a set fraction of ||theta||);
                   z_v = phi_{d_v}(B_1..d_v(query; theta_v)), uploaded with label tokens;
                   split step in slot space -> the server returns dL_srv/dz_v, L_srv = its CE over
                   slots (softmax over the slots of this client's tokens: `own_classes_only`; the
@@ -74,7 +75,8 @@ class HarmonyConfig(SplitTrainingConfig):
         default=None,
         gt=0,
         description="length of the personalization path the variants move along, as a fraction of "
-        "||theta|| (the weight noise's is about `weight_noise`); None: the inner loop's own length",
+        "||theta|| (the weight noise's is about `weight_noise`); None: the inner loop's own length. "
+        "Without an inner loop (meta off) there is no path to stretch and it changes nothing",
     )
     weight_noise: float = Field(
         default=0.02, ge=0, description="std of multiplicative weight noise of a variant"
@@ -259,8 +261,9 @@ class Harmony(SplitMethod):
     def _sample_variant(
         self, client: Client, models: RoundModels, path_scale: float, generator: torch.Generator
     ) -> tuple[int, float]:
-        """Load one simulated extractor into theta_v; returns its split depth and the norm of the
-        weight noise drawn for it (over the parameters the client holds)."""
+        """Load one simulated extractor, theta + beta_v * path_scale * (theta' - theta) with weight
+        noise, into theta_v; returns its split depth and the norm of the weight noise drawn for it
+        (over the parameters the client holds)."""
         c = self.config
         beta = float(torch.rand((), generator=generator)) * c.beta_max * path_scale
         noise_sq = 0.0

@@ -37,7 +37,7 @@ COLUMNS = (
 )
 FAMILY_MARKERS = {"cnn": "o", "mobilenet": "^", "resnet": "s"}
 # what each ablation is judged on besides the headline: what the back-end answers for a family's
-# unseen classes and how well it aligns the families' features (docs/ALGORITHM.md, "Benchmark")
+# unseen classes and how well it aligns the families' features (docs/ALGORITHM.md, "7. Baselines and ablations")
 BACKEND_KEYS = (("unseen_family", "family-unseen acc"), ("alignment_score", "alignment"))
 
 
@@ -426,7 +426,9 @@ def comparison_lines(gaps: dict, confidence: float) -> list[str]:
 
 
 def backend_lines(backend: dict, level: str) -> list[str]:
-    """Each ablation's paired effect on the back-end's answers for unseen classes and on alignment."""
+    """Each ablation's paired effect on the back-end's answers for unseen classes and on alignment
+    (ablations without paired runs in this setting left out)."""
+    backend = {m: by_key for m, by_key in backend.items() if any(g["n"] for g in by_key.values())}
     if not backend:
         return []
     lines = [
@@ -481,21 +483,23 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
             "settings_where_it_helps": helps,
             "settings_where_ci_excludes_zero": [s for s, g in per_setting.items() if g["excludes_zero"]],
             "met": bool(helps),
-            "backend_settings_where_it_helps": _backend_helps(gaps, ablation),
+            "measured": any(g["n"] > 1 for g in per_setting.values()),
+            "backend": _backend_effects(gaps, ablation),
         }
     return out
 
 
-def _backend_helps(gaps: dict, ablation: str) -> dict[str, list[str]]:
-    """Per back-end measure, the settings where turning the mechanism off lowers it with a CI below 0."""
+def _backend_effects(gaps: dict, ablation: str) -> dict[str, dict[str, list[str]]]:
+    """Per back-end measure, the settings where turning the mechanism off lowers it (CI below 0)
+    and those where its CI excludes 0 either way."""
+    measured = {s: g["backend"][ablation] for s, g in gaps.items() if ablation in g.get("backend", {})}
     return {
-        key: [
-            setting
-            for setting, g in gaps.items()
-            if ablation in g.get("backend", {})
-            and g["backend"][ablation][key]["n"] > 1
-            and g["backend"][ablation][key]["high"] < 0
-        ]
+        key: {
+            "lowers": [
+                s for s, by_key in measured.items() if by_key[key]["n"] > 1 and by_key[key]["high"] < 0
+            ],
+            "excludes_zero": [s for s, by_key in measured.items() if by_key[key]["excludes_zero"]],
+        }
         for key, _ in BACKEND_KEYS
     }
 
@@ -520,23 +524,33 @@ def target_lines(targets: dict, spec: dict) -> list[str]:
                 f"`{spec['reference']}`: {100 * r['ratio']:.1f} % -> {verdict[r['met']]}"
             )
     for ablation, entry in targets["mechanisms"].items():
-        where = ", ".join(entry["settings_where_it_helps"]) or "no setting"
-        excludes = ", ".join(entry["settings_where_ci_excludes_zero"]) or "none"
-        lines.append(
-            f"- mechanism *{entry['mechanism']}* (`{ablation}`): turning it off costs accuracy with OOD with a "
-            f"CI below 0 in {where} (CI excludes 0 in: {excludes}) -> {verdict[entry['met']]}"
-            + _backend_clause(entry.get("backend_settings_where_it_helps", {}))
-        )
+        lines.append(_mechanism_line(ablation, entry, verdict))
     return [*lines, ""]
 
 
-def _backend_clause(where_by_key: dict[str, list[str]]) -> str:
-    """What the headline verdict leaves out: where the mechanism also holds up the back-end."""
-    if not where_by_key:
+def _mechanism_line(ablation: str, entry: dict, verdict: dict) -> str:
+    head = f"- mechanism *{entry['mechanism']}* (`{ablation}`): "
+    if not entry.get("measured", True):  # results of older code did not say
+        return head + "not measured (no setting has paired runs of it) -> **not measured**"
+    where = ", ".join(entry["settings_where_it_helps"]) or "no setting"
+    excludes = ", ".join(entry["settings_where_ci_excludes_zero"]) or "none"
+    return (
+        head + f"turning it off costs accuracy with OOD with a CI below 0 in {where} (CI excludes 0 in: "
+        f"{excludes}) -> {verdict[entry['met']]}" + _backend_clause(entry.get("backend", {}))
+    )
+
+
+def _backend_clause(effects: dict[str, dict[str, list[str]]]) -> str:
+    """What the headline verdict leaves out: what turning the mechanism off does to the back-end."""
+    if not effects:
         return ""
     headers = dict(BACKEND_KEYS)
-    parts = [f"{headers[key]} in {', '.join(where) or 'no setting'}" for key, where in where_by_key.items()]
-    return "; on the back-end, turning it off lowers (CI below 0) " + "; ".join(parts)
+    parts = [
+        f"{headers[key]} with a CI below 0 in {', '.join(e['lowers']) or 'no setting'} "
+        f"(CI excludes 0 in: {', '.join(e['excludes_zero']) or 'none'})"
+        for key, e in effects.items()
+    ]
+    return "; on the back-end, turning it off lowers " + "; ".join(parts)
 
 
 def convergence_lines(results: dict, aggregated: dict) -> list[str]:

@@ -129,7 +129,8 @@ def run_one(
 
 def same_training(recorded: dict | None, config: dict) -> bool:
     """Whether a recorded run trained `config`, its tiers file compared by its name in
-    benchmarks/configs: a work dir made in another checkout records that checkout's absolute path."""
+    benchmarks/configs: a work dir made in another checkout records that checkout's absolute path.
+    Never by the file's content (an edited tiers file must get a new name, or a fresh work dir)."""
     return recorded is not None and repo_relative(recorded) == repo_relative(config)
 
 
