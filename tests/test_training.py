@@ -77,18 +77,25 @@ def test_aggregation_averages_each_parameter_over_its_holders_across_depths():
     assert torch.equal(merged["stages.3.0.0.weight"], current["stages.3.0.0.weight"])  # nobody holds stage 4
 
 
-def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization():
-    federation = tiny_federation(overrides={"weight_noise": 0.0})
-    algo = federation.algorithm
+def round_models_of_a_depth_3_client(overrides: dict, personalize):
+    """HARMONY's algorithm, a broadcast depth-3 client and its RoundModels, theta' = theta with
+    `personalize` applied to every parameter in place."""
+    federation = tiny_federation(overrides=overrides)
     client = next(c for c in federation.clients if c.split_depth == 3)
     federation.broadcast(client)
     adapted = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
     adapted.load_state_dict(client.model.state_dict())
     with torch.no_grad():
         for p in adapted.parameters():
-            p.add_(1.0)  # theta' - theta = 1 everywhere, so variant - theta = beta
+            personalize(p)
     variant = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
-    models = RoundModels(client.model, adapted, variant, client.held_parameters())
+    return federation.algorithm, client, RoundModels(client.model, adapted, variant, client.held_parameters())
+
+
+def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization():
+    # theta' - theta = 1 everywhere, so variant - theta = beta
+    algo, client, models = round_models_of_a_depth_3_client({"weight_noise": 0.0}, lambda p: p.add_(1.0))
+    variant = models.variant
     generator = torch.Generator().manual_seed(0)
     depths, betas = set(), []
     for _ in range(60):
@@ -107,17 +114,9 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
 
 
 def test_a_configured_path_length_moves_the_variants_that_far_along_the_personalization_path():
-    federation = tiny_federation(overrides={"weight_noise": 0.0, "path_length": 0.1})
-    algo = federation.algorithm
-    client = next(c for c in federation.clients if c.split_depth == 3)
-    federation.broadcast(client)
-    adapted = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
-    adapted.load_state_dict(client.model.state_dict())
-    with torch.no_grad():
-        for p in adapted.parameters():
-            p.mul_(1.001)  # a path 0.1 % of theta's norm long
-    variant = FamilyModel(client.tier.family, 1, 28, 10, client.tier.width)
-    models = RoundModels(client.model, adapted, variant, client.held_parameters())
+    # a path 0.1 % of theta's norm long
+    overrides = {"weight_noise": 0.0, "path_length": 0.1}
+    algo, client, models = round_models_of_a_depth_3_client(overrides, lambda p: p.mul_(1.001))
     scale = algo._path_scale(models)
     assert scale == pytest.approx(100.0, rel=1e-4)  # stretched to 10 % of ||theta||
     algo._sample_variant(client, models, scale, torch.Generator().manual_seed(0))
