@@ -508,6 +508,8 @@ def test_a_budget_check_must_compare_longer_budgets_on_validation_seeds():
         ({"rounds": [2 * rounds, 2 * rounds]}, "repeat an entry"),
         ({"methods": ["centralized"], "rounds": [50]}, "decay is tied to its budget's rounds"),
         ({"methods": ["no-such-method"]}, "no-such-method"),
+        ({"settings": ["cifar-family"]}, r"settings \['cifar-family'\] are not in profile"),
+        ({"settings": ["digits-family", "digits-family"]}, "repeat an entry"),
     ):
         with pytest.raises(ValidationError, match=message):
             BenchProfile(**{**data, "budget_check": {**ok, **change}})
@@ -550,6 +552,35 @@ def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_
     assert "about 3 min with 2 job(s)" in text
     results["budget_check"]["rows"] = results["budget_check"]["rows"][1:]
     assert "budget check): met." in write_report(results, tmp_path / "met").read_text()
+
+
+def test_a_budget_checked_on_two_settings_is_judged_per_setting(tmp_path):
+    results = synthetic_results()
+    row = {"method": "harmony", "rounds": 2, "gain": 0.0, "stopped_improving": True}
+    results["budget_check"] = {
+        "rows": [
+            {**row, "setting": "toy-family", "val_acc_with_ood": {"2": 0.70, "4": 0.70}},
+            {
+                **row,
+                "setting": "toy-dirichlet",
+                "val_acc_with_ood": {"2": 0.60, "4": 0.65},
+                "gain": 0.05,
+                "stopped_improving": False,
+            },
+        ],
+        "seeds": [100],
+        "settings": ["toy-family", "toy-dirichlet"],
+        "tolerance": 0.01,
+        "run_wall_seconds": 60.0,
+    }
+    text = write_report(results, tmp_path).read_text()
+    assert "**not met**: still improving: harmony (toy-dirichlet)." in text
+    assert (
+        "| setting | method | 2 rounds | 4 rounds | best gain | stopped improving |\n|---|---|---|---|---|---|"
+        in text
+    )
+    assert "| toy-family | harmony | 70.0 | 70.0 | +0.0 | yes, at 2 rounds |" in text
+    assert "| toy-dirichlet | harmony | 60.0 | 65.0 | +5.0 | **no** |" in text
 
 
 def test_re_rendering_keeps_the_prose_of_results_made_at_another_budget(tmp_path):

@@ -255,6 +255,8 @@ def test_a_narrowed_profile_keeps_the_named_settings_and_run_paths(tmp_path):
     # the budget check follows a narrowed method list (and is dropped when none of its methods run)
     assert narrowed(standard, None, ["harmony", "local"], None).budget_check.methods == ["harmony"]
     assert narrowed(standard, None, ["local"], None).budget_check is None
+    # and a narrowed setting list: only the checked settings that run are checked
+    assert narrowed(standard, None, None, [first, second]).budget_check.settings == [first]
     with pytest.raises(ValueError, match="not in profile 'standard'"):
         narrowed(standard, None, None, ["cifar-family"])
     with pytest.raises(ValueError, match=r"tunes on \['mnist5k-family'\]: --settings must include it"):
@@ -309,6 +311,21 @@ def test_the_budget_check_trains_the_tuned_pick_longer_on_validation_seeds(tmp_p
         {"reused": False, "code": short["code"], "cpu": short["cpu"]},
         {"reused": False, "code": long["code"], "cpu": long["cpu"]},
     ]
+
+
+def test_the_budget_check_judges_each_of_its_settings_apart(tmp_path):
+    profile = load_profile(_two_setting_profile(tmp_path, methods=["local"]))
+    checked = {"methods": ["local"], "rounds": [2], "seeds": [8], "settings": ["digits-dirichlet"]}
+    profile = BenchProfile(**{**profile.model_dump(), "budget_check": checked})
+    check = run_benchmark(profile, tmp_path / "work", log=lambda _: None)["budget_check"]
+    (row,) = check["rows"]  # on the named setting only, not the tuning one
+    assert check["settings"] == ["digits-dirichlet"] and row["setting"] == "digits-dirichlet"
+    runs = tmp_path / "work" / "budget" / "digits-dirichlet" / "local" / "seed-8"
+    for rounds in (1, 2):
+        record = json.loads((runs / f"rounds-{rounds}" / RECORD).read_text())
+        assert record["train_config"]["partition"] == "dirichlet"
+        assert row["val_acc_with_ood"][rounds] == record["validation"]["accuracy_with_ood"]
+    assert not (tmp_path / "work" / "budget" / "digits-family").exists()
 
 
 def test_a_method_has_stopped_improving_only_if_no_longer_budget_gains_the_tolerance():

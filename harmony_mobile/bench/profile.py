@@ -94,9 +94,10 @@ class TuningSpec(BaseModel):
 
 class BudgetCheck(BaseModel):
     """Is the shared budget where the listed methods stop improving? Each method's tuned config is
-    trained for its budget's rounds and for each longer budget in `rounds`, on the tuning settings
-    and `seeds`, and scored on validation only; it has stopped improving when no longer budget gains
-    `tolerance` or more. The seeds are neither evaluation nor tuning seeds: on a tuning seed the
+    trained for its budget's rounds and for each longer budget in `rounds`, on `settings` (unset:
+    the tuning settings) and `seeds`, and scored on validation only; it has stopped improving when
+    no longer budget gains `tolerance` or more, judged per setting (a partition may need longer than
+    the one tuned on). The seeds are neither evaluation nor tuning seeds: on a tuning seed the
     budget's own score is the best of the trials, which biases the check towards "stopped"."""
 
     model_config = ConfigDict(extra="forbid")
@@ -105,6 +106,7 @@ class BudgetCheck(BaseModel):
     rounds: list[int] = Field(min_length=1, description="the longer budgets (rounds) to compare with")
     seeds: list[int] = Field(min_length=1, description="validation-only seeds (not tuning, not evaluation)")
     tolerance: float = Field(default=0.01, ge=0, description="validation accuracy with OOD, fraction")
+    settings: list[str] | None = Field(default=None, description="setting names; unset: the tuning settings")
 
 
 class ConvergenceCheck(BaseModel):
@@ -203,9 +205,11 @@ class BenchProfile(BaseModel):
             return
         if self.tuning is None:
             raise ValueError("budget_check runs on the tuning settings and seeds: it needs a tuning section")
-        for name, values in (("methods", check.methods), ("rounds", check.rounds), ("seeds", check.seeds)):
+        named = (("methods", check.methods), ("rounds", check.rounds), ("seeds", check.seeds))
+        for name, values in (*named, ("settings", check.settings or [])):
             if len(set(values)) != len(values):  # two runs would share one run folder
                 raise ValueError(f"budget_check: {name} {values} repeat an entry")
+        self.budget_check_settings()  # a ValueError naming an unknown setting
         unevaluated = [m for m in check.methods if m not in self.methods]
         if unevaluated:
             raise ValueError(f"budget_check: {unevaluated} are not methods of this profile")
@@ -280,6 +284,12 @@ class BenchProfile(BaseModel):
         if unknown:
             raise ValueError(f"settings {unknown} are not in profile {self.name!r}; it has {sorted(known)}")
         return [known[name] for name in names]
+
+    def budget_check_settings(self) -> list[Setting]:
+        check = self.budget_check
+        if check is None:
+            return []
+        return self.tuning_settings() if check.settings is None else self.settings_named(check.settings)
 
     def tuning_settings(self) -> list[Setting]:
         if self.tuning is None:

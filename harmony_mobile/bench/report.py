@@ -633,7 +633,12 @@ def budget_verdict_lines(results: dict) -> list[str]:
     check = results.get("budget_check")
     if not check:
         return []
-    improving = [row["method"] for row in check["rows"] if not row["stopped_improving"]]
+    several = len(check.get("settings", [])) > 1
+    improving = [
+        f"{row['method']} ({row['setting']})" if several else row["method"]
+        for row in check["rows"]
+        if not row["stopped_improving"]
+    ]
     verdict = "met" if not improving else f"**not met**: still improving: {', '.join(improving)}"
     return [
         f"Budget: every checked method has stopped improving on validation at its budget (see the budget "
@@ -647,22 +652,30 @@ def budget_check_lines(results: dict) -> list[str]:
     if not check:
         return []
     longer = sorted({int(r) for row in check["rows"] for r in row["val_acc_with_ood"]})
+    several = len(check.get("settings", [])) > 1  # older reports checked one setting, rows unnamed
     lines = [
         "## Budget check (validation only)",
         "",
         f"Has each method stopped improving at the budget it is compared at? Its tuned config trained again "
         f"for longer on {', '.join(check['settings'])}, seeds {check['seeds']}; mean validation accuracy "
-        f"with OOD. Stopped = no longer budget gains {100 * check['tolerance']:g} or more points.",
+        f"with OOD. Stopped = no longer budget gains {100 * check['tolerance']:g} or more points"
+        + (", per setting." if several else "."),
         "",
-        "| method | " + " | ".join(f"{r} rounds" for r in longer) + " | best gain | stopped improving |",
-        "|---|" + "---|" * (len(longer) + 2),
+        ("| setting " if several else "")
+        + "| method | "
+        + " | ".join(f"{r} rounds" for r in longer)
+        + " | best gain | stopped improving |",
+        "|" + "---|" * (several + len(longer) + 3),
     ]
     for row in check["rows"]:
         scores = {int(r): v for r, v in row["val_acc_with_ood"].items()}  # JSON keys are strings
         cells = [f"{100 * scores[r]:.1f}" if r in scores else "–" for r in longer]
         verdict = f"yes, at {row['rounds']} rounds" if row["stopped_improving"] else "**no**"
         lines.append(
-            f"| {row['method']} | " + " | ".join(cells) + f" | {100 * row['gain']:+.1f} | {verdict} |"
+            (f"| {row['setting']} " if several else "")
+            + f"| {row['method']} | "
+            + " | ".join(cells)
+            + f" | {100 * row['gain']:+.1f} | {verdict} |"
         )
     return [*lines, ""]
 

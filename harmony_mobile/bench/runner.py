@@ -389,20 +389,21 @@ def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
         return []
     return [
         RunSpec("budget", setting, method, seed, rounds, profile.method_config(method, tuned))
-        for setting in profile.tuning_settings()
+        for setting in profile.budget_check_settings()
         for method in check.methods
         for rounds in [profile.method_budget(method).rounds, *check.rounds]
         for seed in check.seeds
     ]
 
 
-def budget_row(method: str, base: int, scores: dict[int, float], tolerance: float) -> dict:
+def budget_row(method: str, base: int, scores: dict[int, float], tolerance: float, setting: str = "") -> dict:
     """`scores`: validation accuracy per rounds, `base` the method's budget. It has stopped improving
     when no longer budget gains `tolerance` or more; a budget without a score (NaN) leaves that
     undecided, reported as not stopped."""
     longer = [score for rounds, score in scores.items() if rounds != base]
     gain = max(longer) - scores[base] if not np.isnan([scores[base], *longer]).any() else float("nan")
     return {
+        "setting": setting,
         "method": method,
         "rounds": base,
         "val_acc_with_ood": scores,
@@ -425,17 +426,19 @@ def check_budget(
     )
     records = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
     rows = []
-    for method in check.methods:
-        base = profile.method_budget(method).rounds
-        scores = {}
-        for rounds in [base, *check.rounds]:
-            mine = records_of(records, specs, method=method, rounds=rounds)
-            scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
-        rows.append(budget_row(method, base, scores, check.tolerance))
+    settings = profile.budget_check_settings()
+    for setting in settings:
+        for method in check.methods:
+            base = profile.method_budget(method).rounds
+            scores = {}
+            for rounds in [base, *check.rounds]:
+                mine = records_of(records, specs, setting=setting, method=method, rounds=rounds)
+                scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
+            rows.append(budget_row(method, base, scores, check.tolerance, setting.name))
     return {
         "rows": rows,
         "seeds": check.seeds,
-        "settings": [s.name for s in profile.tuning_settings()],
+        "settings": [s.name for s in settings],
         "tolerance": check.tolerance,
         "run_wall_seconds": sum(r["wall_seconds"] for r in records),
         "run_provenance": provenance(records),
@@ -633,10 +636,22 @@ def narrowed(
         untuned = [s.name for s in profile.tuning_settings() if s.name not in settings]
         if untuned:  # every method's pick is made there, before any evaluation run
             raise ValueError(f"profile {profile.name!r} tunes on {untuned}: --settings must include it")
-    if methods and profile.budget_check:  # a narrowed run checks only the methods it runs
-        kept = [m for m in profile.budget_check.methods if m in methods]
-        updates["budget_check"] = {**profile.budget_check.model_dump(), "methods": kept} if kept else None
+    if profile.budget_check:  # a narrowed run checks only the methods and settings it runs
+        updates.update(_narrowed_budget_check(profile, methods, settings))
     return BenchProfile(**{**profile.model_dump(), **updates}) if updates else profile
+
+
+def _narrowed_budget_check(
+    profile: BenchProfile, methods: list[str] | None, settings: list[str] | None
+) -> dict:
+    check = profile.budget_check.model_dump()
+    if methods:
+        check["methods"] = [m for m in check["methods"] if m in methods]
+    if settings:
+        check["settings"] = [s.name for s in profile.budget_check_settings() if s.name in settings]
+    if not (methods or settings):
+        return {}
+    return {"budget_check": check if check["methods"] and check["settings"] != [] else None}
 
 
 def _comparable_profile(profile: dict) -> dict:
