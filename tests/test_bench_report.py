@@ -346,6 +346,21 @@ def test_a_narrowed_benchmark_names_what_it_ran_in_its_command(tmp_path):
     assert "(the 120-minute goal is for the whole profile, not judged on a partial run)" in text
 
 
+def test_a_report_made_from_a_profile_file_names_that_file_in_its_command(tmp_path):
+    from harmony_mobile.bench.runner import REPO_ROOT, profile_argument
+
+    probe = REPO_ROOT / "benchmarks" / "results" / "split-budget-probe" / "profile-96.yaml"
+    assert profile_argument(probe) == "benchmarks/results/split-budget-probe/profile-96.yaml"
+    assert profile_argument("standard") == "standard"
+    assert profile_argument(tmp_path / "mine.yaml") == str(tmp_path / "mine.yaml")  # outside the repository
+    results = synthetic_results()
+    results["profile_argument"] = "benchmarks/results/split-budget-probe/profile-96.yaml"
+    text = write_report(results, tmp_path).read_text()
+    assert (
+        "Produced by `harmony bench --profile benchmarks/results/split-budget-probe/profile-96.yaml`." in text
+    )
+
+
 def test_the_report_names_a_tiers_file_of_the_repository_relative_to_it(tmp_path):
     from harmony_mobile.bench.profile import CONFIG_DIR
 

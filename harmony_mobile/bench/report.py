@@ -742,7 +742,8 @@ def budget_line(results: dict) -> str:
 def command_line(results: dict) -> str:
     """The command that made the report, with the options that narrowed the profile (a partial
     benchmark must say what it left out)."""
-    command = f"harmony bench --profile {results['profile']['name']}"
+    # results of older code did not keep the --profile argument: a profile file's path is not known
+    command = f"harmony bench --profile {results.get('profile_argument') or results['profile']['name']}"
     for option, values in (results.get("narrowed") or {}).items():
         if values:
             command += f" --{option} {','.join(str(v) for v in values)}"

@@ -422,7 +422,8 @@ def check_budget(
         return None
     check = profile.budget_check
     log(
-        f"budget check: {len(check.methods)} methods at {len(specs) // len(check.methods)} (budget, seed) runs each"
+        f"budget check: {len(check.methods)} methods at {len(specs) // len(check.methods)} "
+        "(setting, budget, seed) runs each"
     )
     records = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
     rows = []
@@ -735,7 +736,8 @@ def extend(
     ]
     invocations.append(
         {
-            "command": f"harmony bench --profile {profile.name} --settings {','.join(settings)} --extend",
+            "command": f"harmony bench --profile {results.get('profile_argument') or profile.name} "
+            f"--settings {','.join(settings)} --extend",
             "wall_seconds": time.perf_counter() - started,
         }
     )
@@ -829,6 +831,16 @@ def _work_dir(work_dir: Path | None, profile: BenchProfile, clear: bool) -> Path
     return path
 
 
+def profile_argument(profile_name: str | Path) -> str:
+    """`--profile` as the report's command line should repeat it: a name, or a YAML file's path
+    relative to the repository when it lies inside it."""
+    path = Path(profile_name)
+    if not path.suffix:
+        return str(profile_name)
+    resolved = path.resolve()
+    return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
+
+
 def bench(
     profile_name: str = "quick",
     out_dir: Path | None = None,
@@ -884,6 +896,7 @@ def bench(
     )
     results = run_benchmark(profile, work_dir, data_root, resume, log, jobs, recorded)
     results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
+    results["profile_argument"] = profile_argument(profile_name)
     report = write_report(results, out_dir)
     log(f"report: {report} ({(time.perf_counter() - started) / 60:.1f} min)")
     return report
