@@ -396,6 +396,66 @@ def test_extending_a_report_adds_a_setting_as_the_whole_profile_would_run_it(tmp
     assert "--settings digits-dirichlet --extend" in text
 
 
+def test_extending_a_report_runs_the_budget_check_of_the_settings_it_adds(tmp_path):
+    from harmony_mobile.bench.runner import bench
+
+    checked = {
+        "methods": ["local"],
+        "rounds": [2],
+        "seeds": [8],
+        "settings": ["digits-family", "digits-dirichlet"],
+    }
+    profile = _two_setting_profile(tmp_path, methods=["local"], budget_check=checked)
+    out, work, quiet = tmp_path / "out", tmp_path / "work", lambda _: None
+    bench(profile, out, work, settings=["digits-family"], log=quiet)
+    first = json.loads((out / "results.json").read_text())["budget_check"]
+    assert first["settings"] == ["digits-family"]
+    bench(profile, out, work, settings=["digits-dirichlet"], extend_report=True, log=quiet)
+    check = json.loads((out / "results.json").read_text())["budget_check"]
+    assert check["settings"] == ["digits-family", "digits-dirichlet"]
+    assert [row["setting"] for row in check["rows"]] == ["digits-family", "digits-dirichlet"]
+    assert check["rows"][0] == first["rows"][0]  # the first setting's check is kept, not redone
+    added = json.loads(
+        (work / "budget" / "digits-dirichlet" / "local" / "seed-8" / "rounds-2" / RECORD).read_text()
+    )
+    assert check["rows"][1]["val_acc_with_ood"]["2"] == added["validation"]["accuracy_with_ood"]
+    assert check["run_wall_seconds"] == pytest.approx(
+        first["run_wall_seconds"] + check["by_setting"]["digits-dirichlet"]["run_wall_seconds"]
+    )
+    assert len(check["run_provenance"]) == 4
+
+
+def test_a_budget_check_of_older_code_is_kept_whole_or_replaced_whole():
+    from harmony_mobile.bench.runner import merged_budget_check
+
+    row = {"method": "m", "rounds": 1, "val_acc_with_ood": {"1": 0.5}, "gain": 0.0, "stopped_improving": True}
+    older = {"rows": [row], "settings": ["a"], "run_wall_seconds": 5.0, "run_provenance": [{"reused": False}]}
+    newer = {
+        "rows": [{**row, "setting": "b"}],
+        "settings": ["b"],
+        "run_wall_seconds": 7.0,
+        "run_provenance": [{"reused": True}],
+        "by_setting": {"b": {"run_wall_seconds": 7.0, "run_provenance": [{"reused": True}]}},
+    }
+    both = merged_budget_check(older, newer, ["a", "b"])
+    assert both["settings"] == ["a", "b"] and [r["setting"] for r in both["rows"]] == ["a", "b"]
+    assert both["run_wall_seconds"] == 12.0 and both["run_provenance"] == [
+        {"reused": False},
+        {"reused": True},
+    ]
+    redone = {
+        **newer,
+        "rows": [{**row, "setting": "a"}],
+        "settings": ["a"],
+        "by_setting": {"a": newer["by_setting"]["b"]},
+    }
+    assert merged_budget_check(older, redone, ["a", "b"])["run_wall_seconds"] == 7.0
+    assert (
+        merged_budget_check(None, newer, ["a", "b"]) is newer
+        and merged_budget_check(older, None, ["a"]) is older
+    )
+
+
 def test_a_report_is_extended_only_by_the_profile_that_made_it_before_anything_is_deleted(tmp_path):
     from harmony_mobile.bench.runner import bench, load_extendable
 

@@ -436,6 +436,7 @@ def check_budget(
                 mine = records_of(records, specs, setting=setting, method=method, rounds=rounds)
                 scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
             rows.append(budget_row(method, base, scores, check.tolerance, setting.name))
+    runs = {s.name: records_of(records, specs, setting=s) for s in settings}
     return {
         "rows": rows,
         "seeds": check.seeds,
@@ -443,6 +444,55 @@ def check_budget(
         "tolerance": check.tolerance,
         "run_wall_seconds": sum(r["wall_seconds"] for r in records),
         "run_provenance": provenance(records),
+        # per setting too, so that extending a report can redo one setting's check
+        "by_setting": {
+            name: {
+                "run_wall_seconds": sum(r["wall_seconds"] for r in mine),
+                "run_provenance": provenance(mine),
+            }
+            for name, mine in runs.items()
+        },
+    }
+
+
+def _extended_budget_check(profile, results, settings, work_dir, data_root, resume, jobs, log) -> dict | None:
+    """The results' budget check with that of the checked settings among `settings` run (again)
+    with the tuning picks."""
+    checked = [s.name for s in profile.budget_check_settings() if s.name in settings]
+    if not checked:
+        return results.get("budget_check")
+    only = profile.model_copy(
+        update={"budget_check": profile.budget_check.model_copy(update={"settings": checked})}
+    )
+    added = check_budget(only, results["tuning"]["chosen"], work_dir, data_root, resume, jobs, log)
+    return merged_budget_check(results.get("budget_check"), added, [s.name for s in profile.settings])
+
+
+def merged_budget_check(earlier: dict | None, added: dict | None, order: list[str]) -> dict | None:
+    """`earlier`'s budget check with the settings `added` checked replaced or added, rows and
+    settings in `order` (the profile's). Results of older code checked one setting and kept no
+    per-setting times: they are kept whole, or replaced whole."""
+    if not earlier or not added:
+        return added or earlier
+    if "by_setting" not in earlier:
+        (only,) = earlier["settings"]
+        earlier = {
+            **earlier,
+            "rows": [{**row, "setting": only} for row in earlier["rows"]],
+            "by_setting": {only: {k: earlier.get(k, []) for k in ("run_wall_seconds", "run_provenance")}},
+        }
+    redone = set(added["settings"])
+    kept = [name for name in earlier["settings"] if name not in redone]
+    by_setting = {name: earlier["by_setting"][name] for name in kept} | added["by_setting"]
+    settings = sorted(by_setting, key=order.index)
+    rows = [row for row in earlier["rows"] if row.get("setting") in kept] + added["rows"]
+    return {
+        **added,
+        "rows": sorted(rows, key=lambda row: order.index(row["setting"])),  # stable: methods keep order
+        "settings": settings,
+        "run_wall_seconds": sum(by_setting[name]["run_wall_seconds"] for name in settings),
+        "run_provenance": [p for name in settings for p in by_setting[name]["run_provenance"]],
+        "by_setting": {name: by_setting[name] for name in settings},
     }
 
 
@@ -652,7 +702,8 @@ def _narrowed_budget_check(
         check["settings"] = [s.name for s in profile.budget_check_settings() if s.name in settings]
     if not (methods or settings):
         return {}
-    return {"budget_check": check if check["methods"] and check["settings"] != [] else None}
+    # no checked setting left: an empty check (not none), so that `--extend` runs the others'
+    return {"budget_check": check if check["methods"] else None}
 
 
 def _comparable_profile(profile: dict) -> dict:
@@ -666,6 +717,8 @@ def _comparable_profile(profile: dict) -> dict:
     except ValidationError as error:
         raise ValueError(f"the results' profile is not valid any more: {error}") from error
     kept = {k: v for k, v in dumped.items() if k not in ("description", "notes", "settings")}
+    if kept.get("budget_check"):  # narrowed with the settings: extending checks the others
+        kept["budget_check"] = {k: v for k, v in kept["budget_check"].items() if k != "settings"}
     return {**kept, "train": repo_relative(kept.get("train") or {})}
 
 
@@ -714,8 +767,9 @@ def extend(
     recorded: RecordedRuns | None = None,
 ) -> dict:
     """`results` (from `load_extendable`) with the evaluation runs of `settings` added (or redone),
-    trained with their tuning picks; the tuning, budget check and latency are kept. A profile too
-    long for one sitting is finished a setting at a time this way."""
+    trained with their tuning picks, and the budget check of those the profile checks; the tuning,
+    the other settings' budget check and latency are kept. A profile too long for one sitting is
+    finished a setting at a time this way."""
     from harmony_mobile.bench.report import command_line
 
     started = time.perf_counter()
@@ -724,6 +778,8 @@ def extend(
     _copy_and_log(profile, specs, work_dir, data_root, recorded, log)
     new_runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
     order = [s.name for s in profile.settings]
+    check = _extended_budget_check(profile, results, settings, work_dir, data_root, resume, jobs, log)
+    results = {**results, "budget_check": check}
     runs = sorted(  # stable: each setting's runs keep their seed-major order
         [r for r in results["runs"] if r["setting"] not in settings] + new_runs,
         key=lambda r: order.index(r["setting"]),
