@@ -425,6 +425,45 @@ def test_extending_a_report_runs_the_budget_check_of_the_settings_it_adds(tmp_pa
     assert len(check["run_provenance"]) == 4
 
 
+def test_a_setting_left_out_of_the_first_invocation_gets_its_budget_check_when_added(tmp_path):
+    from harmony_mobile.bench.runner import bench, load_extendable, narrowed
+
+    checked = {"methods": ["local"], "rounds": [2], "seeds": [8], "settings": ["digits-dirichlet"]}
+    profile = _two_setting_profile(tmp_path, methods=["local"], budget_check=checked)
+    assert narrowed(load_profile(profile), None, None, ["digits-family"]).budget_check.settings == []
+    out, work, quiet = tmp_path / "out", tmp_path / "work", lambda _: None
+    bench(profile, out, work, settings=["digits-family"], log=quiet)
+    assert json.loads((out / "results.json").read_text())["budget_check"] is None
+    for _ in range(2):  # added, then redone: its rows replaced, not repeated
+        bench(profile, out, work, settings=["digits-dirichlet"], extend_report=True, resume=True, log=quiet)
+        check = json.loads((out / "results.json").read_text())["budget_check"]
+        assert check["settings"] == ["digits-dirichlet"] and len(check["rows"]) == 1
+        assert check["run_wall_seconds"] == check["by_setting"]["digits-dirichlet"]["run_wall_seconds"]
+    (tmp_path / "other").mkdir()
+    other_check = {**checked, "settings": ["digits-family"]}
+    elsewhere = load_profile(
+        _two_setting_profile(tmp_path / "other", methods=["local"], budget_check=other_check)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"checked the budget on \['digits-dirichlet'\], the profile checks \['digits-family'\]",
+    ):
+        load_extendable(elsewhere, out, jobs=1)
+
+
+def test_a_profile_file_must_not_check_the_budget_on_no_setting(tmp_path):
+    import yaml
+
+    path = tmp_path / "empty.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {**TINY, "budget_check": {"methods": ["local"], "rounds": [2], "seeds": [8], "settings": []}}
+        )
+    )
+    with pytest.raises(ValueError, match="budget_check settings is empty"):
+        load_profile(path)
+
+
 def test_a_budget_check_of_older_code_is_kept_whole_or_replaced_whole():
     from harmony_mobile.bench.runner import merged_budget_check
 
@@ -449,7 +488,12 @@ def test_a_budget_check_of_older_code_is_kept_whole_or_replaced_whole():
         "settings": ["a"],
         "by_setting": {"a": newer["by_setting"]["b"]},
     }
-    assert merged_budget_check(older, redone, ["a", "b"])["run_wall_seconds"] == 7.0
+    replaced = merged_budget_check(older, redone, ["a", "b"])
+    assert replaced["run_wall_seconds"] == 7.0 and replaced["settings"] == ["a"]
+    assert replaced["rows"] == [{**row, "setting": "a"}]
+    pooled = {**older, "settings": ["a", "b"]}  # older code pooled a method's runs over its settings
+    with pytest.raises(ValueError, match=r"pools \['a', 'b'\] \(older code\): run the profile again"):
+        merged_budget_check(pooled, newer, ["a", "b"])
     assert (
         merged_budget_check(None, newer, ["a", "b"]) is newer
         and merged_budget_check(older, None, ["a"]) is older

@@ -204,7 +204,7 @@ class BenchProfile(BaseModel):
         if check is None:
             return
         if self.tuning is None:
-            raise ValueError("budget_check runs on the tuning settings and seeds: it needs a tuning section")
+            raise ValueError("budget_check trains each method's tuned pick: it needs a tuning section")
         named = (("methods", check.methods), ("rounds", check.rounds), ("seeds", check.seeds))
         for name, values in (*named, ("settings", check.settings or [])):
             if len(set(values)) != len(values):  # two runs would share one run folder
@@ -289,7 +289,10 @@ class BenchProfile(BaseModel):
         check = self.budget_check
         if check is None:
             return []
-        return self.tuning_settings() if check.settings is None else self.settings_named(check.settings)
+        if check.settings is None:
+            return self.tuning_settings()
+        self.settings_named(check.settings)  # a ValueError naming an unknown setting
+        return [s for s in self.settings if s.name in check.settings]  # in the profile's order
 
     def tuning_settings(self) -> list[Setting]:
         if self.tuning is None:
@@ -321,6 +324,8 @@ def load_profile(name_or_path: str | Path) -> BenchProfile:
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
         raise FileNotFoundError(f"no benchmark profile {name_or_path!r} ({path}); known: {', '.join(known)}")
     data = yaml.safe_load(path.read_text()) or {}
+    if (data.get("budget_check") or {}).get("settings") == []:  # only a narrowed profile checks none
+        raise ValueError(f"{path}: budget_check settings is empty; leave it out to check the tuning settings")
     train = data.get("train") or {}
     if train.get("tiers_file"):
         # a profile names its tiers file relative to itself, so it runs from any working directory;

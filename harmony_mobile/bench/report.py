@@ -629,11 +629,17 @@ def tuning_lines(results: dict) -> list[str]:
     return [*lines, ""]
 
 
+def _rows_name_settings(check: dict) -> bool:
+    """Whether the check's rows are of more than one setting (rows of older code name none: they
+    were of one setting, or pooled several)."""
+    return len({row.get("setting") for row in check["rows"]} - {None}) > 1
+
+
 def budget_verdict_lines(results: dict) -> list[str]:
     check = results.get("budget_check")
     if not check:
         return []
-    several = len(check.get("settings", [])) > 1
+    several = _rows_name_settings(check)
     improving = [
         f"{row['method']} ({row['setting']})" if several else row["method"]
         for row in check["rows"]
@@ -652,7 +658,7 @@ def budget_check_lines(results: dict) -> list[str]:
     if not check:
         return []
     longer = sorted({int(r) for row in check["rows"] for r in row["val_acc_with_ood"]})
-    several = len(check.get("settings", [])) > 1  # older reports checked one setting, rows unnamed
+    several = _rows_name_settings(check)
     lines = [
         "## Budget check (validation only)",
         "",

@@ -470,16 +470,24 @@ def _extended_budget_check(profile, results, settings, work_dir, data_root, resu
 
 def merged_budget_check(earlier: dict | None, added: dict | None, order: list[str]) -> dict | None:
     """`earlier`'s budget check with the settings `added` checked replaced or added, rows and
-    settings in `order` (the profile's). Results of older code checked one setting and kept no
-    per-setting times: they are kept whole, or replaced whole."""
+    settings in `order` (the profile's). Older code kept no per-setting times: its check of one
+    setting is kept or replaced whole; one that pooled several settings in a row is not merged."""
     if not earlier or not added:
         return added or earlier
     if "by_setting" not in earlier:
+        if len(earlier["settings"]) != 1:
+            raise ValueError(
+                f"its budget check pools {earlier['settings']} (older code): run the profile again"
+            )
         (only,) = earlier["settings"]
+        times = {
+            "run_wall_seconds": earlier.get("run_wall_seconds", 0.0),
+            "run_provenance": earlier.get("run_provenance", []),
+        }
         earlier = {
             **earlier,
             "rows": [{**row, "setting": only} for row in earlier["rows"]],
-            "by_setting": {only: {k: earlier.get(k, []) for k in ("run_wall_seconds", "run_provenance")}},
+            "by_setting": {only: times},
         }
     redone = set(added["settings"])
     kept = [name for name in earlier["settings"] if name not in redone]
@@ -702,7 +710,8 @@ def _narrowed_budget_check(
         check["settings"] = [s.name for s in profile.budget_check_settings() if s.name in settings]
     if not (methods or settings):
         return {}
-    # no checked setting left: an empty check (not none), so that `--extend` runs the others'
+    # no checked method left: no check; no checked setting left: an empty check, not none, so
+    # that the results stay extendable (`--extend` runs the other settings' check)
     return {"budget_check": check if check["methods"] else None}
 
 
@@ -749,6 +758,13 @@ def load_extendable(profile: BenchProfile, out_dir: Path, jobs: int) -> dict:
     for setting in results["profile"]["settings"]:  # a setting redefined since would mix two datasets
         if Setting(**setting).model_dump() not in mine:
             raise ValueError(f"setting {setting['name']!r} of {results_file} is not the profile's any more")
+    covered = [setting["name"] for setting in results["profile"]["settings"]]
+    expected = [s.name for s in profile.budget_check_settings() if s.name in covered]
+    checked = (results.get("budget_check") or {}).get("settings", [])
+    if checked != expected:
+        raise ValueError(
+            f"{results_file} checked the budget on {checked}, the profile checks {expected} of its settings: run it again"
+        )
     made_with = results.get("machine", {}).get("jobs", 1)
     if made_with != jobs:
         raise ValueError(f"{results_file} was made with --jobs {made_with}: extend it with the same")
@@ -765,6 +781,7 @@ def extend(
     log: Callable[[str], None],
     jobs: int = 1,
     recorded: RecordedRuns | None = None,
+    argument: str | None = None,
 ) -> dict:
     """`results` (from `load_extendable`) with the evaluation runs of `settings` added (or redone),
     trained with their tuning picks, and the budget check of those the profile checks; the tuning,
@@ -792,7 +809,7 @@ def extend(
     ]
     invocations.append(
         {
-            "command": f"harmony bench --profile {results.get('profile_argument') or profile.name} "
+            "command": f"harmony bench --profile {argument or results.get('profile_argument') or profile.name} "
             f"--settings {','.join(settings)} --extend",
             "wall_seconds": time.perf_counter() - started,
         }
@@ -847,10 +864,11 @@ def extend_and_report(
     jobs: int,
     narrowing: bool,
     recorded: RecordedRuns | None = None,
+    argument: str | None = None,
 ) -> Path:
-    """`extend` the report in `out_dir` and write it again. A lock on the folder, released when
-    this process ends however it ends, keeps a second invocation from writing the report over
-    this one's settings."""
+    """`extend` the report in `out_dir` and write it again (`argument`: this invocation's
+    --profile, for its command line). A lock on the folder, released when this process ends
+    however it ends, keeps a second invocation from writing the report over this one's settings."""
     from filelock import FileLock, Timeout
 
     from harmony_mobile.bench.report import write_report
@@ -871,7 +889,9 @@ def extend_and_report(
             f"benchmark {profile.name}: adding {', '.join(settings)} to {out_dir}, {jobs} job(s); runs in {work_dir}"
         )
         started = time.perf_counter()
-        results = extend(profile, earlier, settings, work_dir, data_root, resume, log, jobs, recorded)
+        results = extend(
+            profile, earlier, settings, work_dir, data_root, resume, log, jobs, recorded, argument
+        )
         report = write_report(results, out_dir)
     finally:
         lock.release()
@@ -939,7 +959,17 @@ def bench(
     if extend_report:
         narrowing = bool(seeds or methods or report_only)
         return extend_and_report(
-            whole, settings, out_dir, work_dir, data_root, resume, log, jobs, narrowing, recorded
+            whole,
+            settings,
+            out_dir,
+            work_dir,
+            data_root,
+            resume,
+            log,
+            jobs,
+            narrowing,
+            recorded,
+            profile_argument(profile_name),
         )
     if report_only:
         return rerender(profile, out_dir, log)
