@@ -565,3 +565,40 @@ def test_resume_reads_back_a_run_recorded_in_another_checkout(tmp_path, monkeypa
     # the other name is not ours, so it stays absolute and differs)
     other = {**config, "tiers_file": "/another/checkout/benchmarks/configs/tiers-other.yaml"}
     assert not same_training(other, config) and same_training(elsewhere, config)
+
+
+def test_a_worker_exits_when_its_bench_process_is_killed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = (
+        "import multiprocessing, os, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from harmony_mobile.bench.runner import exit_with_parent\n"
+        "if __name__ == '__main__':\n"
+        "    spawn = multiprocessing.get_context('spawn')\n"
+        "    pool = ProcessPoolExecutor(1, spawn, initializer=exit_with_parent, initargs=(os.getpid(),))\n"
+        "    print(pool.submit(os.getpid).result(), flush=True)\n"
+        "    pool.submit(time.sleep, 120)\n"
+        "    time.sleep(120)\n"
+    )
+    (tmp_path / "parent.py").write_text(script)
+    parent = subprocess.Popen(
+        [sys.executable, str(tmp_path / "parent.py")], stdout=subprocess.PIPE, text=True
+    )
+    worker = int(parent.stdout.readline())
+    os.kill(worker, 0)  # alive, sleeping in its task
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.2)
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail("the worker outlived its killed bench process by 20 s")

@@ -14,8 +14,10 @@ from __future__ import annotations
 import functools
 import json
 import multiprocessing
+import os
 import platform
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -146,6 +148,19 @@ def _round_metrics(run_path: Path) -> list[dict]:
     return rows
 
 
+def exit_with_parent(parent: int) -> None:
+    """Worker initializer: a worker whose bench process died without shutting the pool down
+    (killed, not interrupted) exits too, rather than training on for minutes and racing a resumed
+    invocation over the same run folders."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
 def _run_in_worker(
     spec: RunSpec, shared: dict, work_dir: Path, data_root: str | None, resume: bool, code: dict
 ) -> dict:
@@ -182,7 +197,8 @@ def execute(
             report(index, records[index], index + 1)
         return records
     # spawn: a fresh interpreter per worker (no forked torch thread pools)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, spawn, initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
         futures = {
             pool.submit(_run_in_worker, spec, shared, work_dir, data_root, resume, code): index
             for index, spec in enumerate(specs)
