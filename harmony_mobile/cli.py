@@ -208,7 +208,7 @@ ExtendOption = Annotated[
     bool,
     typer.Option(
         help="add the --settings to the report already in the out folder, with its tuning picks "
-        "(no tuning or budget check is run)"
+        "(no tuning is run; the budget check runs on the added settings the profile checks)"
     ),
 ]
 
