@@ -933,6 +933,15 @@ def profile_argument(profile_name: str | Path) -> str:
     return str(resolved.relative_to(REPO_ROOT)) if resolved.is_relative_to(REPO_ROOT) else str(path)
 
 
+def _check_bench_args(jobs: int, resume: bool, report_only: bool, reuse_runs_from: list[Path] | None) -> None:
+    if jobs < 1:
+        raise ValueError(f"jobs must be at least 1, got {jobs}")
+    if reuse_runs_from and report_only:
+        raise ValueError("--reuse-runs-from copies runs for training: it does nothing with --report-only")
+    if reuse_runs_from and not resume:
+        raise ValueError("--reuse-runs-from needs --resume (copied runs are read back as finished runs)")
+
+
 def bench(
     profile_name: str = "quick",
     out_dir: Path | None = None,
@@ -958,12 +967,7 @@ def bench(
     from harmony_mobile.bench.profile import load_profile
     from harmony_mobile.bench.report import write_report
 
-    if jobs < 1:
-        raise ValueError(f"jobs must be at least 1, got {jobs}")
-    if reuse_runs_from and report_only:
-        raise ValueError("--reuse-runs-from copies runs for training: it does nothing with --report-only")
-    if reuse_runs_from and not resume:
-        raise ValueError("--reuse-runs-from needs --resume (copied runs are read back as finished runs)")
+    _check_bench_args(jobs, resume, report_only, reuse_runs_from)
     whole = load_profile(profile_name)
     # extending skips the tuning stage, so its settings need not include the tuning ones
     profile = whole if extend_report else narrowed(whole, seeds, methods, settings)
@@ -974,18 +978,9 @@ def bench(
         recorded = RecordedRuns(load_recorded_runs(reuse_runs_from, out_dir), frozenset(needs_files))
     if extend_report:
         narrowing = bool(seeds or methods or report_only)
+        argument = profile_argument(profile_name)
         return extend_and_report(
-            whole,
-            settings,
-            out_dir,
-            work_dir,
-            data_root,
-            resume,
-            log,
-            jobs,
-            narrowing,
-            recorded,
-            profile_argument(profile_name),
+            whole, settings, out_dir, work_dir, data_root, resume, log, jobs, narrowing, recorded, argument
         )
     if report_only:
         return rerender(profile, out_dir, log)
