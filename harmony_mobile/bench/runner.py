@@ -452,22 +452,25 @@ def check_budget(
                 mine = records_of(records, specs, setting=setting, method=method, rounds=rounds)
                 scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
             rows.append(budget_row(method, base, scores, check.tolerance, setting.name))
-    runs = {s.name: records_of(records, specs, setting=s) for s in settings}
+    # run times and provenance per setting, so that extending a report can redo one setting's check
+    by_setting = {}
+    for setting in settings:
+        mine = records_of(records, specs, setting=setting)
+        by_setting[setting.name] = {
+            "run_wall_seconds": sum(r["wall_seconds"] for r in mine),
+            "run_provenance": provenance(mine),
+        }
+    check_fields = {"seeds": check.seeds, "settings": list(by_setting), "tolerance": check.tolerance}
+    return _with_totals({"rows": rows, **check_fields}, by_setting)
+
+
+def _with_totals(check: dict, by_setting: dict) -> dict:
+    """`check` with `by_setting` and the run times and provenance over all its settings, in its order."""
     return {
-        "rows": rows,
-        "seeds": check.seeds,
-        "settings": [s.name for s in settings],
-        "tolerance": check.tolerance,
-        "run_wall_seconds": sum(r["wall_seconds"] for r in records),
-        "run_provenance": provenance(records),
-        # per setting too, so that extending a report can redo one setting's check
-        "by_setting": {
-            name: {
-                "run_wall_seconds": sum(r["wall_seconds"] for r in mine),
-                "run_provenance": provenance(mine),
-            }
-            for name, mine in runs.items()
-        },
+        **check,
+        "run_wall_seconds": sum(part["run_wall_seconds"] for part in by_setting.values()),
+        "run_provenance": [p for part in by_setting.values() for p in part["run_provenance"]],
+        "by_setting": by_setting,
     }
 
 
@@ -507,17 +510,13 @@ def merged_budget_check(earlier: dict | None, added: dict | None, order: list[st
         }
     redone = set(added["settings"])
     kept = [name for name in earlier["settings"] if name not in redone]
-    by_setting = {name: earlier["by_setting"][name] for name in kept} | added["by_setting"]
-    settings = sorted(by_setting, key=order.index)
+    merged = {name: earlier["by_setting"][name] for name in kept} | added["by_setting"]
+    settings = sorted(merged, key=order.index)
     rows = [row for row in earlier["rows"] if row.get("setting") in kept] + added["rows"]
-    return {
-        **added,
-        "rows": sorted(rows, key=lambda row: order.index(row["setting"])),  # stable: methods keep order
-        "settings": settings,
-        "run_wall_seconds": sum(by_setting[name]["run_wall_seconds"] for name in settings),
-        "run_provenance": [p for name in settings for p in by_setting[name]["run_provenance"]],
-        "by_setting": {name: by_setting[name] for name in settings},
-    }
+    rows.sort(key=lambda row: order.index(row["setting"]))  # stable: methods keep their order
+    return _with_totals(
+        {**added, "rows": rows, "settings": settings}, {name: merged[name] for name in settings}
+    )
 
 
 @torch.no_grad()
