@@ -206,6 +206,8 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
         and "| fedavg |" not in text.split("Expected ms per query")[1].split("##")[0]
     )
     assert '| harmony | 0 | `{"lr": 0.003}` | 80.0 | 90.0 | **yes** |' in text
+    # the methods without trials are named from the results (the ablation takes harmony's pick)
+    assert "not tuned (the profile's configuration): `splitgp`, `fedavg`, `centralized`." in text
     assert "methods with their own stated budget instead of the shared one: `centralized` 9 x 8 x 64" in text
     diagnostics = text.split("Mechanism diagnostics")[1].split("\n\n")[1].splitlines()
     # path / noise: the mean of 0.5, 1.5 and 1.0; the gradient ratio: the median, not the outlier's mean

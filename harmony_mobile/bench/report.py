@@ -14,7 +14,7 @@ import numpy as np
 
 from harmony_mobile.algorithms.registry import effective_config
 from harmony_mobile.bench.latency import latency_table
-from harmony_mobile.bench.profile import repo_relative
+from harmony_mobile.bench.profile import parent_method, repo_relative
 from harmony_mobile.bench.stats import paired_ci
 
 OOD_FRACTIONS = ("p=0", "p=0.2", "p=0.5")
@@ -600,6 +600,14 @@ def latency_lines(results: dict, setting: str, methods: list[str]) -> list[str]:
     return [*lines, ""]
 
 
+def untuned_sentence(methods: list[str], tuned: dict[str, int]) -> str:
+    """The end of the tuning paragraph: which methods run the profile's configuration untuned."""
+    untuned = [m for m in methods if parent_method(m) == m and m not in tuned]
+    if not untuned:
+        return "; every other method is tuned."
+    return "; not tuned (the profile's configuration): " + ", ".join(f"`{m}`" for m in untuned) + "."
+
+
 def tuning_lines(results: dict) -> list[str]:
     tuning = results.get("tuning") or {}
     trials = tuning.get("trials") or []
@@ -615,7 +623,7 @@ def tuning_lines(results: dict) -> list[str]:
         f"Seeds {spec.get('seeds')}, settings {spec.get('settings') or 'all'}; score = mean validation accuracy "
         "with OOD (clients' val splits + OOD from other clients' val splits; never the test split). "
         "Trials per method: " + ", ".join(f"`{m}` {n}" for m, n in per_method.items()) + ". Ablations and "
-        "multi-exit take their parent's pick; `centralized` is not tuned (fixed converged budget).",
+        "multi-exit take their parent's pick" + untuned_sentence(results["profile"]["methods"], per_method),
         "",
         "| method | trial | params | val acc with OOD | val acc p=0 | chosen |",
         "|---|---|---|---|---|---|",
