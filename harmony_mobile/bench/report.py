@@ -753,11 +753,18 @@ def budget_line(results: dict) -> str:
     return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
 
 
+def bench_command(results: dict, argument: str | None = None) -> str:
+    """`harmony bench --profile P`: P is `argument` if given (an invocation's own), else the one the
+    results were made with."""
+    # results of older code did not keep the --profile argument: a profile file's path is not known
+    profile = argument or results.get("profile_argument") or results["profile"]["name"]
+    return f"harmony bench --profile {profile}"
+
+
 def command_line(results: dict) -> str:
     """The command that made the report, with the options that narrowed the profile (a partial
     benchmark must say what it left out)."""
-    # results of older code did not keep the --profile argument: a profile file's path is not known
-    command = f"harmony bench --profile {results.get('profile_argument') or results['profile']['name']}"
+    command = bench_command(results)
     for option, values in (results.get("narrowed") or {}).items():
         if values:
             command += f" --{option} {','.join(str(v) for v in values)}"

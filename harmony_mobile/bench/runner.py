@@ -802,7 +802,7 @@ def extend(
     trained with their tuning picks, and the budget check of those the profile checks; the tuning,
     the other settings' budget check and latency are kept. A profile too long for one sitting is
     finished a setting at a time this way."""
-    from harmony_mobile.bench.report import command_line
+    from harmony_mobile.bench.report import bench_command, command_line
 
     started = time.perf_counter()
     added = profile.model_copy(update={"settings": profile.settings_named(settings)})
@@ -824,8 +824,7 @@ def extend(
     ]
     invocations.append(
         {
-            "command": f"harmony bench --profile {argument or results.get('profile_argument') or profile.name} "
-            f"--settings {','.join(settings)} --extend",
+            "command": f"{bench_command(results, argument)} --settings {','.join(settings)} --extend",
             "wall_seconds": time.perf_counter() - started,
         }
     )
