@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold, split_step
-from harmony_mobile.algorithms.harmony import RoundModels
+from harmony_mobile.algorithms.harmony import RoundModels, parameter_distance
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
@@ -129,6 +129,11 @@ def test_a_configured_path_length_moves_the_variants_that_far_along_the_personal
     # an empty path (the inner loop off) is not stretched: the variants stay theta plus noise
     models.adapted.load_state_dict(client.model.state_dict())
     assert algo._path_scale(models) == 1.0
+    # nor is a path of float rounding (one weight moved by one ulp): no amplified noise
+    with torch.no_grad():
+        weight = next(models.adapted.parameters()).view(-1)
+        weight[0] = torch.nextafter(weight[0], torch.tensor(float("inf")))
+    assert 0.0 < parameter_distance(models) and algo._path_scale(models) == 1.0
     # and without the setting the path keeps the inner loop's own length
     assert tiny_federation().algorithm._path_scale(models) == 1.0
 

@@ -54,6 +54,10 @@ from harmony_mobile.models import FamilyModel
 from harmony_mobile.models.losses import SUPCON_TEMPERATURE
 from harmony_mobile.protocol.messages import ClientUpdate
 
+# a personalization path shorter than this fraction of ||theta|| counts as empty (the inner loop's
+# one step at the default lr moves theta by about 1e-4 of its norm, three orders above this)
+EMPTY_PATH = 1e-7
+
 
 class HarmonyConfig(SplitTrainingConfig):
     """The split budget (`local_steps` meta steps, `lr` of the meta-update, `server_lr` of g and h),
@@ -252,9 +256,10 @@ class Harmony(SplitMethod):
         if self.config.path_length is None:
             return 1.0
         path = parameter_distance(models)
-        if path == 0.0:
-            return 1.0
         theta_norm = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in models.held.values()))
+        # a path this short is float rounding, not a direction: stretching it would amplify noise
+        if path <= EMPTY_PATH * theta_norm:
+            return 1.0
         return self.config.path_length * theta_norm / path
 
     @torch.no_grad()
