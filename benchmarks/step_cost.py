@@ -129,11 +129,21 @@ def report(rows: list[dict], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def width_list(text: str) -> list[float]:
+    """'1.0,0.5' -> [1.0, 0.5]; argparse turns the ValueError into a usage error naming the flag."""
+    widths = [float(part) for part in text.split(",")]
+    if not all(w > 0 for w in widths):
+        raise ValueError(f"widths must be positive: {text}")
+    return widths
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--widths", default="1.0,0.5", help="comma-separated width multipliers")
+    parser.add_argument(
+        "--widths", type=width_list, default="1.0,0.5", help="comma-separated width multipliers"
+    )
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=5, help="steps per timing")
     parser.add_argument(
@@ -152,8 +162,7 @@ def main() -> None:
     unknown = sorted(set(formats) - set(MEMORY_FORMATS))
     if unknown:
         parser.error(f"unknown memory format(s) {', '.join(unknown)}; known: {', '.join(MEMORY_FORMATS)}")
-    widths = [float(w) for w in args.widths.split(",")]
-    rows = measure(widths, args.batch, args.steps, args.rounds, formats)
+    rows = measure(args.widths, args.batch, args.steps, args.rounds, formats)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(
         json.dumps({"config": vars(args) | {"out": str(args.out)}, "rows": rows}, indent=2)

@@ -109,6 +109,20 @@ def test_step_cost_refuses_an_unknown_memory_format_before_timing(tmp_path):
     assert not (tmp_path / "out.md").exists()
 
 
+@pytest.mark.parametrize("widths", ["1.0,wide", "1.0,0", "1.0,,0.5"])
+def test_step_cost_refuses_a_malformed_width_list_before_timing(tmp_path, widths):
+    result = subprocess.run(
+        [sys.executable, str(STEP_COST), f"--widths={widths}", f"--out={tmp_path / 'out'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and "--widths" in result.stderr and "invalid" in result.stderr, (
+        result.stderr
+    )
+    assert not (tmp_path / "out.md").exists()
+
+
 def test_harmony_variants_summarizes_the_gradient_ratio_by_its_median_and_the_rest_by_the_mean():
     variants = load_script(REPO_ROOT / "benchmarks/harmony_variants.py")
     rounds = [
