@@ -21,6 +21,13 @@ def load_script(path: Path):
     return module
 
 
+def run_script(path: Path, *arguments: str) -> subprocess.CompletedProcess:
+    """The script run as a user would, its exit code and stderr kept."""
+    return subprocess.run(
+        [sys.executable, str(path), *arguments], capture_output=True, text=True, timeout=120
+    )
+
+
 def load_run_cost():
     return load_script(RUN_COST)
 
@@ -53,12 +60,7 @@ def test_run_cost_names_an_unknown_setting_method_or_profile_before_training(tmp
     (baseline / ".venv/bin").mkdir(parents=True)
     (baseline / ".venv/bin/python").touch()
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, str(RUN_COST), f"--baseline={baseline}", f"--out={out}", argument],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_script(RUN_COST, f"--baseline={baseline}", f"--out={out}", argument)
     assert result.returncode == 2, result.stderr
     assert named in result.stderr and "Traceback" not in result.stderr, result.stderr
     assert not out.exists()
@@ -97,12 +99,7 @@ def test_step_cost_times_the_same_computation_in_either_memory_format():
 
 
 def test_step_cost_refuses_an_unknown_memory_format_before_timing(tmp_path):
-    result = subprocess.run(
-        [sys.executable, str(STEP_COST), "--memory-formats=contiguous,nhwc", f"--out={tmp_path / 'out'}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_script(STEP_COST, "--memory-formats=contiguous,nhwc", f"--out={tmp_path / 'out'}")
     assert result.returncode == 2 and "nhwc" in result.stderr and "channels_last" in result.stderr, (
         result.stderr
     )
@@ -111,12 +108,7 @@ def test_step_cost_refuses_an_unknown_memory_format_before_timing(tmp_path):
 
 @pytest.mark.parametrize("widths", ["1.0,wide", "1.0,0", "1.0,,0.5"])
 def test_step_cost_refuses_a_malformed_width_list_before_timing(tmp_path, widths):
-    result = subprocess.run(
-        [sys.executable, str(STEP_COST), f"--widths={widths}", f"--out={tmp_path / 'out'}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_script(STEP_COST, f"--widths={widths}", f"--out={tmp_path / 'out'}")
     assert result.returncode == 2 and "--widths" in result.stderr and "invalid" in result.stderr, (
         result.stderr
     )
