@@ -89,7 +89,7 @@ def evaluate_client(
     if not np.isin(labels.numpy()[partition.ood_pool], split.classes, invert=True).any():
         p = 0.0  # the client holds every class (e.g. Dirichlet alpha 0.5): it has no OOD samples
     index, is_ood = ood_test_indices(split, labels.numpy(), partition.ood_pool, p, seed)
-    y = labels[index]
+    y = client.exit_labels(labels[index])  # the phone answers in exit indices (token order)
     out = predict(client, backend, images[index], exit_rule)
     fallback = ~out["exits"]
     metrics = {
@@ -124,7 +124,7 @@ def alignment_score(
         index = partition.clients[client.client_id].test
         _, z = client.model(images[index], client.split_depth)
         features.append(backend.features(z).numpy())
-        classes.append(labels[index].numpy())
+        classes.append(client.exit_labels(labels[index]).numpy())
         families += [client.tier.family] * len(index)
     features, classes, families = np.concatenate(features), np.concatenate(classes), np.array(families)
     scores = []

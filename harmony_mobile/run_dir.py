@@ -1,23 +1,31 @@
 """The run directory: what `harmony train` writes and `harmony export` / `harmony serve` read.
 
-RUN_DIR/
-  run.json                 RunInfo: data set, tiers, interface, model version, configs
+It has two parts. The **server part** is what the training server computes and may hold; the
+**client part** (`clients/`) is what only phones of the lineage hold. A server operator is given
+the server part, never `clients/` (docs/PRIVACY.md, "What the operator holds"). Everything is
+owner-only (directories 0700, files 0600): the files hold features, model weights or the secret.
+
+RUN_DIR/                   server part
+  run.json                 RunInfo: data set, tiers, interface, model version, configs (no client's classes)
   metrics.jsonl            one JSON object per round (written by training)
-  final_metrics.json       present only once training finished
-  checkpoints/             round checkpoints for resume (training's own format)
-  clients/client-007.pt    one personalized front-end per client + its threshold and data indices
-  federation_secret        the clients' federation secret (0600): phones of this lineage need it to
-                           token labels and decode slots; it never goes into an export or to the server
+  final_metrics.json       present only once training finished (aggregate accuracy, no class ids)
+  checkpoints/             round checkpoints for resume (meta-weights in token order, slot state)
   backend.pt               server back-end g and projection head h (state dicts) + model version
                            + label epoch and slot table (which token each output of g stands for)
                            + the replay set: label-free interface features of the clients' training
-                           images (float16), the "earlier features" of alignment rounds
+                           images, clipped and noised like uploads (float16)
+  clients/                 client part
+    federation_secret      the clients' federation secret: tokens labels, orders exit heads, decodes slots
+    partition.json         which data set classes each client holds
+    client-007.pt          one personalized front-end per client + its threshold and data indices
+
+Class-indexed rows of every model (exit heads) are in token order (federation/client.py), so
+nothing in the server part, nor in an export made from it, is class-ordered.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,20 +34,28 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from harmony_mobile.data import ImageDataset
+from harmony_mobile.files import open_private, private_dir, save_private
 from harmony_mobile.models import Backend, FamilyModel, FrontEnd, InterfaceSpec, ProjectionHead, Tier, TierSet
-from harmony_mobile.protocol.label_tokens import epoch_key, slot_classes
+from harmony_mobile.protocol.label_tokens import epoch_key, exit_order, slot_classes
 from harmony_mobile.protocol.slots import SlotTable
 
-RUN_FORMAT = 2  # 2: slot-space back-end (label epoch, slot table, federation secret file)
-SECRET_FILE = "federation_secret"
+RUN_FORMAT = 3  # 3: server part + client part (clients/), exit heads in token order
+CLIENT_PART = "clients"
+SECRET_FILE = f"{CLIENT_PART}/federation_secret"
+PARTITION_FILE = f"{CLIENT_PART}/partition.json"
 
 
 def write_federation_secret(run_path: Path, secret: bytes) -> None:
     """Create the run's secret file, readable by its owner only; refuses to overwrite one (O_EXCL)."""
-    run_path.mkdir(parents=True, exist_ok=True)
-    descriptor = os.open(run_path / SECRET_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
+    private_dir(run_path)
+    with open_private(Path(run_path) / SECRET_FILE, exclusive=True) as out:
         out.write(secret)
+
+
+def write_partition(run_path: Path, client_classes: list[list[int]]) -> None:
+    """Client part: which data set classes each client holds (the server part never says)."""
+    with open_private(Path(run_path) / PARTITION_FILE, "w") as out:
+        json.dump({"client_classes": client_classes}, out)
 
 
 class RunDirError(ValueError):
@@ -102,18 +118,16 @@ class ClientArtifact:
 
 
 def client_path(run_path: Path, client_id: int) -> Path:
-    return Path(run_path) / "clients" / f"client-{client_id:03d}.pt"
+    return Path(run_path) / CLIENT_PART / f"client-{client_id:03d}.pt"
 
 
 def write_run_info(run_path: Path, info: RunInfo) -> None:
-    Path(run_path).mkdir(parents=True, exist_ok=True)
-    (Path(run_path) / "run.json").write_text(info.model_dump_json(indent=2))
+    with open_private(Path(run_path) / "run.json", "w") as out:
+        out.write(info.model_dump_json(indent=2))
 
 
 def save_client(run_path: Path, client: ClientArtifact) -> None:
-    path = client_path(run_path, client.client_id)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(client.__dict__, path)
+    save_private(client.__dict__, client_path(run_path, client.client_id))
 
 
 def save_backend(
@@ -149,8 +163,7 @@ def save_backend(
                 f"replay features have shape {list(replay.shape)}; expected N rows of {list(backend.interface.shape)}"
             )
         state["replay"] = replay.detach().to(torch.float16).contiguous()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    torch.save(state, path)
+    save_private(state, path)
 
 
 @dataclass
@@ -240,11 +253,19 @@ class RunDir:
         index = {name: i for i, name in enumerate(self.info.class_names)}
         return torch.tensor([index[n] if n is not None else -1 for n in names], dtype=torch.int64)
 
+    def exit_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Phone side (client part): data set class ids -> exit indices of this lineage's front-ends,
+        whose outputs are in token order (protocol/label_tokens.exit_order)."""
+        key = epoch_key(self.federation_secret(), self.info.label_epoch)
+        position = {name: j for j, name in enumerate(exit_order(key, self.info.class_names))}
+        exit_of_class = torch.tensor([position[n] for n in self.info.class_names], dtype=torch.int64)
+        return exit_of_class[torch.as_tensor(labels)]
+
     def final_metrics(self) -> dict[str, Any]:
         return json.loads((self.path / "final_metrics.json").read_text())
 
     def clients(self) -> list[ClientArtifact]:
-        files = sorted((self.path / "clients").glob("client-*.pt"))
+        files = sorted((self.path / CLIENT_PART).glob("client-*.pt"))
         if not files:
             raise RunDirError(f"{self.path} has no personalized front-ends under clients/")
         return [ClientArtifact(**torch.load(f, weights_only=True)) for f in files]

@@ -25,12 +25,14 @@ from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
+from harmony_mobile.files import open_private
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
 from harmony_mobile.privacy.feature_noise import feature_privacy_report
 from harmony_mobile.privacy.label_dp import keep_probability
 from harmony_mobile.privacy.options import UploadPrivacy
 from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import (
+    CLIENT_PART,
     SECRET_FILE,
     ClientArtifact,
     RunDirError,
@@ -38,6 +40,7 @@ from harmony_mobile.run_dir import (
     save_backend,
     save_client,
     write_federation_secret,
+    write_partition,
     write_run_info,
 )
 
@@ -161,7 +164,10 @@ def prepare_run_dir(run_path: Path, config: TrainConfig) -> None:
     if not info_file.is_file():
         # a federation secret provisioned ahead of the run (a deployment's phones hold the same file)
         # is the one file a new run dir may already have
-        if run_path.is_dir() and any(p.name != SECRET_FILE for p in run_path.iterdir()):
+        present = (
+            {p.relative_to(run_path).as_posix() for p in run_path.rglob("*")} if run_path.is_dir() else set()
+        )
+        if present - {SECRET_FILE, CLIENT_PART}:
             raise RunDirError(f"{run_path} is not empty and holds no harmony run; choose a new run directory")
         return
     previous = json.loads(info_file.read_text()).get("train_config")
@@ -277,12 +283,10 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
         seed=config.seed,
         privacy=privacy_report(config, []),
         train_config=config.model_dump(),
-        partition={
-            "scheme": config.partition,
-            "client_classes": [list(c.classes) for c in partition.clients],
-        },
+        partition={"scheme": config.partition},  # which classes each client holds: client part only
     )
     write_run_info(run_path, info)
+    write_partition(run_path, [[int(c) for c in split.classes] for split in partition.clients])
     torch.manual_seed(config.seed)
     backend = Backend(interface, dataset.num_classes)
     projection = ProjectionHead(backend.feature_dim)
@@ -340,7 +344,8 @@ def finish_run(run: TrainingRun, history: list[dict]) -> dict:
 
 
 def write_final_metrics(run: TrainingRun, results: dict) -> dict:
-    (run.run_path / "final_metrics.json").write_text(json.dumps(results, indent=2))
+    with open_private(run.run_path / "final_metrics.json", "w") as out:
+        json.dump(results, out, indent=2)
     return results
 
 

@@ -12,9 +12,9 @@ What is tested (docs/PRIVACY.md, "What the adversary test shows"):
   mean T (C slots x 1/C) and variance <= T (matches of a guess against a random permutation).
   Bound tested: named-slot accuracy <= 1/C + 4 sqrt(T) / (C T).
 * Mutation checks, so the suite catches the leaks the protocol closes: re-introducing the old
-  U-shaped message (`softmax - onehot(y)` per row) lets the same adversary read every label; sending
-  exit-head updates in class order (instead of token order) lets it name slots from which classes
-  each client's update pushes up.
+  U-shaped message (`softmax - onehot(y)` per row) lets the same adversary read every label; clients
+  that learn in class order (instead of token order: federation/client.py) let it name slots from
+  which exit-head rows each client's update pushes up.
 * k auxiliary labeled samples per class: the server can name slots (inherent to any server that
   classifies); shown, and documented, not prevented.
 * Label DP at epsilon: even an adversary that names every slot correctly reads a row's true class
@@ -24,10 +24,13 @@ What is tested (docs/PRIVACY.md, "What the adversary test shows"):
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -37,6 +40,7 @@ from scipy.optimize import linear_sum_assignment
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
+from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.simulation import Federation, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, load_tiers
@@ -64,7 +68,8 @@ class ServerView:
     uploads: list = field(default_factory=list)
     updates: list = field(default_factory=list)  # (broadcast meta-weights, ClientUpdate)
     leaked: list = field(default_factory=list)  # mutant only: per-row dL/dlogits
-    truth: list = field(default_factory=list)  # scoring only: true class index per upload row
+    truth: list = field(default_factory=list)  # scoring only: true label (exit index) per upload row
+    truth_names: list = field(default_factory=list)  # scoring only: true class name per upload row
     server: SplitTrainer | None = None
     family_weights: dict = field(default_factory=dict)
     clients: dict = field(default_factory=dict)  # scoring only: the phones and their secrets
@@ -77,15 +82,22 @@ def run_trial(
     rng = np.random.default_rng(seed)
     names = [dataset.class_names[i] for i in rng.permutation(NUM_CLASSES)]  # class c is called names[c]
     view = ServerView(class_names=names)
+    dataset = dataclasses.replace(dataset, class_names=tuple(names))
     config = TrainConfig(dataset="digits", clients_per_tier=1, seed=seed, **privacy)
     tiers = load_tiers().with_input_shape(dataset.input_shape)
     families = [t.family for t in tiers.tiers]
     partition = make_partition(
         "family", dataset.labels.numpy(), len(families), seed, client_families=families
     )
-    clients = build_clients(config, tiers, dataset, partition, InterfaceSpec(), os.urandom(32), EPOCH)
-    for client in clients:
-        client.class_names = tuple(names)
+    with contextlib.ExitStack() as stack:
+        if class_order_on_wire:  # mutant: clients learn in class order, as before token order
+            stack.enter_context(mock.patch.object(Client, "exit_names", property(lambda c: c.class_names)))
+        clients = build_clients(config, tiers, dataset, partition, InterfaceSpec(), os.urandom(32), EPOCH)
+        _run_round(dataset, seed, config, tiers, clients, view, leak_gradients)
+    return view
+
+
+def _run_round(dataset, seed, config, tiers, clients, view, leak_gradients) -> None:
     algorithm = build_algorithm("harmony", TINY)
     torch.manual_seed(seed)
     backend = Backend(InterfaceSpec(), NUM_CLASSES)
@@ -94,16 +106,13 @@ def run_trial(
     )
     weights = initial_family_weights(config, tiers, dataset, InterfaceSpec())
     federation = Federation(algorithm, clients, weights, server)
-    _wiretap(federation, view, leak_gradients, class_order_on_wire)
+    _wiretap(federation, view, leak_gradients)
     run_rounds(federation, rounds=1, clients_per_round=len(clients), seed=seed, show_progress=False)
     view.server, view.family_weights = server, federation.family_weights
     view.clients = {c.name: c for c in clients}
-    return view
 
 
-def _wiretap(
-    federation: Federation, view: ServerView, leak_gradients: bool, class_order_on_wire: bool
-) -> None:
+def _wiretap(federation: Federation, view: ServerView, leak_gradients: bool) -> None:
     server, algorithm = federation.server, federation.algorithm
     step, aggregate = server.step, algorithm.aggregate
 
@@ -122,13 +131,12 @@ def _wiretap(
     for client in federation.clients:
         upload = client.upload
 
-        def truthful_upload(features, labels, depths, round_id, upload=upload):
+        def truthful_upload(features, labels, depths, round_id, upload=upload, client=client):
             view.truth.append(labels.clone())
+            view.truth_names.append([client.exit_names[y] for y in labels.tolist()])
             return upload(features, labels, depths, round_id)
 
         client.upload = truthful_upload
-        if class_order_on_wire:  # mutant: exit-head rows in class order, as before the fix
-            client.to_wire = client.from_wire = lambda weights: dict(weights)
     server.step, algorithm.aggregate = recorded_step, recorded_aggregate
 
 
@@ -203,11 +211,11 @@ def aux_data_attack(view: ServerView, dataset, k: int = 5) -> dict[int, str]:
 def named_slots(view: ServerView, naming: dict[int, str]) -> tuple[int, int]:
     """(slots named right, slots seen): the truth of a slot is the class name of its rows."""
     truth: dict[int, str] = {}
-    for upload, labels in zip(view.uploads, view.truth, strict=True):
-        for slot, label in zip(
-            view.server.slot_table.known_slots(upload.label_tokens).tolist(), labels.tolist(), strict=True
+    for upload, names in zip(view.uploads, view.truth_names, strict=True):
+        for slot, name in zip(
+            view.server.slot_table.known_slots(upload.label_tokens).tolist(), names, strict=True
         ):
-            truth.setdefault(slot, view.class_names[label])
+            truth.setdefault(slot, name)
     return sum(naming.get(s) == name for s, name in truth.items()), len(truth)
 
 
@@ -271,7 +279,7 @@ def test_label_dp_bounds_what_even_a_slot_naming_server_reads(dataset, epsilon):
     for upload, labels in zip(view.uploads, view.truth, strict=True):
         client = view.clients[upload.client_id]
         key = epoch_key(client.federation_secret, EPOCH)
-        true_tokens = class_tokens(key, [client.class_names[y] for y in labels.tolist()])
+        true_tokens = class_tokens(key, [client.exit_names[y] for y in labels.tolist()])
         right += sum(a == b for a, b in zip(upload.label_tokens, true_tokens, strict=True))
         total += len(labels)
     keep = keep_probability(epsilon, NUM_CLASSES)

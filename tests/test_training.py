@@ -23,7 +23,7 @@ from harmony_mobile.models import (
     parameter_names,
 )
 from harmony_mobile.protocol.messages import ClientUpdate
-from harmony_mobile.run_dir import RunDir, RunDirError
+from harmony_mobile.run_dir import SECRET_FILE, RunDir, RunDirError
 from harmony_mobile.training import TrainConfig, build_clients, initial_family_weights, train
 
 torch.set_num_threads(1)
@@ -34,7 +34,7 @@ FEDERATION_SECRET = b"S" * 32
 LABEL_EPOCH = "e-test"
 
 
-def tiny_federation(algorithm="harmony", seed=0, overrides=None, **train_options):
+def tiny_federation(algorithm="harmony", seed=0, overrides=None, secret=None, **train_options):
     config = TrainConfig(
         dataset="digits", clients_per_tier=1, seed=seed, algorithm=algorithm, **train_options
     )
@@ -46,7 +46,7 @@ def tiny_federation(algorithm="harmony", seed=0, overrides=None, **train_options
     )
     algo = build_algorithm(algorithm, {**FAST, **(overrides or {})})
     clients = build_clients(
-        config, tiers, dataset, partition, InterfaceSpec(), FEDERATION_SECRET, LABEL_EPOCH
+        config, tiers, dataset, partition, InterfaceSpec(), secret or FEDERATION_SECRET, LABEL_EPOCH
     )
     torch.manual_seed(seed)
     backend = Backend(InterfaceSpec(), 10)
@@ -255,7 +255,9 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
     assert loaded.backend(features).shape == (2, 10)
     assert loaded.label_epoch == run.info.label_epoch and len(loaded.slot_table) == 10
     assert sorted(run.slot_to_class().tolist()) == list(range(10))  # every class got a slot, decodable
-    assert (tmp_path / "run" / "federation_secret").stat().st_mode & 0o077 == 0
+    for path in [tmp_path / "run", *(tmp_path / "run").rglob("*")]:  # owner-only, every file and dir
+        assert path.stat().st_mode & 0o077 == 0, path
+    assert (tmp_path / "run" / SECRET_FILE).is_file()
     assert 0 < client.threshold <= 1.0 + 1e-6
 
     with pytest.raises(RunDirError, match="finished"):
@@ -283,7 +285,8 @@ def test_the_server_ce_runs_over_the_slots_of_the_uploading_client(restricted):
         split_step(client, server, features, labels, (client.split_depth,) * 64, 0, 1.0, update_server=False)
     mask = server.softmax_mask(first.name)
     slot_class = first.slot_to_class(server.slot_table.tokens).tolist()  # decoded with the client's secret
-    own = {slot for slot, c in enumerate(slot_class) if c in first.classes}
+    own_labels = set(first.exit_labels(torch.tensor(first.classes)).tolist())
+    own = {slot for slot, c in enumerate(slot_class) if c in own_labels}
     assert own and len(server.slot_table) > len(own)  # the second client brought slots the first lacks
     open_slots = {i for i in range(10) if mask[i] == 0}
     assert open_slots == (own if restricted else set(range(len(server.slot_table))))

@@ -135,7 +135,7 @@ def split_step(
 def client_update(
     client: Client, round_id: int, metrics: dict[str, float], full: bool = False
 ) -> ClientUpdate:
-    weights = client.to_wire({name: p.detach().clone() for name, p in client.held_parameters(full).items()})
+    weights = {name: p.detach().clone() for name, p in client.held_parameters(full).items()}
     return ClientUpdate(
         client_id=client.name,
         round_id=round_id,

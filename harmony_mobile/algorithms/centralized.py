@@ -69,7 +69,7 @@ class Centralized(FullModelMethod):
         c, family = self.config, client.tier.family
         uploaded = self._pool(client)
         if family in self._models:
-            client.model.load_state_dict(client.from_wire(self._models[family]))
+            client.model.load_state_dict(self._models[family])
         optimizer = torch.optim.Adam(client.held_parameters(full=True).values(), lr=c.lr)
         if family in self._optimizers:
             optimizer.load_state_dict(self._optimizers[family])
@@ -83,10 +83,8 @@ class Centralized(FullModelMethod):
             loss.backward()
             optimizer.step()
             total += loss.item()
-        # what the family's clients receive next: in wire (token) order, like every broadcast
-        self._models[family] = client.to_wire(
-            {k: v.detach().clone() for k, v in client.model.state_dict().items()}
-        )
+        # what the family's clients receive next (token order, like every model: federation/client.py)
+        self._models[family] = {k: v.detach().clone() for k, v in client.model.state_dict().items()}
         self._optimizers[family] = optimizer.state_dict()
         return ClientUpdate(
             client_id=client.name,

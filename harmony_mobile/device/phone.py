@@ -30,6 +30,7 @@ from harmony_mobile.protocol.label_tokens import (
     check_label_epoch,
     class_tokens,
     epoch_key,
+    exit_order,
     slot_classes,
 )
 from harmony_mobile.protocol.sealing import AssociatedData, seal
@@ -120,6 +121,8 @@ class Phone:
         self.class_names = list(manifest["class_names"])
         self.label_epoch = check_label_epoch(manifest["label_epoch"])
         self.privacy = upload_privacy(manifest)
+        # exit output j -> class index: exit heads ship in token order (protocol/label_tokens.exit_order)
+        self._exit_classes = self.decode_exit_order(self.label_epoch)
         # back-end version -> class index of each slot (None: no class name of this phone maps to it)
         self._slot_classes: dict[str, list[int | None]] = {
             manifest["backend"]["model_version"]: self.decode_slot_table(
@@ -164,11 +167,16 @@ class Phone:
         logits, features = self.program.run(image)
         return logits, features, (time.perf_counter() - started) * 1e3
 
-    @staticmethod
-    def exit_answer(logits: torch.Tensor) -> tuple[float, int]:
-        """(confidence, class) of the local exit: the max softmax, compared with the threshold."""
-        confidence, prediction = torch.softmax(logits[0].float(), dim=0).max(dim=0)
-        return float(confidence), int(prediction)
+    def exit_answer(self, logits: torch.Tensor) -> tuple[float, int]:
+        """(confidence, class) of the local exit: the max softmax, compared with the threshold; the
+        top output is named through the secret (outputs are in token order)."""
+        confidence, output = torch.softmax(logits[0].float(), dim=0).max(dim=0)
+        return float(confidence), self._exit_classes[int(output)]
+
+    def decode_exit_order(self, label_epoch: str) -> list[int]:
+        """Class index of each exit output under the epoch the front-end was trained in."""
+        key = epoch_key(self.federation_key.secret, label_epoch)
+        return [self.class_names.index(name) for name in exit_order(key, self.class_names)]
 
     def would_exit(self, pixels) -> bool:
         """Whether the phone answers this image locally (without asking the server)."""

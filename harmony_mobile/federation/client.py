@@ -5,18 +5,18 @@ types of messages.py. What a label becomes on the wire is decided here: a token 
 name under the lineage's label epoch (after randomized response when label DP is on), next to
 features that are clipped and noised when that option is on.
 
-Model weights cross the boundary too (Broadcast, ClientUpdate), and the rows of every
-class-indexed output layer (the exit heads' last Linear) are in class order: an update's exit-head
-delta would show the server which classes a client holds, and matched against the client's
-tokens it would name slots. So on the wire those rows are in *token order* (row j = the class with
-the j-th smallest token of the epoch), a secret relabeling that only federation members can undo
-(`to_wire` / `from_wire`); aggregation is row-wise, so it commutes with it.
+Model weights cross the boundary too (Broadcast, ClientUpdate) and leave the phone in exported
+models. A class-indexed output layer in class order would show which classes a client holds and,
+matched against its tokens or the server's slots, name them. So a client works in *token order*
+throughout: its labels are exit indices, where index j is the class with the j-th smallest token
+of the epoch (`protocol/label_tokens.exit_order`). Every model it trains, sends or exports is in
+that order, which only federation members can undo (docs/PRIVACY.md).
 """
 
 from __future__ import annotations
 
 import functools
-import hashlib
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +25,7 @@ from harmony_mobile.models import FamilyModel, Tier, parameter_names
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.privacy.label_dp import randomized_response
 from harmony_mobile.privacy.options import UploadPrivacy
-from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key, slot_classes
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key, exit_order, slot_classes
 from harmony_mobile.protocol.messages import Broadcast, FeatureUpload
 
 # HKDF once per (secret, epoch), not once per upload
@@ -36,12 +36,12 @@ cached_epoch_key = functools.lru_cache(maxsize=64)(epoch_key)
 class Client:
     client_id: int
     tier: Tier
-    classes: tuple[int, ...]  # ID classes; everything else is OOD for this client
+    classes: tuple[int, ...]  # ID classes (data set ids); everything else is OOD for this client
     model: FamilyModel
     train_x: torch.Tensor
-    train_y: torch.Tensor
+    train_y: torch.Tensor  # given as data set class ids, kept as exit indices (token order)
     val_x: torch.Tensor
-    val_y: torch.Tensor
+    val_y: torch.Tensor  # likewise
     federation_secret: bytes  # provisioned at enrolment; never sent to the server
     label_epoch: str
     class_names: tuple[str, ...]  # the data set's class names: tokens are HMACs of these
@@ -53,17 +53,32 @@ class Client:
     _noise: torch.Generator | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
+        self.train_y, self.val_y = self.exit_labels(self.train_y), self.exit_labels(self.val_y)
         self._releases = torch.zeros(len(self.train_y), dtype=torch.int64)
-        # local randomness of this phone (randomized response, feature noise): never derived from
-        # anything the server knows
-        seed = hashlib.sha256(self.federation_secret + self.name.encode()).digest()
-        self._noise = torch.Generator().manual_seed(int.from_bytes(seed[:8], "little") >> 1)
+        # local randomness of this phone (randomized response, feature noise) from the OS CSPRNG:
+        # derived from nothing another party holds (a secret shared by every phone would let any of
+        # them, or a server colluding with one, redraw and undo it)
+        self._noise = torch.Generator().manual_seed(secrets.randbits(63))
         self._upload_labels = self.train_y
         if self.privacy.label_dp_epsilon is not None:
             # one draw per sample, kept for every release (re-drawing would let a server average it out)
             self._upload_labels = randomized_response(
                 self.train_y, self.privacy.label_dp_epsilon, len(self.class_names), self._noise
             )
+
+    @functools.cached_property
+    def exit_names(self) -> tuple[str, ...]:
+        """The class name behind each exit index: the data set's names in token order."""
+        return tuple(exit_order(cached_epoch_key(self.federation_secret, self.label_epoch), self.class_names))
+
+    @functools.cached_property
+    def _exit_of_class(self) -> torch.Tensor:
+        position = {name: j for j, name in enumerate(self.exit_names)}
+        return torch.tensor([position[name] for name in self.class_names], dtype=torch.int64)
+
+    def exit_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        """Data set class ids -> this federation's exit indices (the labels every model here learns)."""
+        return self._exit_of_class[labels]
 
     @property
     def name(self) -> str:
@@ -82,11 +97,16 @@ class Client:
         """What the phone keeps between rounds besides its model: how often each training sample
         left it (for the DP accountant) and its local noise stream. An engine that rebuilds the
         client per message (Flower) carries it over with these two methods."""
-        return {"releases": self._releases.clone(), "noise": self._noise.get_state()}
+        return {
+            "releases": self._releases.clone(),
+            "noise": self._noise.get_state(),
+            "upload_labels": self._upload_labels.clone(),  # label DP's draw is sticky per sample
+        }
 
     def load_private_state(self, state: dict[str, torch.Tensor]) -> None:
         self._releases = state["releases"].clone()
         self._noise.set_state(state["noise"])
+        self._upload_labels = state["upload_labels"].clone()
 
     def receive(self, broadcast: Broadcast) -> None:
         """Start from the meta-weights the server broadcast for this client's family."""
@@ -94,29 +114,7 @@ class Client:
             raise ValueError(
                 f"{self.name} runs family {self.tier.family!r}, got meta-weights of {broadcast.family!r}"
             )
-        self.model.load_state_dict(self.from_wire(broadcast.meta_weights))
-
-    def _wire_order(self) -> tuple[list[str], torch.Tensor]:
-        """Names of the class-indexed parameters, and wire row j -> class index (token order)."""
-        rows = [
-            f"exits.{depth}.mlp.{len(head.mlp) - 1}.{kind}"
-            for depth, head in self.model.exits.items()
-            for kind in ("weight", "bias")
-        ]
-        tokens = class_tokens(cached_epoch_key(self.federation_secret, self.label_epoch), self.class_names)
-        order = sorted(range(len(tokens)), key=lambda c: tokens[c])
-        return rows, torch.tensor(order, dtype=torch.int64)
-
-    def to_wire(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Weights as they leave the phone: class-indexed rows in token order."""
-        rows, order = self._wire_order()
-        return {name: value[order] if name in rows else value for name, value in weights.items()}
-
-    def from_wire(self, weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Weights as they arrive: class-indexed rows back in class order."""
-        rows, order = self._wire_order()
-        inverse = torch.argsort(order)
-        return {name: value[inverse] if name in rows else value for name, value in weights.items()}
+        self.model.load_state_dict(broadcast.meta_weights)
 
     def held_parameters(self, full: bool = False) -> dict[str, torch.nn.Parameter]:
         """The parameters this client holds (its depth's stages, exits, connectors; or the full model)."""
@@ -129,6 +127,16 @@ class Client:
         self._last_batch = index
         return self.train_x[index], self.train_y[index]
 
+    def release(self, features: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Features of training samples `index` as they may leave the phone: clipped and noised when
+        those options are on, and counted for the DP accountant. Every feature row that leaves goes
+        through here (uploads and the replay set)."""
+        sent = privatize_features(
+            features, self.privacy.feature_clip, self.privacy.noise_multiplier, self._noise
+        )
+        self._releases.index_add_(0, index, torch.ones_like(index))
+        return sent
+
     def upload(
         self, features: torch.Tensor, labels: torch.Tensor, depths: tuple[int, ...], round_id: int
     ) -> tuple[FeatureUpload, torch.Tensor]:
@@ -137,11 +145,8 @@ class Client:
         index = self._last_batch
         if index is None or len(index) != len(labels) or not torch.equal(self.train_y[index], labels):
             raise ValueError(f"{self.name} uploads only features of the batch it drew last")
-        sent = privatize_features(
-            features, self.privacy.feature_clip, self.privacy.noise_multiplier, self._noise
-        )
-        self._releases.index_add_(0, index, torch.ones_like(index))
-        names = [self.class_names[int(y)] for y in self._upload_labels[index]]
+        sent = self.release(features, index)
+        names = [self.exit_names[int(y)] for y in self._upload_labels[index]]
         upload = FeatureUpload(
             client_id=self.name,
             round_id=round_id,
@@ -156,8 +161,8 @@ class Client:
         return upload, sent
 
     def slot_to_class(self, slot_table: list[bytes]) -> torch.Tensor:
-        """Class id of each slot (-1: a slot none of this phone's class names maps to)."""
+        """Exit index (this client's label) of each slot; -1: a slot none of its class names maps to."""
         key = cached_epoch_key(self.federation_secret, self.label_epoch)
-        names = slot_classes(key, self.class_names, slot_table)
-        index = {name: i for i, name in enumerate(self.class_names)}
+        names = slot_classes(key, self.exit_names, slot_table)
+        index = {name: j for j, name in enumerate(self.exit_names)}
         return torch.tensor([index[n] if n is not None else -1 for n in names], dtype=torch.int64)

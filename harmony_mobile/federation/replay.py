@@ -1,9 +1,9 @@
 """The back-end's replay set: the "earlier features" of alignment rounds (docs/ALGORITHM.md).
 
 At the end of training every client sends `ReplayFeatures`: interface features of a random sample
-of its own training images through its final (personalized) front-end, without labels or tokens.
-The server saw features of these images during training, so holding them adds nothing it did not
-receive; they travel inside backend.pt (run_dir.save_backend) to the export and the fallback
+of its own training images through its final (personalized) front-end, without labels or tokens,
+released like uploads (clipped and noised when those options are on, and counted by the DP
+accountant: `Client.release`). They travel inside backend.pt (run_dir.save_backend) to the export and the fallback
 server, whose alignment rounds keep the back-end's predictions on them (the class mapping) and
 check on a held-out part of them that the mapping was kept.
 """
@@ -27,8 +27,9 @@ def replay_features(client: Client, rows: int, generator: torch.Generator) -> Re
     front_end.eval()
     with torch.no_grad():
         _, features = front_end(client.train_x[index])
+        sent = client.release(features, index)
     front_end.train(was_training)
-    return ReplayFeatures(client.name, features, client.split_depth, client.tier.family, client.tier.name)
+    return ReplayFeatures(client.name, sent, client.split_depth, client.tier.family, client.tier.name)
 
 
 def collect_replay(clients: list[Client], seed: int, total_rows: int = REPLAY_ROWS) -> torch.Tensor:

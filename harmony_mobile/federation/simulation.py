@@ -21,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harmony_mobile.algorithms.base import Algorithm
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import SplitTrainer
+from harmony_mobile.files import open_private, save_private
 from harmony_mobile.protocol.messages import Broadcast
 
 
@@ -47,9 +48,8 @@ def save_checkpoint(run_path: Path, federation: Federation, completed_round: int
     if federation.server is not None:
         state["server"] = federation.server.state()
     path = run_path / CHECKPOINT
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
+    save_private(state, tmp)
     tmp.replace(path)  # atomic: an interrupted save never corrupts the last good checkpoint
 
 
@@ -121,7 +121,7 @@ def run_rounds(
             history.append(metrics)
             if run_path is not None:
                 save_checkpoint(run_path, federation, round_id)
-                with open(run_path / "metrics.jsonl", "a") as log:
+                with open_private(run_path / "metrics.jsonl", "a") as log:
                     log.write(json.dumps(metrics) + "\n")
             shown = " ".join(f"{k}={v:.3f}" for k, v in metrics.items() if isinstance(v, float))
             progress.update(task, advance=1, description=f"round {round_id + 1}/{rounds} {shown}")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from harmony_mobile.federation.simulation import load_checkpoint, round_generator, save_checkpoint
+from harmony_mobile.files import open_private
 from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.training import (
@@ -73,7 +74,7 @@ def run_flower_rounds(run: TrainingRun, transport: FlowerClients) -> list[dict]:
             metrics[key] = float(np.mean([u.metrics[key] for u in updates if key in u.metrics]))
         history.append(metrics)
         save_checkpoint(run_path, federation, round_id)
-        with open(run_path / "metrics.jsonl", "a") as log:
+        with open_private(run_path / "metrics.jsonl", "a") as log:
             log.write(json.dumps(metrics) + "\n")
         transport.log_round(run_path, round_id, len(sampled), len(updates), time.perf_counter() - started)
     return history

@@ -24,6 +24,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from harmony_mobile.files import open_private
 from harmony_mobile.flower import split
 from harmony_mobile.flower.client_app import CLIENT_STATE, LINEAGE_RECORD, RNG_RECORD, rng_record
 from harmony_mobile.flower.records import (
@@ -198,7 +199,7 @@ class FlowerClients:
             "bytes_received": self.bytes_received,
             "seconds": seconds,
         }
-        with open(run_path / TRANSPORT_LOG, "a") as out:
+        with open_private(run_path / TRANSPORT_LOG, "a") as out:
             out.write(json.dumps(entry) + "\n")
         self.bytes_sent = self.bytes_received = 0
 

@@ -91,6 +91,16 @@ def slot_classes(key: bytes, class_names: Iterable[str], slot_table: Iterable[by
     return [by_token.get(bytes(token)) for token in slot_table]
 
 
+def exit_order(key: bytes, class_names: Iterable[str]) -> list[str]:
+    """Phone side: the class name behind each output of an exit head. Exit heads are trained and
+    shipped in token order (output j = the class with the j-th smallest token of the epoch), so a
+    model that leaves the phone carries no class order: only a holder of the federation secret can
+    name an output (docs/PRIVACY.md, "Nothing class-ordered leaves a phone")."""
+    names = list(class_names)
+    tokens = class_tokens(key, names)
+    return [name for _, name in sorted(zip(tokens, names, strict=True))]
+
+
 def parse_slot_table(hex_tokens: Iterable[str]) -> list[bytes]:
     """A slot table as serialized in the manifest, enrolment and V2 metadata: lowercase 16-hex tokens."""
     table = []
