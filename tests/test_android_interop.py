@@ -6,9 +6,10 @@
 2. The live interop test starts the real fallback server (`harmony serve`) on a free loopback port
    with a random back-end, runs the Java client (`InteropMain`: enrol, verify the enrolment
    manifest against pinned Ed25519 and P-256 keys, two sealed confirmed-label uploads through the
-   durable queue, a replay, a fallback inference decoded from slot to class), then checks in the
-   server's own store that it decrypted and stored exactly what Java sent, and that the inference
-   answer is the class of the back-end's top slot.
+   durable queue, a replay, a fallback inference decoded from slot to class, its local exit answer
+   from token order), then checks in the server's own store that it decrypted and stored exactly
+   what Java sent, that the inference answer is the class of the back-end's top slot, and that the
+   local answer is the class Python's exit_order gives the exit head's top output.
 
 Skipped only when `mvn` or `java` is not installed (both are on the image and in CI).
 """
@@ -45,7 +46,7 @@ from harmony_mobile.export.manifest import (
 )
 
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
-from harmony_mobile.protocol.label_tokens import class_token, epoch_key
+from harmony_mobile.protocol.label_tokens import class_token, epoch_key, exit_order
 from harmony_mobile.run_dir import load_backend_file, save_backend
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -307,3 +308,7 @@ def test_java_client_against_the_real_server(built_core, live_server, tmp_path):
     assert inference["predicted_class"] == int(SLOT_ORDER[int(scores.argmax())])
     np.testing.assert_allclose(np.array(inference["slot_scores"]), scores.numpy(), rtol=1e-4, atol=1e-4)
     assert inference["confidence"] == pytest.approx(float(scores.softmax(0).max()), abs=1e-5)
+    # The local (exit) answer: exit output 1 names the class exit_order puts second (token order), not class 1.
+    digits = [str(i) for i in range(10)]
+    assert inference["local_top_output"] == 1
+    assert inference["local_class"] == digits.index(exit_order(key, digits)[1])

@@ -261,6 +261,51 @@ def test_label_token_constants_match_label_tokens_py_and_the_protocol():
     assert f"first {swift('LabelTokens', 'tokenBytes')} bytes of HMAC-SHA256" in PROTOCOL
 
 
+def _swift_function(path: Path, signature: str) -> str:
+    """The text of a Swift function, from `signature` to the closing brace at its indentation."""
+    text = path.read_text(encoding="utf-8")
+    start = re.search(rf"^( *)[^\n]*{re.escape(signature)}", text, re.M)
+    assert start, f"{path.name}: no {signature}"
+    end = re.compile(rf"^{start.group(1)}}}", re.M).search(text, start.end())
+    return text[start.start() : end.end()]
+
+
+def test_exit_outputs_are_named_through_the_token_order():
+    """Exit heads ship in token order (label_tokens.py exit_order): HarmonyKit sorts the tokens as
+    unsigned bytes, names the top exit output through that order everywhere, and its XCTests check
+    tests/vectors/exit_order.json case by case, as they check slot_mapping.json."""
+    assert "def exit_order(" in LABEL_TOKENS_PY.read_text(encoding="utf-8")
+    order = _swift_function(SOURCES / "Crypto" / "LabelTokens.swift", "func exitOrder(classNames: [String])")
+    assert "token(className:" in order and "lexicographicallyPrecedes" in order  # Data: UInt8, unsigned
+    assert "Int8" not in order and "bitPattern" not in order
+    client_file = SOURCES / "Client" / "HarmonyClient.swift"
+    decoder = _swift_function(client_file, "public init(federationKey: FederationKey, labelEpoch: String")
+    assert ".exitOrder(classNames:" in decoder
+    classify = _swift_function(client_file, "public func classify(_ input: [Float])")
+    assert "exits.classIndex(output: local.topOutput)" in classify
+    assert "exitLogits.count == exits.outputs" in classify
+    # No Swift file reads the exit head's top output as a class index.
+    for path in ALL_SWIFT:
+        if path.parent == TESTS:
+            continue
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(
+            r"predictedClass: local\.|local\.predictedClass|\(result\.local\.topOutput\)", text
+        ), f"{path.relative_to(ROOT)} uses an exit output as a class"
+    assert "ExitDecoder(" in (APP / "HarmonyDemo" / "DemoModel.swift").read_text(encoding="utf-8")
+    golden = _swift_function(TESTS / "GoldenVectorTests.swift", "func testExitOrderEqualsPython()")
+    assert 'Vectors.load("exit_order.json"' in golden
+    for use in (
+        "exitOrder(classNames: vector.classNames), vector.exitClasses",
+        "ExitDecoder(",
+        "classIndex(output:",
+    ):
+        assert use in golden, use
+    vectors = json.loads((ROOT / "tests" / "vectors" / "exit_order.json").read_text(encoding="utf-8"))
+    assert f"XCTAssertEqual(vectors.cases.count, {len(vectors['cases'])})" in golden
+    assert "tests/vectors/exit_order.json" in PROTOCOL
+
+
 # --------------------------------------------------------------------------- models and manifest
 
 

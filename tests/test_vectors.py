@@ -138,3 +138,20 @@ def test_error_vectors_match_the_server_routes():
         if case["path"] is not None:
             key = "error" if case["path"] == "/v2" or case["path"].startswith("/v2/") else "detail"
             assert json.loads(case["body"]) == {key: case["message"]}
+
+
+def test_exit_order_vector_sorts_the_tokens_as_unsigned_bytes():
+    """By hand (Python bytes compare unsigned), so a wrong reference cannot pass by agreeing with itself."""
+    from harmony_mobile.protocol.label_tokens import class_token, epoch_key
+
+    vectors = _load("exit_order.json")
+    secret = bytes.fromhex(vectors["federation_secret"])
+    for case in vectors["cases"]:
+        key = epoch_key(secret, case["label_epoch"])
+        names = case["class_names"]
+        assert case["tokens"] == [class_token(key, name).hex() for name in names], case["name"]
+        by_token = sorted(range(len(names)), key=lambda i: bytes.fromhex(case["tokens"][i]))
+        assert case["exit_classes"] == [names[i] for i in by_token], case["name"]
+    unsigned = vectors["cases"][-1]
+    firsts = [bytes.fromhex(t)[0] for t in unsigned["tokens"]]
+    assert min(firsts) < 0x80 <= max(firsts)

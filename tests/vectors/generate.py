@@ -56,7 +56,7 @@ from harmony_mobile.models.tier_selection import (
     select_tier,
 )
 from harmony_mobile.protocol import sealing
-from harmony_mobile.protocol.label_tokens import class_token, epoch_key, slot_classes
+from harmony_mobile.protocol.label_tokens import class_token, epoch_key, exit_order, slot_classes
 from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
 
 # run as a script, only tests/vectors is on the path: the repo root makes tests.helpers importable
@@ -254,6 +254,74 @@ def slot_mapping_vectors() -> dict:
         "under epoch_key(federation_secret, label_epoch) is looked up in `slot_table` (hex tokens, slot i at "
         "index i); `slot_classes[i]` is the class of slot i or null when no class name has that token. "
         "A class with no slot appears in no entry.",
+        federation_secret=FEDERATION_SECRET.hex(),
+        cases=cases,
+    )
+
+
+# --------------------------------------------------------------------------- exit order
+
+
+def _signed_order(key: bytes, class_names: list[str]) -> list[str]:
+    """The WRONG order an implementation comparing signed bytes (Java's byte) would give."""
+    signed = {name: [b - 256 if b >= 0x80 else b for b in class_token(key, name)] for name in class_names}
+    return sorted(class_names, key=lambda name: (signed[name], name))
+
+
+def _straddling_names(epoch: str) -> list[str]:
+    """Four names whose tokens need unsigned comparison: two share their first byte and differ in the
+    second on either side of 0x80, and the other two have first bytes on either side of 0x80."""
+    key = epoch_key(FEDERATION_SECRET, epoch)
+    names = [f"class-{i:03d}" for i in range(1000)]
+    tokens = {name: class_token(key, name) for name in names}
+    pair = next(
+        (a, b)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if tokens[a][0] == tokens[b][0] and (tokens[a][1] >= 0x80) != (tokens[b][1] >= 0x80)
+    )
+    high = next(n for n in names if n not in pair and tokens[n][0] >= 0x80)
+    low = next(n for n in names if n not in pair and tokens[n][0] < 0x80)
+    return [pair[0], high, pair[1], low]
+
+
+def _exit_case(name: str, epoch: str, class_names: list[str]) -> dict:
+    key = epoch_key(FEDERATION_SECRET, epoch)
+    return {
+        "name": name,
+        "label_epoch": epoch,
+        "class_names": class_names,
+        "tokens": [class_token(key, c).hex() for c in class_names],
+        "exit_classes": exit_order(key, class_names),
+    }
+
+
+def exit_order_vectors() -> dict:
+    digits = [str(i) for i in range(10)]
+    straddling = _straddling_names("e7")
+    cases = [
+        _exit_case("digits", "mnist5k-2026-11", digits),
+        _exit_case("digits, another epoch", "e7", digits),
+        _exit_case("non-ASCII names", "A.b_c-9", ["cat", "héllo wörld", "😀", "T-shirt/top"]),
+        _exit_case("a single class", "0", ["cat"]),
+        _exit_case("unsigned byte order (first and second bytes on either side of 0x80)", "e7", straddling),
+    ]
+    assert cases[0]["exit_classes"] != cases[1]["exit_classes"], "two epochs, two orders"
+    for case in cases:
+        first_bytes = {bytes.fromhex(t)[0] >= 0x80 for t in case["tokens"]}
+        if first_bytes == {True, False}:  # signed comparison would put the >= 0x80 tokens first
+            key = epoch_key(FEDERATION_SECRET, case["label_epoch"])
+            assert _signed_order(key, case["class_names"]) != case["exit_classes"], case["name"]
+    key = epoch_key(FEDERATION_SECRET, "e7")
+    tail = [n for n in _signed_order(key, straddling) if n in straddling[::2]]
+    assert tail != [n for n in cases[4]["exit_classes"] if n in straddling[::2]], "second byte decides"
+    return _document(
+        "Exit-head output order (protocol/label_tokens.py exit_order): exit heads are trained and shipped in "
+        "token order, so output j of an exit head is the class whose token under "
+        "epoch_key(federation_secret, label_epoch) is the j-th smallest, comparing the 8 token bytes as "
+        "UNSIGNED bytes, lexicographically (ties, which need equal tokens, broken by name). `tokens` are the "
+        "class names' tokens in class order (hex); `exit_classes[j]` is the class name of output j. The last "
+        "case's order differs from a signed-byte comparison in the first and in the second byte.",
         federation_secret=FEDERATION_SECRET.hex(),
         cases=cases,
     )
@@ -632,6 +700,7 @@ def render() -> dict[str, str]:
         "manifest_signature.json": manifest_vectors(),
         "label_tokens.json": label_token_vectors(),
         "slot_mapping.json": slot_mapping_vectors(),
+        "exit_order.json": exit_order_vectors(),
         "exit_decisions.json": exit_vectors(),
         "feature_encoding.json": feature_encoding_vectors(),
         "sealed_upload.json": sealed_upload_vectors(),

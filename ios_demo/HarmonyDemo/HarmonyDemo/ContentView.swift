@@ -117,7 +117,7 @@ struct ContentView: View {
                 LabeledContent("Answer", value: "\(result.predictedClass) (\(source(result.source)))")
                 LabeledContent(
                     "Local",
-                    value: "\(result.local.predictedClass), p = \(percent(result.local.confidence)), "
+                    value: "\(result.localClass), p = \(percent(result.local.confidence)), "
                         + "\(milliseconds(result.localLatencyNanos)), "
                         + (result.local.exitLocally ? "exit" : "below threshold"))
                 if let server = result.server {

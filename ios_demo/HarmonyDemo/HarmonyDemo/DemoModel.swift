@@ -94,8 +94,8 @@ final class DemoModel: ObservableObject {
                     version: manifest.backend.modelVersion, table: SlotTable(labelEpoch: epoch, tokens: table))
             }
             client = try HarmonyClient(
-                engine: engine, exitPolicy: try ExitPolicy(threshold: tier.threshold), fallback: server?.server,
-                slots: server?.slots)
+                engine: engine, exitPolicy: try ExitPolicy(threshold: tier.threshold), exits: try makeExits(),
+                fallback: server?.server, slots: server?.slots)
             uploads = try makeUploads(for: tier)
             engineDescription = "\(artifact.path) (\(artifact.quantization), threshold \(tier.threshold))"
             status = "Ready"
@@ -206,6 +206,17 @@ final class DemoModel: ObservableObject {
 
     private func refreshQueue() async {
         queued = (try? await uploads?.pendingCount()) ?? 0
+    }
+
+    /// The exit head's outputs are in token order under the manifest's label epoch: named with the
+    /// federation secret (an export without a label epoch cannot be decoded).
+    private func makeExits() throws -> ExitDecoder {
+        guard let manifest else { throw HarmonyFormatError("no verified manifest") }
+        guard let labelEpoch = manifest.labelEpoch else {
+            throw HarmonyFormatError("this export names no label epoch, so its exit head cannot be decoded: re-export it")
+        }
+        return try ExitDecoder(
+            federationKey: Provisioning.federationKey(), labelEpoch: labelEpoch, classNames: manifest.classNames)
     }
 
     /// The server and the decoder of its slots (seeded with the manifest's own slot table, so only

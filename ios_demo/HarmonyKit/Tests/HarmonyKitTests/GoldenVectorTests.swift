@@ -124,6 +124,39 @@ final class GoldenVectorTests: XCTestCase {
         XCTAssertThrowsError(try tokens.slotClasses(classNames: ["0"], slotTable: ["0123"]))
     }
 
+    // MARK: - exit_order.json (exit heads in token order, tokens compared as unsigned bytes)
+
+    func testExitOrderEqualsPython() throws {
+        let vectors = try Vectors.load("exit_order.json", as: ExitOrderVectors.self)
+        let key = try FederationKey(secret: hex(vectors.federationSecret))
+        XCTAssertEqual(vectors.cases.count, 5)
+        for vector in vectors.cases {
+            let tokens = try key.tokens(labelEpoch: vector.labelEpoch)
+            XCTAssertEqual(
+                try vector.classNames.map { try Hex.encode(tokens.token(className: $0)) }, vector.tokens, vector.name)
+            XCTAssertEqual(try tokens.exitOrder(classNames: vector.classNames), vector.exitClasses, vector.name)
+
+            let decoder = try ExitDecoder(federationKey: key, labelEpoch: vector.labelEpoch, classNames: vector.classNames)
+            XCTAssertEqual(decoder.outputs, vector.exitClasses.count, vector.name)
+            XCTAssertEqual(decoder.exitClasses, vector.exitClasses, vector.name)
+            for (output, name) in vector.exitClasses.enumerated() {
+                XCTAssertEqual(
+                    try decoder.classIndex(output: output), vector.classNames.firstIndex(of: name), "\(vector.name) \(output)")
+            }
+            XCTAssertEqual(try decoder.classIndex(output: -1), -1, "non-finite logits name no class")
+            XCTAssertThrowsError(try decoder.classIndex(output: vector.exitClasses.count), vector.name)
+        }
+        // The last case: comparing the bytes as signed (Int8) gives another order.
+        let last = try XCTUnwrap(vectors.cases.last)
+        let tokens = try key.tokens(labelEpoch: last.labelEpoch)
+        func signedBytes(_ name: String) throws -> [Int8] {
+            try tokens.token(className: name).map { Int8(bitPattern: $0) }
+        }
+        let signed = try last.classNames.sorted { a, b in try signedBytes(a).lexicographicallyPrecedes(signedBytes(b)) }
+        XCTAssertNotEqual(signed, last.exitClasses)
+        XCTAssertThrowsError(try ExitDecoder(federationKey: key, labelEpoch: "a b", classNames: ["0"]))
+    }
+
     // MARK: - sealed_upload.json
 
     func testSealedEnvelopesAreByteEqual() throws {
@@ -222,7 +255,7 @@ final class GoldenVectorTests: XCTestCase {
         XCTAssertFalse(vectors.cases.isEmpty)
         for vector in vectors.cases {
             let decision = try ExitPolicy(threshold: vector.threshold).decide(vector.logits.map { Float($0) })
-            XCTAssertEqual(decision.predictedClass, vector.predictedClass, "\(vector.logits)")
+            XCTAssertEqual(decision.topOutput, vector.predictedClass, "\(vector.logits)")
             XCTAssertEqual(decision.confidence, vector.confidence, accuracy: 1e-12, "\(vector.logits)")
             XCTAssertEqual(decision.exitLocally, vector.exitLocally, "\(vector.logits)")
         }
@@ -233,7 +266,7 @@ final class GoldenVectorTests: XCTestCase {
         for logits: [Float] in [[.nan, 1], [.infinity, 0], [-.infinity, 2]] {
             let decision = policy.decide(logits)
             XCTAssertFalse(decision.exitLocally)
-            XCTAssertEqual(decision.predictedClass, -1)
+            XCTAssertEqual(decision.topOutput, -1)
         }
         XCTAssertThrowsError(try ExitPolicy(threshold: 0))
         XCTAssertThrowsError(try ExitPolicy(threshold: 1.01))

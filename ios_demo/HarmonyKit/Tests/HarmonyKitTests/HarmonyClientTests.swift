@@ -60,27 +60,38 @@ final class HarmonyClientTests: XCTestCase {
         return SlotDecoder(federationKey: key, classNames: ["0", "1", "2"], source: FakeSlotTables(fetches: fetches))
     }
 
+    /// Exit outputs in token order under "e1" (protocol/label_tokens.py exit_order): output 0 = class "0",
+    /// output 1 = class "2", output 2 = class "1".
+    func makeExits() throws -> ExitDecoder {
+        try ExitDecoder(
+            federationKey: FederationKey(secret: FakeSlotTables.secret), labelEpoch: "e1", classNames: ["0", "1", "2"])
+    }
+
     func makeClient(logits: [Float], fallback: (any FallbackServer)?) throws -> HarmonyClient {
         let policy = try ExitPolicy(threshold: 0.9)
         return try HarmonyClient(
-            engine: FakeEngine(logits: logits), exitPolicy: policy, fallback: fallback, slots: makeDecoder())
+            engine: FakeEngine(logits: logits), exitPolicy: policy, exits: makeExits(), fallback: fallback,
+            slots: makeDecoder())
     }
 
     func testAConfidentFrontEndAnswersLocally() async throws {
-        let client = try makeClient(logits: [8, 0, 0], fallback: FakeServer(answer: server))
+        let client = try makeClient(logits: [0, 8, 0], fallback: FakeServer(answer: server))
         let result = try await client.classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .localExit)
-        XCTAssertEqual(result.predictedClass, 0)
+        XCTAssertEqual(result.local.topOutput, 1)
+        XCTAssertEqual(result.predictedClass, 2, "exit output 1 is class \"2\"")
+        XCTAssertEqual(result.localClass, 2)
         XCTAssertNil(result.server)
     }
 
     func testAnUnsureFrontEndAsksTheServerAndDecodesTheSlot() async throws {
-        let client = try makeClient(logits: [1, 0.5, 0], fallback: FakeServer(answer: server))
+        let client = try makeClient(logits: [0.5, 0, 1], fallback: FakeServer(answer: server))
         let result = try await client.classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .server)
         XCTAssertEqual(result.predictedClass, 2, "slot 0 of version v2 holds class \"2\"")
         XCTAssertEqual(result.confidence, 0.98)
-        XCTAssertEqual(result.local.predictedClass, 0)
+        XCTAssertEqual(result.local.topOutput, 2)
+        XCTAssertEqual(result.localClass, 1, "exit output 2 is class \"1\"")
         XCTAssertFalse(result.local.exitLocally)
         _ = try await client.classify([Float](repeating: 0, count: 784))
         let fetched = await fetches.value
@@ -89,10 +100,10 @@ final class HarmonyClientTests: XCTestCase {
 
     func testASlotWithNoClassOfThisPhoneKeepsTheLocalAnswer() async throws {
         let unnamed = ServerPrediction(modelVersion: "v2", slotScores: [0, 0, 5], topSlot: 2, confidence: 0.9)
-        let result = try await makeClient(logits: [1, 0.5, 0], fallback: FakeServer(answer: unnamed))
+        let result = try await makeClient(logits: [0.5, 0, 1], fallback: FakeServer(answer: unnamed))
             .classify([Float](repeating: 0, count: 784))
         XCTAssertEqual(result.source, .localServerUnnamed)
-        XCTAssertEqual(result.predictedClass, 0)
+        XCTAssertEqual(result.predictedClass, 1, "the local answer: exit output 2, class \"1\"")
         XCTAssertEqual(result.server?.topSlot, 2)
         XCTAssertNotNil(result.serverError)
     }
@@ -100,15 +111,61 @@ final class HarmonyClientTests: XCTestCase {
     func testAFallbackServerNeedsASlotDecoder() throws {
         let policy = try ExitPolicy(threshold: 0.9)
         XCTAssertThrowsError(try HarmonyClient(
-            engine: FakeEngine(logits: [1]), exitPolicy: policy, fallback: FakeServer(answer: server), slots: nil))
+            engine: FakeEngine(logits: [1]), exitPolicy: policy, exits: makeExits(), fallback: FakeServer(answer: server),
+            slots: nil))
+    }
+
+    func testTheLocalAnswerIsTheClassOfTheTopExitOutputNotItsIndex() async throws {
+        // exit_order.json's "digits" case: Python's exit_order names each output of a token-ordered head.
+        let vectors = try Vectors.load("exit_order.json", as: ExitOrderVectors.self)
+        let digits = try XCTUnwrap(vectors.cases.first)
+        let exits = try ExitDecoder(
+            federationKey: FederationKey(secret: hex(vectors.federationSecret)), labelEpoch: digits.labelEpoch,
+            classNames: digits.classNames)
+        var moved = 0
+        for output in digits.classNames.indices {
+            let expected = try XCTUnwrap(digits.classNames.firstIndex(of: digits.exitClasses[output]))
+            let cases: [(top: Float, source: Classification.Source)] = [(9, .localExit), (1.2, .localAfterServerFailure)]
+            for (top, source) in cases {
+                var logits = [Float](repeating: 0, count: digits.classNames.count)
+                logits[output] = top
+                let client = try HarmonyClient(
+                    engine: FakeEngine(logits: logits), exitPolicy: ExitPolicy(threshold: 0.9), exits: exits,
+                    fallback: nil, slots: nil)
+                let result = try await client.classify([Float](repeating: 0, count: 784))
+                XCTAssertEqual(result.source, source, "output \(output)")
+                XCTAssertEqual(result.local.topOutput, output)
+                XCTAssertEqual(result.predictedClass, expected, "output \(output)")
+                XCTAssertEqual(result.localClass, expected, "output \(output)")
+            }
+            moved += expected == output ? 0 : 1
+        }
+        XCTAssertGreaterThanOrEqual(moved, 8, "the vector's token order moves most outputs away from their index")
+    }
+
+    func testNonFiniteLogitsNameNoClass() async throws {
+        let result = try await makeClient(logits: [0, .nan, 3], fallback: nil).classify([Float](repeating: 0, count: 784))
+        XCTAssertEqual(result.local.topOutput, -1)
+        XCTAssertEqual(result.localClass, -1)
+        XCTAssertEqual(result.predictedClass, -1)
+    }
+
+    func testAnExitHeadWithAnotherNumberOfOutputsIsRefused() async throws {
+        let client = try makeClient(logits: [8, 0], fallback: nil)
+        do {
+            _ = try await client.classify([Float](repeating: 0, count: 784))
+            XCTFail("two logits for three classes must be refused")
+        } catch let error as InferenceError {
+            XCTAssertTrue(error.description.contains("2 logits"), error.description)
+        }
     }
 
     func testAFailingOrMissingServerLeavesTheLocalAnswer() async throws {
         for fallback: (any FallbackServer)? in [FakeServer(answer: nil), nil] {
-            let client = try makeClient(logits: [1, 0.5, 0], fallback: fallback)
+            let client = try makeClient(logits: [0.5, 0, 1], fallback: fallback)
             let result = try await client.classify([Float](repeating: 0, count: 784))
             XCTAssertEqual(result.source, .localAfterServerFailure)
-            XCTAssertEqual(result.predictedClass, 0)
+            XCTAssertEqual(result.predictedClass, 1)
             XCTAssertNotNil(result.serverError)
         }
     }

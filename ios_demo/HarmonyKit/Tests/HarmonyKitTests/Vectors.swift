@@ -98,6 +98,19 @@ struct SlotMappingVectors: Decodable {
     let cases: [Case]
 }
 
+struct ExitOrderVectors: Decodable {
+    struct Case: Decodable {
+        let name: String
+        let labelEpoch: String
+        let classNames: [String]
+        let tokens: [String]
+        let exitClasses: [String]
+    }
+
+    let federationSecret: String
+    let cases: [Case]
+}
+
 struct ExitDecisionVectors: Decodable {
     struct Case: Decodable {
         let logits: [Double]

@@ -94,6 +94,40 @@ public actor SlotDecoder {
     }
 }
 
+/// Names the outputs of the tier's exit head (docs/PROTOCOL.md 3, "Exit output -> class"). Exit heads
+/// are trained and shipped in token order: output j is the class whose label token under the
+/// manifest's label epoch is the j-th smallest (unsigned byte order, `LabelTokens.exitOrder`), so a
+/// model that leaves a phone carries no class order and only a holder of the federation secret can
+/// tell which output is which class. The early-exit rule (max softmax vs the threshold) does not
+/// depend on it.
+public struct ExitDecoder: Sendable {
+    /// The manifest's `class_names`.
+    public let classNames: [String]
+    /// The class name of each output: entry j names output j.
+    public let exitClasses: [String]
+    private let classOfOutput: [Int]
+
+    /// - Parameter labelEpoch: the manifest's `label_epoch` (the epoch the front-end was trained in).
+    public init(federationKey: FederationKey, labelEpoch: String, classNames: [String]) throws {
+        self.classNames = classNames
+        exitClasses = try federationKey.tokens(labelEpoch: labelEpoch).exitOrder(classNames: classNames)
+        classOfOutput = exitClasses.map { classNames.firstIndex(of: $0) ?? -1 }
+    }
+
+    /// The number of outputs the exit head has: one per class name.
+    public var outputs: Int { classOfOutput.count }
+
+    /// The index in the manifest's class names of exit output `output`; -1 for -1 (an `ExitDecision`
+    /// over non-finite logits, which names no output).
+    public func classIndex(output: Int) throws -> Int {
+        if output == -1 { return -1 }
+        guard classOfOutput.indices.contains(output) else {
+            throw HarmonyFormatError("exit output \(output) of a head with \(outputs) outputs")
+        }
+        return classOfOutput[output]
+    }
+}
+
 /// The answer for one image and how it was reached.
 public struct Classification: Sendable {
     public enum Source: String, Sendable {
@@ -112,8 +146,11 @@ public struct Classification: Sendable {
     public let predictedClass: Int
     /// Max softmax probability behind the answer.
     public let confidence: Double
-    /// The early-exit decision (always computed).
+    /// The early-exit decision (always computed); its top output is in token order.
     public let local: ExitDecision
+    /// The class index of the exit head's answer (its top output named by `ExitDecoder`); -1 only for
+    /// non-finite logits.
+    public let localClass: Int
     /// The server's prediction, or nil if it was not asked or failed.
     public let server: ServerPrediction?
     /// Why the fallback failed or could not name a class, or nil.
@@ -127,28 +164,32 @@ public struct Classification: Sendable {
 /// The phone side of HARMONY inference: run the front-end; answer locally when the exit head is
 /// confident (max softmax >= the tier's threshold), otherwise send the interface features to the
 /// server back-end; if the server fails (network, 4xx/5xx, a long Retry-After), answer with the
-/// local guess anyway. The server answers with a slot; `SlotDecoder` maps it to a class, and a slot
-/// that names none of this phone's classes also leaves the local answer standing. A classification
+/// local guess anyway. The exit head's outputs are in token order; `ExitDecoder` names the class of
+/// its top output. The server answers with a slot; `SlotDecoder` maps it to a class, and a slot that
+/// names none of this phone's classes also leaves the local answer standing. A classification
 /// therefore always has an answer.
 public final class HarmonyClient: Sendable {
     public let engine: any InferenceEngine
     public let exitPolicy: ExitPolicy
+    public let exits: ExitDecoder
     public let fallback: (any FallbackServer)?
     public let slots: SlotDecoder?
     private let clock: @Sendable () -> UInt64
 
     /// - Parameters:
+    ///   - exits: names the exit head's outputs (token order) with this phone's classes.
     ///   - fallback: the server, or nil for local-only operation (offline, not enrolled).
     ///   - slots: maps the server's slots to this phone's classes; required with a fallback server.
     public init(
-        engine: any InferenceEngine, exitPolicy: ExitPolicy, fallback: (any FallbackServer)?, slots: SlotDecoder?,
-        clock: @escaping @Sendable () -> UInt64 = { DispatchTime.now().uptimeNanoseconds }
+        engine: any InferenceEngine, exitPolicy: ExitPolicy, exits: ExitDecoder, fallback: (any FallbackServer)?,
+        slots: SlotDecoder?, clock: @escaping @Sendable () -> UInt64 = { DispatchTime.now().uptimeNanoseconds }
     ) throws {
         if fallback != nil, slots == nil {
             throw HarmonyFormatError("a fallback server answers in slots: pass a SlotDecoder")
         }
         self.engine = engine
         self.exitPolicy = exitPolicy
+        self.exits = exits
         self.fallback = fallback
         self.slots = slots
         self.clock = clock
@@ -157,45 +198,51 @@ public final class HarmonyClient: Sendable {
     public func classify(_ input: [Float]) async throws -> Classification {
         let start = clock()
         let output = try engine.run(input)
+        guard output.exitLogits.count == exits.outputs else {
+            throw InferenceError(
+                "the exit head returned \(output.exitLogits.count) logits; the manifest names \(exits.outputs) classes")
+        }
         let local = exitPolicy.decide(output.exitLogits)
+        let localClass = try exits.classIndex(output: local.topOutput)
         let localNanos = clock() - start
         if local.exitLocally {
             return Classification(
-                source: .localExit, predictedClass: local.predictedClass, confidence: local.confidence, local: local,
-                server: nil, serverError: nil, localLatencyNanos: localNanos, serverLatencyNanos: 0,
-                features: output.features)
+                source: .localExit, predictedClass: localClass, confidence: local.confidence, local: local,
+                localClass: localClass, server: nil, serverError: nil, localLatencyNanos: localNanos,
+                serverLatencyNanos: 0, features: output.features)
         }
         guard let fallback, let slots else {
-            return Self.localAfterFailure(local, "no fallback server configured", localNanos, 0, output)
+            return Self.localAfterFailure(local, localClass, "no fallback server configured", localNanos, 0, output)
         }
         let serverStart = clock()
         do {
             let server = try await fallback.predict(output.features)
             guard let serverClass = try await slots.classIndex(of: server) else {
                 return Classification(
-                    source: .localServerUnnamed, predictedClass: local.predictedClass, confidence: local.confidence,
-                    local: local, server: server,
+                    source: .localServerUnnamed, predictedClass: localClass, confidence: local.confidence,
+                    local: local, localClass: localClass, server: server,
                     serverError: "the server's slot \(server.topSlot) (version \(server.modelVersion)) names none of "
                         + "this phone's classes",
                     localLatencyNanos: localNanos, serverLatencyNanos: clock() - serverStart, features: output.features)
             }
             return Classification(
                 source: .server, predictedClass: serverClass, confidence: server.confidence, local: local,
-                server: server, serverError: nil, localLatencyNanos: localNanos,
+                localClass: localClass, server: server, serverError: nil, localLatencyNanos: localNanos,
                 serverLatencyNanos: clock() - serverStart, features: output.features)
         } catch is CancellationError {
             throw CancellationError()
         } catch {
-            return Self.localAfterFailure(local, "\(error)", localNanos, clock() - serverStart, output)
+            return Self.localAfterFailure(local, localClass, "\(error)", localNanos, clock() - serverStart, output)
         }
     }
 
     private static func localAfterFailure(
-        _ local: ExitDecision, _ reason: String, _ localNanos: UInt64, _ serverNanos: UInt64, _ output: FrontEndOutput
+        _ local: ExitDecision, _ localClass: Int, _ reason: String, _ localNanos: UInt64, _ serverNanos: UInt64,
+        _ output: FrontEndOutput
     ) -> Classification {
         Classification(
-            source: .localAfterServerFailure, predictedClass: local.predictedClass, confidence: local.confidence,
-            local: local, server: nil, serverError: reason, localLatencyNanos: localNanos,
+            source: .localAfterServerFailure, predictedClass: localClass, confidence: local.confidence,
+            local: local, localClass: localClass, server: nil, serverError: reason, localLatencyNanos: localNanos,
             serverLatencyNanos: serverNanos, features: output.features)
     }
 }

@@ -1,7 +1,7 @@
 import CryptoKit
 import Foundation
 
-/// Label tokens and slot decoding (docs/PROTOCOL.md 3, protocol/label_tokens.py):
+/// Label tokens, slot decoding and exit-output order (docs/PROTOCOL.md 3, protocol/label_tokens.py):
 ///
 ///     K_e = HKDF-SHA256(ikm = federation_secret, salt = none (32 zero bytes),
 ///                       info = "harmony/label-token/" + e, length = 32)
@@ -74,6 +74,16 @@ public struct LabelTokens: Sendable {
             }
             return byToken[token]
         }
+    }
+
+    /// The class behind each output of an exit head (protocol/label_tokens.py `exit_order`): exit heads
+    /// are trained and shipped in token order, so entry j is the name whose token is the j-th smallest,
+    /// comparing the 8 bytes as unsigned bytes (`UInt8`), first byte first; ties (equal tokens) go by name.
+    public func exitOrder(classNames: [String]) throws -> [String] {
+        let tokens = try classNames.map { try token(className: $0) }
+        return zip(tokens, classNames).sorted { a, b in
+            a.0 == b.0 ? a.1 < b.1 : a.0.lexicographicallyPrecedes(b.0)
+        }.map { $0.1 }
     }
 }
 

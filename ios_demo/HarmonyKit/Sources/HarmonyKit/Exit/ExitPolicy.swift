@@ -2,8 +2,9 @@ import Foundation
 
 /// The early-exit verdict for one sample.
 public struct ExitDecision: Sendable, Equatable {
-    /// argmax of the exit head's logits (first index on ties); -1 for non-finite logits.
-    public let predictedClass: Int
+    /// argmax of the exit head's logits (first index on ties); -1 for non-finite logits. Exit heads
+    /// are in token order, not class order: `ExitDecoder` names the class of an output.
+    public let topOutput: Int
     /// The maximum softmax probability (NaN for non-finite logits).
     public let confidence: Double
     /// true when the phone answers itself: confidence >= threshold.
@@ -46,11 +47,11 @@ public struct ExitPolicy: Sendable {
 
     public func decide(_ logits: [Float]) -> ExitDecision {
         guard !logits.isEmpty, logits.allSatisfy(\.isFinite) else {
-            return ExitDecision(predictedClass: -1, confidence: .nan, exitLocally: false)
+            return ExitDecision(topOutput: -1, confidence: .nan, exitLocally: false)
         }
         let probabilities = Softmax.probabilities(logits)
         let best = Softmax.argmax(probabilities)
         let confidence = probabilities[best]
-        return ExitDecision(predictedClass: best, confidence: confidence, exitLocally: confidence >= threshold)
+        return ExitDecision(topOutput: best, confidence: confidence, exitLocally: confidence >= threshold)
     }
 }

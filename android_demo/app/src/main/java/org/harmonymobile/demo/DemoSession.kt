@@ -5,6 +5,7 @@ import java.io.File
 import java.time.Duration
 import org.harmonymobile.core.Classification
 import org.harmonymobile.core.ConfirmedUploads
+import org.harmonymobile.core.ExitDecoder
 import org.harmonymobile.core.FallbackServer
 import org.harmonymobile.core.FederationKey
 import org.harmonymobile.core.HarmonyClient
@@ -23,9 +24,10 @@ import org.harmonymobile.core.util.Hex
 import org.harmonymobile.core.wire.FeatureTensor
 
 /**
- * Everything the screen uses, wired once a model is installed: the engine, the early-exit client, and,
- * when the device is enrolled, the fallback server (whose slots are decoded with the federation
- * secret) and the confirmed-label upload queue. All methods block; call them off the main thread.
+ * Everything the screen uses, wired once a model is installed: the engine, the early-exit client (whose
+ * exit head, in token order, is named with the federation secret) and, when the device is enrolled,
+ * the fallback server (whose slots are decoded with the federation secret) and the confirmed-label
+ * upload queue. All methods block; call them off the main thread.
  * [close] may come from the main thread while an inference runs: the engine is a [SerializedEngine],
  * so the close waits for it instead of destroying a module mid-forward.
  */
@@ -36,8 +38,17 @@ class DemoSession(
     credentials: DeviceCredentials?,
 ) : AutoCloseable {
 
-    private val engine = SerializedEngine(ExecuTorchEngine(model.file.absolutePath, model.tier))
     private val federation: FederationKey = federationKey(context)
+
+    /** The exit head's outputs are in token order under the manifest's label epoch (before the engine loads). */
+    private val exits = ExitDecoder(
+        federation,
+        requireNotNull(model.manifest.labelEpoch()) {
+            "this export names no label epoch, so its exit head cannot be decoded: re-export it"
+        },
+        model.manifest.classNames(),
+    )
+    private val engine = SerializedEngine(ExecuTorchEngine(model.file.absolutePath, model.tier))
     private val server = HarmonyServerClient(
         RetryingTransport(
             UrlConnectionTransport(serverUrl, Duration.ofSeconds(3), Duration.ofSeconds(10)),
@@ -58,7 +69,7 @@ class DemoSession(
             remember(model.manifest.backendModelVersion(), model.manifest.slotTable())
         }
     }
-    val client = HarmonyClient(engine, ExitPolicy(model.tier.threshold()), fallback, slots)
+    val client = HarmonyClient(engine, ExitPolicy(model.tier.threshold()), exits, fallback, slots)
 
     /** Uploads name the lineage's label epoch, which the verified manifest carries. */
     val uploads: ConfirmedUploads? = credentials?.takeIf { model.manifest.labelEpoch() != null }?.let { device ->

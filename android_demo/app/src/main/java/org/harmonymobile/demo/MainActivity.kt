@@ -131,7 +131,8 @@ class MainActivity : AppCompatActivity() {
         fun name(index: Int) = classNames.getOrNull(index) ?: "?"
         val local = result.local()
         val lines = mutableListOf(
-            String.format(Locale.ROOT, "local : %s  p=%.3f  %.1f ms  (%s)", name(local.predictedClass()), local.confidence(),
+            // the exit head's top output is in token order: Classification.localClass names its class
+            String.format(Locale.ROOT, "local : %s  p=%.3f  %.1f ms  (%s)", name(result.localClass()), local.confidence(),
                 result.localLatencyNanos() / 1e6, if (local.exitLocally()) "exit" else "below threshold"),
         )
         result.server()?.let { server ->

@@ -10,7 +10,9 @@ import org.harmonymobile.core.wire.FeatureTensor;
  * @param source who answered
  * @param predictedClass the answer; -1 only if the local front-end produced non-finite logits and the server failed
  * @param confidence max softmax probability behind the answer
- * @param local the early-exit decision (always computed)
+ * @param local the early-exit decision (always computed); its top output is in token order
+ * @param localClass the class index of the exit head's answer (its top output named by {@link ExitDecoder});
+ *     -1 only for non-finite logits
  * @param server the server's prediction, or null if the server was not asked or failed
  * @param serverError why the fallback failed or could not name a class, or null
  * @param features the interface features (kept so a user-confirmed label can be uploaded)
@@ -20,6 +22,7 @@ public record Classification(
         int predictedClass,
         double confidence,
         ExitDecision local,
+        int localClass,
         ServerPrediction server,
         String serverError,
         long localLatencyNanos,

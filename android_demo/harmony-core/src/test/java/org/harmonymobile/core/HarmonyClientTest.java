@@ -14,7 +14,9 @@ import java.util.concurrent.atomic.AtomicLong;
 import org.harmonymobile.core.crypto.LabelTokens;
 import org.harmonymobile.core.engine.FrontEndOutput;
 import org.harmonymobile.core.engine.InferenceEngine;
+import org.harmonymobile.core.engine.InferenceException;
 import org.harmonymobile.core.exit.ExitPolicy;
+import org.harmonymobile.core.json.JsonObject;
 import org.harmonymobile.core.server.ServerException;
 import org.harmonymobile.core.server.ServerPrediction;
 import org.harmonymobile.core.server.SlotTable;
@@ -39,9 +41,12 @@ class HarmonyClientTest {
     private final AtomicLong clock = new AtomicLong();
     private final AtomicInteger serverCalls = new AtomicInteger();
 
-    private static final byte[] SECRET = new byte[32];
-    private static final String EPOCH = "e1";
+    /** exit_order.json's "digits" case: its secret and epoch, and (from Python) the class of each exit output. */
+    private static final JsonObject DIGITS = Vectors.load("exit_order.json").getObjectList("cases").get(0);
+    private static final byte[] SECRET = Vectors.load("exit_order.json").getHex("federation_secret");
+    private static final String EPOCH = DIGITS.getString("label_epoch");
     private static final List<String> CLASS_NAMES = List.of("0", "1", "2", "3", "4", "5", "6", "7", "8", "9");
+    private static final List<String> EXIT_CLASSES = DIGITS.getStringList("exit_classes");
     /** Version v1's slots: slot s holds class "9 - s", then one slot of a class this phone does not know. */
     private static final SlotTable SLOTS = slotTable();
 
@@ -62,8 +67,24 @@ class HarmonyClientTest {
             tableFetches.incrementAndGet();
             return SLOTS;
         });
-        return new HarmonyClient(new FixedEngine(logits), new ExitPolicy(0.9), server, decoder,
+        return new HarmonyClient(new FixedEngine(logits), new ExitPolicy(0.9), exits(), server, decoder,
                 () -> clock.addAndGet(1_000_000));
+    }
+
+    private static ExitDecoder exits() {
+        return new ExitDecoder(new FederationKey(SECRET), EPOCH, CLASS_NAMES);
+    }
+
+    /** Ten exit logits, {@code value} at output {@code top} and 0 elsewhere. */
+    private static float[] logits(int top, float value) {
+        float[] out = new float[CLASS_NAMES.size()];
+        out[top] = value;
+        return out;
+    }
+
+    /** The class index Python's exit_order gives exit output {@code j}. */
+    private static int exitClass(int j) {
+        return CLASS_NAMES.indexOf(EXIT_CLASSES.get(j));
     }
 
     private FallbackServer answering(int topSlot) {
@@ -76,9 +97,11 @@ class HarmonyClientTest {
 
     @Test
     void confidentSamplesAreAnsweredLocallyWithoutTheServer() throws Exception {
-        Classification c = client(new float[] {9f, 0f, 0f}, answering(2)).classify(new float[784]);
+        Classification c = client(logits(0, 9f), answering(2)).classify(new float[784]);
         assertEquals(Classification.Source.LOCAL_EXIT, c.source());
-        assertEquals(0, c.predictedClass());
+        assertEquals(0, c.local().topOutput());
+        assertEquals(9, c.predictedClass()); // exit output 0 is class "9" (the smallest token)
+        assertEquals(9, c.localClass());
         assertTrue(c.confidence() > 0.99);
         assertEquals(0, serverCalls.get());
         assertEquals(1_000_000, c.localLatencyNanos());
@@ -87,11 +110,12 @@ class HarmonyClientTest {
 
     @Test
     void uncertainSamplesFallBackToTheServer() throws Exception {
-        Classification c = client(new float[] {1f, 1.2f, 0f}, answering(2)).classify(new float[784]);
+        Classification c = client(logits(1, 1.2f), answering(2)).classify(new float[784]);
         assertEquals(Classification.Source.SERVER, c.source());
         assertEquals(7, c.predictedClass()); // slot 2 holds class "7"
         assertEquals(0.8, c.confidence());
-        assertEquals(1, c.local().predictedClass());
+        assertEquals(1, c.local().topOutput());
+        assertEquals(0, c.localClass()); // exit output 1 is class "0"
         assertEquals(1, serverCalls.get());
         assertEquals(1_000_000, c.serverLatencyNanos());
         assertEquals(1, tableFetches.get());
@@ -99,9 +123,9 @@ class HarmonyClientTest {
 
     @Test
     void aSlotWithNoClassOfThisPhoneKeepsTheLocalAnswerAndSaysSo() throws Exception {
-        Classification c = client(new float[] {1f, 1.2f, 0f}, answering(10)).classify(new float[784]);
+        Classification c = client(logits(1, 1.2f), answering(10)).classify(new float[784]);
         assertEquals(Classification.Source.LOCAL_SERVER_UNNAMED, c.source());
-        assertEquals(1, c.predictedClass());
+        assertEquals(0, c.predictedClass()); // the local answer: exit output 1, class "0"
         assertEquals(10, c.server().topSlot());
         assertTrue(c.serverError().contains("slot 10"));
     }
@@ -109,7 +133,44 @@ class HarmonyClientTest {
     @Test
     void aFallbackServerNeedsASlotDecoder() {
         assertThrows(IllegalArgumentException.class,
-                () -> new HarmonyClient(new FixedEngine(new float[] {1f}), new ExitPolicy(0.9), answering(0), null));
+                () -> new HarmonyClient(new FixedEngine(new float[] {1f}), new ExitPolicy(0.9), exits(), answering(0), null));
+        assertThrows(IllegalArgumentException.class,
+                () -> new HarmonyClient(new FixedEngine(new float[] {1f}), new ExitPolicy(0.9), null, null, null));
+    }
+
+    @Test
+    void theLocalAnswerIsTheClassOfTheTopExitOutputNotItsIndex() throws Exception {
+        int moved = 0;
+        for (int j = 0; j < CLASS_NAMES.size(); j++) {
+            Classification confident = client(logits(j, 9f), null).classify(new float[784]);
+            assertEquals(Classification.Source.LOCAL_EXIT, confident.source());
+            assertEquals(j, confident.local().topOutput());
+            assertEquals(exitClass(j), confident.predictedClass(), "exit output " + j);
+            assertEquals(exitClass(j), confident.localClass(), "exit output " + j);
+
+            Classification unsure = client(logits(j, 1.2f), null).classify(new float[784]);
+            assertEquals(Classification.Source.LOCAL_AFTER_SERVER_FAILURE, unsure.source());
+            assertEquals(exitClass(j), unsure.predictedClass(), "exit output " + j);
+            moved += exitClass(j) != j ? 1 : 0;
+        }
+        assertTrue(moved >= 8, "the vector's token order moves most outputs away from their class index");
+    }
+
+    @Test
+    void nonFiniteLogitsNameNoClass() throws Exception {
+        float[] broken = logits(3, 5f);
+        broken[7] = Float.NaN;
+        Classification c = client(broken, null).classify(new float[784]);
+        assertEquals(-1, c.local().topOutput());
+        assertEquals(-1, c.localClass());
+        assertEquals(-1, c.predictedClass());
+    }
+
+    @Test
+    void anExitHeadWithAnotherNumberOfOutputsIsRefused() {
+        InferenceException error = assertThrows(InferenceException.class,
+                () -> client(new float[] {9f, 0f, 0f}, null).classify(new float[784]));
+        assertTrue(error.getMessage().contains("3 logits"), error.getMessage());
     }
 
     @Test
@@ -117,17 +178,17 @@ class HarmonyClientTest {
         FallbackServer busy = features -> {
             throw new ServerException(503, "inference queue full", java.time.Duration.ofSeconds(1));
         };
-        Classification c = client(new float[] {1f, 1.2f, 0f}, busy).classify(new float[784]);
+        Classification c = client(logits(1, 1.2f), busy).classify(new float[784]);
         assertEquals(Classification.Source.LOCAL_AFTER_SERVER_FAILURE, c.source());
-        assertEquals(1, c.predictedClass());
+        assertEquals(0, c.predictedClass());
         assertTrue(c.serverError().contains("503"));
 
         FallbackServer offline = features -> {
             throw new IOException("connection refused");
         };
-        assertEquals(1, client(new float[] {1f, 1.2f, 0f}, offline).classify(new float[784]).predictedClass());
+        assertEquals(0, client(logits(1, 1.2f), offline).classify(new float[784]).predictedClass());
 
-        Classification noServer = client(new float[] {1f, 1.2f, 0f}, null).classify(new float[784]);
+        Classification noServer = client(logits(1, 1.2f), null).classify(new float[784]);
         assertEquals(Classification.Source.LOCAL_AFTER_SERVER_FAILURE, noServer.source());
         assertEquals("no fallback server configured", noServer.serverError());
     }

@@ -3,6 +3,7 @@ package org.harmonymobile.core.crypto;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Comparator;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -11,7 +12,7 @@ import javax.crypto.Mac;
 import org.harmonymobile.core.util.Hex;
 
 /**
- * Label tokens and slot decoding (mirrors protocol/label_tokens.py):
+ * Label tokens, slot decoding and exit-output order (mirrors protocol/label_tokens.py):
  *
  * <pre>
  *   K_e = HKDF-SHA256(federation_secret, salt = none, info = "harmony/label-token/" + e, 32 bytes)
@@ -85,6 +86,38 @@ public final class LabelTokens {
             out.add(byToken.get(token));
         }
         return out;
+    }
+
+    /**
+     * The class behind each output of an exit head (protocol/label_tokens.py {@code exit_order}): exit
+     * heads are trained and shipped in token order, so entry j is the name whose token is the j-th
+     * smallest, comparing the 8 bytes as unsigned bytes, first byte first ({@link #compareUnsigned});
+     * ties, which need equal tokens, go by name.
+     */
+    public List<String> exitOrder(List<String> classNames) {
+        Map<String, byte[]> tokens = new HashMap<>();
+        for (String name : classNames) {
+            tokens.computeIfAbsent(name, this::token);
+        }
+        List<String> order = new ArrayList<>(classNames);
+        order.sort(Comparator.<String, byte[]>comparing(tokens::get, LabelTokens::compareUnsigned)
+                .thenComparing(Comparator.naturalOrder()));
+        return order;
+    }
+
+    /**
+     * Lexicographic order of byte strings read as unsigned (0x80-0xff after 0x00-0x7f), as Python orders
+     * {@code bytes}. Java's {@code byte} is signed: comparing the raw values would put 0x80-0xff first.
+     */
+    public static int compareUnsigned(byte[] a, byte[] b) {
+        int common = Math.min(a.length, b.length);
+        for (int i = 0; i < common; i++) {
+            int order = Integer.compare(a[i] & 0xff, b[i] & 0xff);
+            if (order != 0) {
+                return order;
+            }
+        }
+        return Integer.compare(a.length, b.length);
     }
 
     public byte[] epochKey() {

@@ -19,7 +19,7 @@ class ExitDecisionVectorTest {
             float[] logits = Vectors.floats(c, "logits");
             ExitDecision decision = new ExitPolicy(c.getDouble("threshold")).decide(logits);
             String name = "logits " + c.get("logits") + " threshold " + c.getDouble("threshold");
-            assertEquals(c.getInt("predicted_class"), decision.predictedClass(), name);
+            assertEquals(c.getInt("predicted_class"), decision.topOutput(), name);
             assertEquals(c.getDouble("confidence"), decision.confidence(), 1e-12, name);
             assertEquals(c.getBoolean("exit_locally"), decision.exitLocally(), name);
         }
@@ -30,13 +30,13 @@ class ExitDecisionVectorTest {
         ExitPolicy policy = new ExitPolicy(0.5);
         assertFalse(policy.decide(new float[] {Float.NaN, 1f}).exitLocally());
         assertFalse(policy.decide(new float[] {Float.POSITIVE_INFINITY, 1f}).exitLocally());
-        assertEquals(-1, policy.decide(new float[] {Float.NEGATIVE_INFINITY, 1f}).predictedClass());
+        assertEquals(-1, policy.decide(new float[] {Float.NEGATIVE_INFINITY, 1f}).topOutput());
     }
 
     @Test
     void extremeLogitsStayFinite() {
         ExitDecision d = new ExitPolicy(0.99).decide(new float[] {Float.MAX_VALUE, -Float.MAX_VALUE, 0f});
-        assertEquals(0, d.predictedClass());
+        assertEquals(0, d.topOutput());
         assertEquals(1.0, d.confidence());
         assertTrue(d.exitLocally());
     }

@@ -13,6 +13,7 @@ import java.util.List;
 import java.util.Map;
 import org.harmonymobile.core.Classification;
 import org.harmonymobile.core.ConfirmedUploads;
+import org.harmonymobile.core.ExitDecoder;
 import org.harmonymobile.core.FederationKey;
 import org.harmonymobile.core.HarmonyClient;
 import org.harmonymobile.core.SlotDecoder;
@@ -39,7 +40,7 @@ import org.harmonymobile.core.wire.FeatureTensor;
 /**
  * The Java half of tests/test_android_interop.py: talks to a real `harmony serve` the way the app does
  * (enrol, verify the enrolment manifest, sealed confirmed-label uploads through the durable queue, a replay,
- * a fallback inference through {@link HarmonyClient}) and writes everything it sent as JSON, so the Python
+ * a fallback inference through {@link HarmonyClient}, its local exit answer named through the token order) and writes everything it sent as JSON, so the Python
  * side can check the server stored and answered exactly that.
  *
  * <pre>
@@ -144,13 +145,16 @@ public final class InteropMain {
             public void close() {}
         };
         SlotDecoder slots = new SlotDecoder(federation, classNames, version -> server.slotTable(device, version));
-        HarmonyClient client = new HarmonyClient(uncertain, new ExitPolicy(0.9),
+        ExitDecoder exits = new ExitDecoder(federation, enrollment.labelEpoch(), classNames);
+        HarmonyClient client = new HarmonyClient(uncertain, new ExitPolicy(0.9), exits,
                 features -> server.infer(device, features, TIER, null).get(0), slots);
         Classification answer = client.classify(new float[28 * 28]);
         Map<String, Object> inference = new LinkedHashMap<>();
         inference.put("source", answer.source().name());
         inference.put("predicted_class", answer.predictedClass());
         inference.put("confidence", answer.confidence());
+        inference.put("local_top_output", answer.local().topOutput());
+        inference.put("local_class", answer.localClass());
         inference.put("server_error", answer.serverError());
         if (answer.server() != null) {
             inference.put("model_version", answer.server().modelVersion());
