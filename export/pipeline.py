@@ -521,11 +521,12 @@ def _export_tiers(
     run: RunDir, selected: list[Tier], work: Path, bar: _Progress, **options
 ) -> tuple[list[TierEntry], list[dict]]:
     dataset = run.dataset()
+    labels = run.exit_labels(dataset.labels)  # the front-ends answer in exit (token) order
     callbacks = {t.name: bar.callback(t.name, tier_steps(t)) for t in selected}
     entries, reports = [], []
     for tier in selected:
         entry, report = export_tier(
-            run, tier, work, dataset.images, dataset.labels, progress=callbacks[tier.name], **options
+            run, tier, work, dataset.images, labels, progress=callbacks[tier.name], **options
         )
         entries.append(entry)
         reports.append(report)

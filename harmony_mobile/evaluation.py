@@ -149,15 +149,41 @@ def evaluate(
 ) -> dict:
     """Per client and mean metrics for every OOD fraction, plus the alignment score."""
     per_client = {
-        client.name: {
-            f"p={p:g}": evaluate_client(client, backend, images, labels, partition, p, seed, exit_rule)
-            for p in ood_fractions
-        }
+        client.name: evaluate_client_at(
+            client, backend, images, labels, partition, seed, exit_rule, ood_fractions
+        )
         for client in clients
     }
+    results = summarize(per_client, ood_fractions)
+    if backend is not None:
+        summary = results["summary"]
+        summary["alignment_score"] = alignment_score(clients, backend.backend, images, labels, partition)
+    return results
+
+
+def evaluate_client_at(
+    client: Client,
+    backend: ServedBackend | None,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    partition: Partition,
+    seed: int,
+    exit_rule: str = "max_softmax",
+    ood_fractions: tuple[float, ...] = OOD_FRACTIONS,
+) -> dict[str, dict[str, float]]:
+    """One client's metrics at every OOD fraction (what a client reports in federated evaluation)."""
+    return {
+        f"p={p:g}": evaluate_client(client, backend, images, labels, partition, p, seed, exit_rule)
+        for p in ood_fractions
+    }
+
+
+def summarize(per_client: dict[str, dict], ood_fractions: tuple[float, ...] = OOD_FRACTIONS) -> dict:
+    """Means over clients of their reports, and the summary numbers."""
+    names = sorted(per_client)
     mean = {}
     for p in ood_fractions:
-        rows = [per_client[c.name][f"p={p:g}"] for c in clients]
+        rows = [per_client[name][f"p={p:g}"] for name in names]
         mean[f"p={p:g}"] = {key: nan_mean([r[key] for r in rows]) for key in rows[0]}
     summary = {
         "accuracy_without_ood": mean["p=0"]["accuracy"] if "p=0" in mean else float("nan"),
@@ -166,6 +192,4 @@ def evaluate(
             np.mean([mean[f"p={p:g}"]["exit_only_accuracy"] for p in ood_fractions if p > 0])
         ),
     }
-    if backend is not None:
-        summary["alignment_score"] = alignment_score(clients, backend.backend, images, labels, partition)
     return {"summary": summary, "mean": mean, "per_client": per_client}

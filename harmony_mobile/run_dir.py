@@ -16,8 +16,7 @@ RUN_DIR/                   server part
                            images, clipped and noised like uploads (float16)
   clients/                 client part
     federation_secret      the clients' federation secret: tokens labels, orders exit heads, decodes slots
-    partition.json         which data set classes each client holds
-    client-007.pt          one personalized front-end per client + its threshold and data indices
+    client-007.pt          one personalized front-end per client + its classes, threshold and data indices
 
 Class-indexed rows of every model (exit heads) are in token order (federation/client.py), so
 nothing in the server part, nor in an export made from it, is class-ordered.
@@ -42,7 +41,6 @@ from harmony_mobile.protocol.slots import SlotTable
 RUN_FORMAT = 3  # 3: server part + client part (clients/), exit heads in token order
 CLIENT_PART = "clients"
 SECRET_FILE = f"{CLIENT_PART}/federation_secret"
-PARTITION_FILE = f"{CLIENT_PART}/partition.json"
 
 
 def write_federation_secret(run_path: Path, secret: bytes) -> None:
@@ -50,12 +48,6 @@ def write_federation_secret(run_path: Path, secret: bytes) -> None:
     private_dir(run_path)
     with open_private(Path(run_path) / SECRET_FILE, exclusive=True) as out:
         out.write(secret)
-
-
-def write_partition(run_path: Path, client_classes: list[list[int]]) -> None:
-    """Client part: which data set classes each client holds (the server part never says)."""
-    with open_private(Path(run_path) / PARTITION_FILE, "w") as out:
-        json.dump({"client_classes": client_classes}, out)
 
 
 class RunDirError(ValueError):

@@ -5,6 +5,7 @@ Reads top to bottom; every step is a function of the config and the seed.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -26,7 +27,15 @@ from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.files import open_private
-from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, TierSet, load_tiers
+from harmony_mobile.models import (
+    Backend,
+    FamilyModel,
+    InterfaceSpec,
+    ProjectionHead,
+    Tier,
+    TierSet,
+    load_tiers,
+)
 from harmony_mobile.privacy.feature_noise import feature_privacy_report
 from harmony_mobile.privacy.label_dp import keep_probability
 from harmony_mobile.privacy.options import UploadPrivacy
@@ -40,7 +49,6 @@ from harmony_mobile.run_dir import (
     save_backend,
     save_client,
     write_federation_secret,
-    write_partition,
     write_run_info,
 )
 
@@ -180,30 +188,35 @@ def prepare_run_dir(run_path: Path, config: TrainConfig) -> None:
         raise RunDirError(f"{run_path} already holds this run, finished; nothing to do")
 
 
+def label_epoch_of(run_path: Path) -> str:
+    """The run's label epoch (public; the server's to pick): run.json's on resume, else a new one."""
+    info_file = run_path / "run.json"
+    if info_file.is_file():
+        return json.loads(info_file.read_text())["label_epoch"]
+    return f"e-{secrets.token_hex(8)}"
+
+
 def lineage_secrets(run_path: Path) -> tuple[bytes, str]:
-    """The federation secret and label epoch of the run: created with the run, reused on resume
-    (a resumed run must token labels exactly as before or its slot table would not match)."""
+    """The federation secret (client part: created with the run, reused on resume, since a resumed
+    run must token labels exactly as before) and the label epoch of the run."""
     secret_file = run_path / SECRET_FILE
     if secret_file.is_file():
         secret = secret_file.read_bytes()
     else:
         secret = os.urandom(32)
         write_federation_secret(run_path, secret)
-    info_file = run_path / "run.json"
-    if info_file.is_file():
-        return secret, json.loads(info_file.read_text())["label_epoch"]
-    return secret, f"e-{secrets.token_hex(8)}"
+    return secret, label_epoch_of(run_path)
 
 
-def privacy_report(config: TrainConfig, clients: list[Client]) -> dict:
-    """run.json's account of the upload protections of this run (None where an option is off)."""
-    releases = max((c.max_releases for c in clients), default=0)
+def privacy_report(config: TrainConfig, max_releases: int, num_classes: int) -> dict:
+    """run.json's account of the upload protections of this run (None where an option is off);
+    `max_releases`: how often the most-released training sample of any client left its phone."""
     return {
         "label_dp_epsilon": config.label_dp_epsilon,
-        "label_dp_keep_probability": keep_probability(config.label_dp_epsilon, len(clients[0].class_names))
-        if config.label_dp_epsilon is not None and clients
+        "label_dp_keep_probability": keep_probability(config.label_dp_epsilon, num_classes)
+        if config.label_dp_epsilon is not None
         else None,
-        "features": feature_privacy_report(config.feature_clip, config.noise_multiplier, releases),
+        "features": feature_privacy_report(config.feature_clip, config.noise_multiplier, max_releases),
     }
 
 
@@ -222,6 +235,7 @@ class TrainingRun:
     backend: Backend
     projection: ProjectionHead
     label_epoch: str
+    client_tiers: list[Tier]  # client i's tier; the clients themselves only when this process plays them
 
     @property
     def clients(self) -> list[Client]:
@@ -257,8 +271,11 @@ def client_partition(config: TrainConfig, tiers: TierSet, dataset) -> Partition:
     )
 
 
-def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
-    """Checks, run dir, data, partition, clients, run.json, back-end and the federation."""
+def start_run(config: TrainConfig, run_path: Path, play_clients: bool = True) -> TrainingRun:
+    """Checks, run dir, data, partition, clients, run.json, back-end and the federation.
+
+    With `play_clients=False` (the Flower ServerApp) this is the server's part only: no secret is
+    read, no client is built, and no image or label is kept (the data set's shape and names only)."""
     started = time.perf_counter()
     torch.set_num_threads(config.threads)
     run_path = Path(run_path)
@@ -268,9 +285,14 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
     dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
     tiers = tiers.with_input_shape(dataset.input_shape)
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
-    partition = client_partition(config, tiers, dataset)
-    secret, label_epoch = lineage_secrets(run_path)
-    clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
+    client_tiers = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
+    if play_clients:
+        partition = client_partition(config, tiers, dataset)
+        secret, label_epoch = lineage_secrets(run_path)
+        clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
+    else:
+        dataset = dataclasses.replace(dataset, images=dataset.images[:0], labels=dataset.labels[:0])
+        partition, clients, label_epoch = None, [], label_epoch_of(run_path)
     info = RunInfo.of_dataset(
         dataset,
         algorithm=config.algorithm,
@@ -281,12 +303,11 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
         model_version="in-training",
         label_epoch=label_epoch,
         seed=config.seed,
-        privacy=privacy_report(config, []),
+        privacy=privacy_report(config, 0, dataset.num_classes),
         train_config=config.model_dump(),
         partition={"scheme": config.partition},  # which classes each client holds: client part only
     )
     write_run_info(run_path, info)
-    write_partition(run_path, [[int(c) for c in split.classes] for split in partition.clients])
     torch.manual_seed(config.seed)
     backend = Backend(interface, dataset.num_classes)
     projection = ProjectionHead(backend.feature_dim)
@@ -299,47 +320,71 @@ def start_run(config: TrainConfig, run_path: Path) -> TrainingRun:
     weights = initial_family_weights(config, tiers, dataset, interface)
     federation = Federation(algorithm, clients, weights, server)
     return TrainingRun(
-        config, run_path, started, dataset, partition, info, federation, backend, projection, label_epoch
+        config,
+        run_path,
+        started,
+        dataset,
+        partition,
+        info,
+        federation,
+        backend,
+        projection,
+        label_epoch,
+        client_tiers,
+    )
+
+
+def client_artifact(client: Client, split) -> ClientArtifact:
+    """Client side: what a phone keeps of training (the client part of the run dir)."""
+    return ClientArtifact(
+        client_id=client.client_id,
+        tier=client.tier.name,
+        classes=client.classes,
+        threshold=client.threshold,
+        train_idx=split.train.tolist(),
+        val_idx=split.val.tolist(),
+        test_idx=split.test.tolist(),
+        front_end_state=client.model.front_end(client.split_depth).state_dict(),
     )
 
 
 def finish_run(run: TrainingRun, history: list[dict]) -> dict:
     """Evaluate the personalized clients, write their artifacts, the back-end and final metrics."""
-    config, run_path, algorithm = run.config, run.run_path, run.federation.algorithm
+    config, algorithm = run.config, run.federation.algorithm
     server = run.federation.server
     served = ServedBackend(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     images, labels = run.dataset.images, run.dataset.labels
     results = evaluate(run.clients, served, images, labels, run.partition, config.seed, algorithm.exit_rule)
-    version = model_version(run.backend, config.algorithm)
     for client in run.clients:
-        split = run.partition.clients[client.client_id]
-        save_client(
-            run_path,
-            ClientArtifact(
-                client_id=client.client_id,
-                tier=client.tier.name,
-                classes=client.classes,
-                threshold=client.threshold,
-                train_idx=split.train.tolist(),
-                val_idx=split.val.tolist(),
-                test_idx=split.test.tolist(),
-                front_end_state=client.model.front_end(client.split_depth).state_dict(),
-            ),
-        )
-    # the replay set alignment rounds keep the back-end's predictions on (federation/replay.py)
+        save_client(run.run_path, client_artifact(client, run.partition.clients[client.client_id]))
     replay = collect_replay(run.clients, config.seed) if algorithm.uses_split else None
+    results["thresholds"] = {c.name: c.threshold for c in run.clients}
+    return finish_server(run, history, results, replay, max(c.max_releases for c in run.clients))
+
+
+def finish_server(
+    run: TrainingRun, history: list[dict], results: dict, replay: torch.Tensor | None, max_releases: int
+) -> dict:
+    """Server side: the back-end with its slot table and replay set (federation/replay.py), run.json
+    with the privacy account, and the final metrics the clients' evaluation gave."""
+    config, server = run.config, run.federation.server
+    version = model_version(run.backend, config.algorithm)
     num_classes = run.dataset.num_classes
     slot_table = server.slot_table if server is not None else SlotTable(run.label_epoch, num_classes)
-    class_names = run.dataset.class_names
     save_backend(
-        run_path / "backend.pt", run.backend, run.projection, version, class_names, slot_table, replay
+        run.run_path / "backend.pt",
+        run.backend,
+        run.projection,
+        version,
+        run.dataset.class_names,
+        slot_table,
+        replay,
     )
-    privacy = privacy_report(config, run.clients)
-    write_run_info(run_path, run.info.model_copy(update={"model_version": version, "privacy": privacy}))
+    privacy = privacy_report(config, max_releases, num_classes)
+    write_run_info(run.run_path, run.info.model_copy(update={"model_version": version, "privacy": privacy}))
     results["privacy"] = privacy
     results["train_seconds"] = time.perf_counter() - run.started
     results["rounds"] = len(history)
-    results["thresholds"] = {c.name: c.threshold for c in run.clients}
     return results
 
 

@@ -174,7 +174,8 @@ def validation_metrics(
             except ValueError:  # no other client holds a class this one lacks
                 continue
             out = predict(client, backend, images[index], exit_rule)
-            per_p[f"p={p:g}"].append((out["prediction"] == labels[index]).float().mean().item())
+            truth = client.exit_labels(labels[index])
+            per_p[f"p={p:g}"].append((out["prediction"] == truth).float().mean().item())
             fallback[f"p={p:g}"].append((~out["exits"]).float().mean().item())
     accuracy = {k: _mean(v) for k, v in per_p.items()}
     with_ood = [accuracy[k] for k in accuracy if k != "p=0" and not np.isnan(accuracy[k])]
@@ -197,7 +198,7 @@ def _unseen_accuracy(client, backend, images, labels, pool: np.ndarray, classes,
     chosen = np.sort(rng.choice(candidates, min(len(candidates), UNSEEN_SAMPLES_PER_CLIENT), replace=False))
     out = predict(client, backend, images[chosen])
     prediction = out.get("server_prediction", out["prediction"])
-    return (prediction == labels[chosen]).float().mean().item()
+    return (prediction == client.exit_labels(labels[chosen])).float().mean().item()
 
 
 @torch.no_grad()

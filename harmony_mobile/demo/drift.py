@@ -24,7 +24,7 @@ def drift_front_end(run: RunDir, data: PhoneData, dataset, config: DemoConfig):
     torch.manual_seed(config.seed)
     front_end = run.front_end(data.client).train()
     images = dataset.images[np.asarray(data.client.train_idx)]
-    labels = dataset.labels[np.asarray(data.client.train_idx)]
+    labels = run.exit_labels(dataset.labels[np.asarray(data.client.train_idx)])  # exits: token order
     optimizer = torch.optim.Adam(front_end.parameters(), lr=config.drift_lr)
     generator = torch.Generator().manual_seed(config.seed)
     losses = []
@@ -67,13 +67,14 @@ def calibration_target(info: RunInfo) -> float:
 
 
 def calibrate_on_device(
-    program: FrontEndProgram, data: PhoneData, normalization: dict, target: float
+    program: FrontEndProgram, data: PhoneData, normalization: dict, target: float, exit_labels
 ) -> float:
     """What a phone does after personalizing its front-end: tau from its own held-out ID samples run
-    through the .pte it answers with; the same rule and target as training's `calibrate_client`."""
+    through the .pte it answers with; the same rule and target as training's `calibrate_client`.
+    `exit_labels` maps class ids to exit outputs (token order, through the phone's secret)."""
     logits, _ = program.run(normalize(data.val_pixels, normalization))
     logits = logits.float()
-    correct = logits.argmax(dim=1) == torch.as_tensor(data.val_labels)
+    correct = logits.argmax(dim=1) == exit_labels(torch.as_tensor(data.val_labels))
     return calibrate_threshold(exit_confidence(logits, "max_softmax"), correct, target)
 
 

@@ -287,7 +287,9 @@ def drift_phone(demo: DemoRun, tier: str, phone: Phone, target: float, report: P
     # a threshold the operator fixed for the tier stays; a calibrated one is recalibrated
     recalibrate = phone.entry["threshold_source"] == "calibrated"
     threshold = (
-        calibrate_on_device(program, data, phone.normalization, target) if recalibrate else phone.threshold
+        calibrate_on_device(program, data, phone.normalization, target, demo.run.exit_labels)
+        if recalibrate
+        else phone.threshold
     )
     report(3, "measure")
     probe = normalize(data.pixels[:64], phone.normalization)
@@ -301,7 +303,9 @@ def drift_phone(demo: DemoRun, tier: str, phone: Phone, target: float, report: P
         "threshold_deployed": phone.threshold,
         # context: tau the deployed .pte itself would get on the same val samples
         # (the manifest's was calibrated on the fp32 training model)
-        "threshold_deployed_pte": calibrate_on_device(phone.program, data, phone.normalization, target),
+        "threshold_deployed_pte": calibrate_on_device(
+            phone.program, data, phone.normalization, target, demo.run.exit_labels
+        ),
         "threshold_drifted": threshold,
     }
     phone.use_local_front_end(

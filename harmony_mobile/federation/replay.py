@@ -32,11 +32,20 @@ def replay_features(client: Client, rows: int, generator: torch.Generator) -> Re
     return ReplayFeatures(client.name, sent, client.split_depth, client.tier.family, client.tier.name)
 
 
-def collect_replay(clients: list[Client], seed: int, total_rows: int = REPLAY_ROWS) -> torch.Tensor:
+def replay_rows(clients: int, total_rows: int = REPLAY_ROWS) -> int:
+    """Rows each of `clients` clients contributes."""
+    return max(MIN_ROWS_PER_CLIENT, total_rows // clients)
+
+
+def client_replay(client: Client, clients: int, seed: int) -> ReplayFeatures:
+    """One client's share, drawn from its own stream (engines that run clients apart agree)."""
+    generator = torch.Generator().manual_seed(seed * 1009 + client.client_id)
+    return replay_features(client, replay_rows(clients), generator)
+
+
+def collect_replay(clients: list[Client], seed: int) -> torch.Tensor:
     """Server side of the exchange: the pooled replay set, float16 (N, *interface)."""
     if not clients:
         raise ValueError("a replay set needs at least one client")
-    per_client = max(MIN_ROWS_PER_CLIENT, total_rows // len(clients))
-    generator = torch.Generator().manual_seed(seed)
-    messages = [replay_features(client, per_client, generator) for client in clients]
+    messages = [client_replay(client, len(clients), seed) for client in clients]
     return torch.cat([m.features for m in messages]).to(torch.float16)

@@ -6,19 +6,26 @@ Each message runs the registry's own `Algorithm` code on a `Client` rebuilt from
 
   query.hello        -> which partition this node holds
   train.round        Broadcast + RNG state + label epoch -> algorithm.client_round -> ClientUpdate
-  train.personalize  the same -> algorithm.personalize -> final model + threshold
+  train.personalize  the same -> algorithm.personalize; the model stays here (threshold only back)
+  evaluate.final     the server's back-end + slot table -> this client's metrics, its replay
+                     features (released like uploads) and its artifact in its client dir
 
-Both `train` messages return the RNG state they leave and the client's private state. A split
-method's turn is several messages, one per split step (split.py).
+Both `train` messages return the RNG state they leave and how often the client's most-released
+sample has left it (for the DP accountant). A split method's turn is several messages, one per
+split step (split.py).
 
-What must outlive one message lives in Flower's `context.state`: the algorithm object's own
-state (the `local` baseline keeps its model and optimizer between rounds), the client's private
-state (Client.private_state) and, during a split turn, the turn's start and the server's replies.
+The federation secret and labels live here only: the secret comes from the file the node config
+names (else the client part of a run dir on this machine), the data from this node's partition.
+What must outlive one message lives in Flower's `context.state`, never in a message: the
+algorithm object's own state (the `local` baseline keeps its model and optimizer between rounds),
+the client's private state (Client.private_state: release counts, its noise stream, label DP's
+draws), its personalized model and, during a split turn, the turn's start and the server's replies.
 """
 
 from __future__ import annotations
 
 import io
+import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -30,7 +37,9 @@ from flwr.clientapp import ClientApp
 
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
+from harmony_mobile.evaluation import ServedBackend, evaluate_client_at
 from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.replay import client_replay
 from harmony_mobile.flower import split
 from harmony_mobile.flower.records import (
     message_to_record,
@@ -39,14 +48,19 @@ from harmony_mobile.flower.records import (
     tensor_dict_to_record,
 )
 from harmony_mobile.flower.settings import FlowerSettings
-from harmony_mobile.models import FamilyModel, InterfaceSpec, load_tiers
+from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, load_tiers
 from harmony_mobile.protocol.messages import Broadcast, InterfaceGradients
-from harmony_mobile.run_dir import SECRET_FILE
-from harmony_mobile.training import TrainConfig, client_partition, upload_privacy
+from harmony_mobile.run_dir import SECRET_FILE, save_client
+from harmony_mobile.training import TrainConfig, client_artifact, client_partition, upload_privacy
 
 RNG_RECORD = "rng"
 ALGORITHM_STATE = "algorithm-state"
 CLIENT_STATE = "client-state"  # what the phone keeps between rounds besides its model (Client.private_state)
+RELEASES_RECORD = "releases"  # the one number of the client's state the server gets: max releases
+PERSONALIZED = "personalized-model"  # context.state only: the model personalization left
+PERSONALIZED_THRESHOLD = "personalized-threshold"  # and its exit threshold
+SERVED_RECORD = "served-backend"  # evaluate.final: the back-end's weights
+CLIENT_DIR_KEY = "client-dir"  # node config: where this client keeps its artifact
 LINEAGE_RECORD = "lineage"  # the run's label epoch, sent with every turn start
 SECRET_FILE_KEY = "federation-secret-file"
 
@@ -67,7 +81,7 @@ def _client_data(config_json: str, partition_id: int):
     if not 0 <= partition_id < len(tier_of_client):
         raise NodeConfigError(f"partition-id {partition_id} outside 0..{len(tier_of_client) - 1}")
     partition = client_partition(config, tiers, dataset)
-    return dataset, tier_of_client[partition_id], partition.clients[partition_id]
+    return dataset, tier_of_client[partition_id], partition.clients[partition_id], partition
 
 
 def client_count(config: TrainConfig) -> int:
@@ -87,9 +101,9 @@ def partition_of(context: Context, config: TrainConfig) -> int:
 
 
 def federation_secret(context: Context, settings: FlowerSettings) -> bytes:
-    """The secret label tokens and the wire order of class rows are keyed with: the file the node
-    config names (provisioned to every phone, never to the server), else the run dir's secret when
-    the run dir is on this machine (Simulation Engine, loopback deployment)."""
+    """The secret label tokens and the exit order are keyed with: the file the node config names
+    (provisioned to every phone, never to the server), else the client part of the run dir when it
+    is on this machine (Simulation Engine, loopback deployment)."""
     path = context.node_config.get(SECRET_FILE_KEY) or Path(settings.run_dir) / SECRET_FILE
     if not Path(str(path)).is_file():
         raise NodeConfigError(f"no federation secret: set node config {SECRET_FILE_KEY} (no file at {path})")
@@ -99,7 +113,7 @@ def federation_secret(context: Context, settings: FlowerSettings) -> bytes:
 def build_client(context: Context, settings: FlowerSettings, label_epoch: str) -> Client:
     config = settings.train_config
     partition_id = partition_of(context, config)
-    dataset, tier, split = _client_data(config.model_dump_json(), partition_id)
+    dataset, tier, split, _ = _client_data(config.model_dump_json(), partition_id)
     channels, size, _ = dataset.input_shape
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
     return Client(
@@ -171,12 +185,14 @@ def begin_turn(context: Context, content: RecordDict, settings: FlowerSettings, 
 
 
 def end_turn(context: Context, turn: Turn, result: RecordDict) -> RecordDict:
-    """The turn's reply: `work`'s result, the RNG state it leaves and the client's private state,
-    which context.state keeps for the client's next turn."""
+    """The turn's reply: `work`'s result, the RNG state it leaves and the max release count; the
+    client's private state (and after personalization, round -1, its model) stay in context.state."""
     save_algorithm_state(turn.algorithm, context)
+    if turn.broadcast.round_id == -1:
+        keep_personalized(context, turn.client)
     context.state[CLIENT_STATE] = tensor_dict_to_record(turn.client.private_state())
     result[RNG_RECORD] = rng_record(turn.generator)
-    result[CLIENT_STATE] = context.state[CLIENT_STATE]
+    result[RELEASES_RECORD] = ConfigRecord({"max-releases": turn.client.max_releases})
     return result
 
 
@@ -225,13 +241,55 @@ def client_round(algorithm, client: Client, server, broadcast: Broadcast, genera
 
 
 def personalize(algorithm, client: Client, server, broadcast: Broadcast, generator) -> RecordDict:
+    """The personalized model stays on the client (context.state, by `keep_personalized`)."""
     algorithm.personalize(client, server, generator)
-    return RecordDict(
-        {
-            "model": tensor_dict_to_record(client.model.state_dict()),
-            "client": ConfigRecord({"threshold": float(client.threshold), "client-id": client.client_id}),
-        }
+    return RecordDict({"client": ConfigRecord({"client-id": client.client_id})})
+
+
+def keep_personalized(context: Context, client: Client) -> None:
+    context.state[PERSONALIZED] = tensor_dict_to_record(client.model.state_dict())
+    context.state[PERSONALIZED_THRESHOLD] = ConfigRecord({"threshold": float(client.threshold)})
+
+
+def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettings) -> RecordDict:
+    """Federated evaluation: this client's metrics with its personalized model and the server's
+    back-end (decoded with its own secret), its artifact saved where the node keeps it, and its
+    share of the replay set."""
+    config = settings.train_config
+    label_epoch = str(content.config_records[LINEAGE_RECORD]["label-epoch"])
+    client = build_client(context, settings, label_epoch)
+    client.load_private_state(record_to_tensor_dict(context.state.array_records[CLIENT_STATE]))
+    client.model.load_state_dict(record_to_tensor_dict(context.state.array_records[PERSONALIZED]))
+    client.threshold = float(context.state.config_records[PERSONALIZED_THRESHOLD]["threshold"])
+    dataset, _, split, partition = _client_data(config.model_dump_json(), partition_of(context, config))
+    algorithm = build_algorithm(config.algorithm, config.algorithm_config)
+    served = served_backend(content, dataset.num_classes, config) if SERVED_RECORD in content else None
+    metrics = evaluate_client_at(
+        client, served, dataset.images, dataset.labels, partition, config.seed, algorithm.exit_rule
     )
+    save_client(client_dir(context, settings), client_artifact(client, split))
+    report = {**metrics, "threshold": client.threshold}
+    reply = RecordDict({"metrics": ConfigRecord({"json": json.dumps(report)})})
+    if served is not None:
+        clients = client_count(config)
+        reply["replay"] = tensor_dict_to_record(
+            {"features": client_replay(client, clients, config.seed).features}
+        )
+    reply[RELEASES_RECORD] = ConfigRecord({"max-releases": client.max_releases})
+    context.state[CLIENT_STATE] = tensor_dict_to_record(client.private_state())
+    return reply
+
+
+def served_backend(content: RecordDict, num_classes: int, config: TrainConfig) -> ServedBackend:
+    backend = Backend(InterfaceSpec(config.interface_channels, config.interface_size), num_classes)
+    backend.load_state_dict(record_to_tensor_dict(content[SERVED_RECORD]))
+    tokens = [bytes.fromhex(t) for t in json.loads(str(content.config_records["slots"]["tokens"]))]
+    return ServedBackend(backend.eval(), tokens)
+
+
+def client_dir(context: Context, settings: FlowerSettings) -> Path:
+    """Where this client keeps its artifact: the node config's folder, else the run dir's client part."""
+    return Path(str(context.node_config.get(CLIENT_DIR_KEY) or settings.run_dir))
 
 
 def make_client_app(settings: FlowerSettings | None = None, keep_turns: bool = True) -> ClientApp:
@@ -256,6 +314,11 @@ def make_client_app(settings: FlowerSettings | None = None, keep_turns: bool = T
         return Message(
             run_turn(context, message.content, settings, personalize, keep_turns), reply_to=message
         )
+
+    @app.evaluate("final")
+    def final_evaluation(message: Message, context: Context) -> Message:
+        run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+        return Message(evaluate_final(context, message.content, run_settings), reply_to=message)
 
     return app
 

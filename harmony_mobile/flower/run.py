@@ -1,9 +1,13 @@
 """`harmony train --engine flower`: training.train's steps with the clients behind a Flower Grid.
 
-The server side (run dir, meta-weights, back-end, aggregation, checkpoints, evaluation, artifacts)
-is training.py's own code (`start_run`, `finish_run`); only the clients' turns travel as messages
-(server_app.py). The run directory comes out in the same layout, so `harmony export` reads it
-unchanged; the Flower engine adds `flower_rounds.jsonl` (replies and bytes per round).
+The ServerApp runs the server's part of training.py (`start_run(play_clients=False)`,
+`finish_server`): meta-weights, back-end, aggregation, checkpoints, the server part of the run
+dir. It never reads the federation secret nor holds a client, an image or a label: client turns,
+personalization and evaluation run in the ClientApps (server_app.py, client_app.py), which keep
+their artifacts in their client part. The run directory comes out in the same layout, so `harmony
+export` reads it unchanged; the Flower engine adds `flower_rounds.jsonl` (replies and bytes per
+round). Its final metrics have no alignment score: that kNN needs several clients' labelled
+features in one place, which federated evaluation does not have.
 
 `train_flower` runs it on Flower's Simulation Engine (one virtual SuperNode per client); a
 deployment runs the same ServerApp/ClientApp through `flwr run` (flower_app/ in the repo).
@@ -12,21 +16,24 @@ deployment runs the same ServerApp/ClientApp through `flwr run` (flower_app/ in 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from harmony_mobile.evaluation import summarize
 from harmony_mobile.federation.simulation import load_checkpoint, round_generator, save_checkpoint
 from harmony_mobile.files import open_private
 from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
 from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
 from harmony_mobile.training import (
     TrainConfig,
     TrainingRun,
     check_config,
-    finish_run,
+    finish_server,
     prepare_run_dir,
     start_run,
     write_final_metrics,
@@ -53,18 +60,19 @@ def run_flower_rounds(run: TrainingRun, transport: FlowerClients) -> list[dict]:
     """simulation.run_rounds with each client's turn sent to its SuperNode."""
     federation, config, run_path = run.federation, run.config, run.run_path
     start = load_checkpoint(run_path, federation) + 1
-    clients_per_round = min(config.clients_per_round or len(federation.clients), len(federation.clients))
+    count = len(run.client_tiers)
+    clients_per_round = min(config.clients_per_round or count, count)
     history = []
     for round_id in range(start, config.rounds):
         started = time.perf_counter()
         generator = round_generator(config.seed, round_id)
         torch.manual_seed(config.seed * 100_003 + round_id)
         sampled = np.random.default_rng((config.seed, round_id)).choice(
-            len(federation.clients), size=clients_per_round, replace=False
+            count, size=clients_per_round, replace=False
         )
         if federation.server is not None:
             federation.server.start_round(round_id)
-        updates = transport.train_round(federation, [int(i) for i in sampled], round_id, generator)
+        updates = transport.train_round(run, [int(i) for i in sampled], round_id, generator)
         for family, weights in federation.family_weights.items():
             family_updates = [u for u in updates if u.family == family]
             if family_updates:
@@ -83,22 +91,39 @@ def run_flower_rounds(run: TrainingRun, transport: FlowerClients) -> list[dict]:
 def train_on_grid(grid, settings: FlowerSettings) -> dict:
     """The ServerApp's whole job; returns the final metrics it also writes to the run dir."""
     check_supported(settings.train_config)
-    run = start_run(settings.train_config, Path(settings.run_dir))
+    run = start_run(settings.train_config, Path(settings.run_dir), play_clients=False)
     phases = {"setup": time.perf_counter() - run.started}
     transport = FlowerClients(grid, settings, run.label_epoch)
-    transport.connect(len(run.clients))
+    transport.connect(len(run.client_tiers))
     phases["connect"] = time.perf_counter() - run.started - sum(phases.values())
     history = run_flower_rounds(run, transport)
     phases["rounds"] = time.perf_counter() - run.started - sum(phases.values())
-    missing = transport.personalize(run.federation, round_generator(run.config.seed, run.config.rounds))
-    if len(run.clients) - len(missing) < settings.min_replies:
-        raise FlowerRunError(f"{len(missing)} clients did not return their personalized model")
+    missing = transport.personalize(run, round_generator(run.config.seed, run.config.rounds))
+    if len(run.client_tiers) - len(missing) < settings.min_replies:
+        raise FlowerRunError(f"{len(missing)} clients did not personalize")
     phases["personalize"] = time.perf_counter() - run.started - sum(phases.values())
-    results = finish_run(run, history)
+    personalized = [i for i in range(len(run.client_tiers)) if i not in missing]
+    reports, replay = transport.evaluate(run, personalized)
+    if not reports:
+        raise FlowerRunError("no client reported its evaluation")
+    results = summarize(reports)
+    results["thresholds"] = {name: report.pop("threshold") for name, report in reports.items()}
+    pooled = torch.cat(replay).to(torch.float16) if replay else None
+    results = finish_server(run, history, results, pooled, max(transport.max_releases.values(), default=0))
+    phases["evaluate"] = time.perf_counter() - run.started - sum(phases.values())
     results["engine"] = "flower"
     results["phase_seconds"] = phases
     results["clients_without_personalization"] = missing
+    results["clients_without_evaluation"] = sorted(set(personalized) - {int(n[7:]) for n in reports})
     return write_final_metrics(run, results)
+
+
+def provision_federation_secret(run_path: Path) -> None:
+    """Phone side, for engines whose clients run on this machine: a new secret in the run dir's
+    client part, where the ClientApps find it (a deployment names its own file in each SuperNode's
+    node config instead). The ServerApp never reads it."""
+    if not (Path(run_path) / SECRET_FILE).is_file():
+        write_federation_secret(Path(run_path), os.urandom(32))
 
 
 def quiet_simulation_entry():
@@ -129,6 +154,7 @@ def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -
     check_supported(config)
     check_config(config)
     prepare_run_dir(Path(settings.run_dir), config)  # bad run dirs fail before Ray starts
+    provision_federation_secret(Path(settings.run_dir))
     # a round's client turns run one after another (server_app.py), so one actor serves them all
     # the actors' own output (Flower's per-message lines) stays in Ray's session logs
     resources = {

@@ -26,11 +26,18 @@ from flwr.serverapp import Grid, ServerApp
 
 from harmony_mobile.files import open_private
 from harmony_mobile.flower import split
-from harmony_mobile.flower.client_app import CLIENT_STATE, LINEAGE_RECORD, RNG_RECORD, rng_record
+from harmony_mobile.flower.client_app import (
+    LINEAGE_RECORD,
+    RELEASES_RECORD,
+    RNG_RECORD,
+    SERVED_RECORD,
+    rng_record,
+)
 from harmony_mobile.flower.records import (
     message_to_record,
     record_to_message,
     record_to_tensor_dict,
+    tensor_dict_to_record,
 )
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.protocol.messages import Broadcast, ClientUpdate
@@ -38,6 +45,10 @@ from harmony_mobile.protocol.messages import Broadcast, ClientUpdate
 log = logging.getLogger(__name__)
 POLL_START, POLL_MAX = 0.02, 0.25  # seconds between pulls of the replies: doubling up to the max
 TRANSPORT_LOG = "flower_rounds.jsonl"  # per round: replies, missing clients, bytes each way, seconds
+
+
+def client_name(client_id: int) -> str:
+    return f"client-{client_id:03d}"
 
 
 class FlowerRunError(RuntimeError):
@@ -56,6 +67,7 @@ class FlowerClients:
     settings: FlowerSettings
     label_epoch: str
     node_of_client: dict[int, int] = field(default_factory=dict)
+    max_releases: dict[int, int] = field(default_factory=dict)  # per client, for the DP accountant
     bytes_sent: int = 0
     bytes_received: int = 0
 
@@ -130,6 +142,9 @@ class FlowerClients:
         self.bytes_received += record_bytes(replies[0].content)
         return replies[0].content
 
+    def lineage(self) -> ConfigRecord:
+        return ConfigRecord({"label-epoch": self.label_epoch})
+
     def client_turn(
         self, federation, client_id: int, message_type: str, broadcast: Broadcast, generator: torch.Generator
     ) -> RecordDict | None:
@@ -137,27 +152,26 @@ class FlowerClients:
         server's `step` (split.py), and on its final reply continue the RNG from the client's."""
         content = message_to_record(broadcast)
         content[RNG_RECORD] = rng_record(generator)
-        content[LINEAGE_RECORD] = ConfigRecord({"label-epoch": self.label_epoch})
+        content[LINEAGE_RECORD] = self.lineage()
         reply = self.ask(client_id, message_type, content, broadcast.round_id)
         while reply is not None and split.is_step_request(reply):
             upload, update = split.read_step_request(reply)
-            if federation.server is None or upload.client_id != federation.clients[client_id].name:
+            if federation.server is None or upload.client_id != client_name(client_id):
                 log.warning("client %d sent a split step it cannot send; left out", client_id)
                 return None
             gradients = federation.server.step(upload, update=update)
             reply = self.ask(client_id, message_type, message_to_record(gradients), broadcast.round_id)
         if reply is not None:
-            # the harness copy of the client keeps its release counts (run.json's privacy account)
-            federation.clients[client_id].load_private_state(record_to_tensor_dict(reply[CLIENT_STATE]))
+            self.max_releases[client_id] = int(reply.config_records[RELEASES_RECORD]["max-releases"])
             states = record_to_tensor_dict(reply[RNG_RECORD])
             generator.set_state(states["generator"])
             torch.set_rng_state(states["torch"])
         return reply
 
-    def train_round(self, federation, client_ids, round_id: int, generator) -> list[ClientUpdate]:
-        updates = []
+    def train_round(self, run, client_ids, round_id: int, generator) -> list[ClientUpdate]:
+        federation, updates = run.federation, []
         for client_id in client_ids:
-            family = federation.clients[client_id].tier.family
+            family = run.client_tiers[client_id].family
             broadcast = Broadcast(round_id, family, federation.family_weights[family], f"round-{round_id}")
             reply = self.client_turn(federation, client_id, "train.round", broadcast, generator)
             if reply is not None:
@@ -173,22 +187,35 @@ class FlowerClients:
             )
         return updates
 
-    def personalize(self, federation, generator: torch.Generator) -> list[int]:
-        """Every client personalizes from its family's meta-weights; the server's harness copy of
-        it takes the final model and threshold (for evaluation and the run dir). Returns the ids of
-        clients that did not answer (their harness copy keeps the meta-weights)."""
+    def personalize(self, run, generator: torch.Generator) -> list[int]:
+        """Every client personalizes from its family's meta-weights and keeps the result; returns
+        the ids of clients that did not answer."""
         missing = []
-        for client in federation.clients:
-            family = client.tier.family
-            broadcast = Broadcast(-1, family, federation.family_weights[family], "round--1")
-            reply = self.client_turn(federation, client.client_id, "train.personalize", broadcast, generator)
-            if reply is None:
-                missing.append(client.client_id)
-                client.receive(broadcast)
-                continue
-            client.model.load_state_dict(record_to_tensor_dict(reply["model"]))
-            client.threshold = float(reply.config_records["client"]["threshold"])
+        for client_id, tier in enumerate(run.client_tiers):
+            broadcast = Broadcast(-1, tier.family, run.federation.family_weights[tier.family], "round--1")
+            if self.client_turn(run.federation, client_id, "train.personalize", broadcast, generator) is None:
+                missing.append(client_id)
         return missing
+
+    def evaluate(self, run, client_ids: list[int]) -> tuple[dict[str, dict], list[torch.Tensor]]:
+        """Federated evaluation: each client scores its personalized model with the back-end the
+        server sends and reports its metrics (and its replay rows); nothing else comes back."""
+        content = RecordDict({LINEAGE_RECORD: self.lineage()})
+        server = run.federation.server
+        if server is not None:
+            content[SERVED_RECORD] = tensor_dict_to_record(run.backend.state_dict())
+            tokens = json.dumps([t.hex() for t in server.slot_table.tokens])
+            content["slots"] = ConfigRecord({"tokens": tokens})
+        reports, replay = {}, []
+        for client_id in client_ids:
+            reply = self.ask(client_id, "evaluate.final", content, -1)
+            if reply is None:
+                continue
+            reports[client_name(client_id)] = json.loads(str(reply.config_records["metrics"]["json"]))
+            self.max_releases[client_id] = int(reply.config_records[RELEASES_RECORD]["max-releases"])
+            if "replay" in reply:
+                replay.append(record_to_tensor_dict(reply["replay"])["features"])
+        return reports, replay
 
     def log_round(self, run_path: Path, round_id: int, sampled: int, replied: int, seconds: float) -> None:
         entry = {
