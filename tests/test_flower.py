@@ -248,3 +248,24 @@ def test_a_run_dir_may_start_with_a_provisioned_federation_secret_and_keeps_it(t
     (run_path / "notes.txt").write_text("x")
     with pytest.raises(RunDirError, match="not empty and holds no harmony run"):
         prepare_run_dir(run_path, tiny_config())
+
+
+def test_the_server_app_never_opens_the_federation_secret(tmp_path):
+    """Every read of the secret file during a Flower run comes from a ClientApp (the loopback Grid
+    runs both in this process, so the stack tells them apart); the ServerApp's code never opens it."""
+    import inspect
+    import sys
+
+    secret_path = str(tmp_path / "flower" / SECRET_FILE)
+    opened_by: list[set[str]] = []
+
+    def audit(event, args):
+        if event == "open" and args and str(args[0]) == secret_path:
+            opened_by.append({frame.filename for frame in inspect.stack(0)})
+
+    provision_federation_secret(tmp_path / "flower")  # the phones' provisioning, before the run
+    sys.addaudithook(audit)  # hooks cannot be removed: it only records opens of this test's file
+    run_on_loopback(tmp_path, tiny_config("harmony", rounds=1, clients_per_round=2))
+    assert opened_by  # the clients did read it (the hook sees what it must)
+    for files in opened_by:
+        assert any(f.endswith("flower/client_app.py") for f in files), sorted(files)[-5:]
