@@ -271,6 +271,26 @@ def client_partition(config: TrainConfig, tiers: TierSet, dataset) -> Partition:
     )
 
 
+def new_run_info(
+    config: TrainConfig, dataset, tiers: TierSet, interface: InterfaceSpec, label_epoch: str
+) -> RunInfo:
+    """run.json of a run in training: public facts only (which classes a client holds: client part)."""
+    return RunInfo.of_dataset(
+        dataset,
+        algorithm=config.algorithm,
+        data_root=config.data_root,
+        dataset_limit=config.dataset_limit,
+        interface=(interface.channels, interface.size),
+        tiers=tiers,
+        model_version="in-training",
+        label_epoch=label_epoch,
+        seed=config.seed,
+        privacy=privacy_report(config, 0, dataset.num_classes),
+        train_config=config.model_dump(),
+        partition={"scheme": config.partition},
+    )
+
+
 def start_run(config: TrainConfig, run_path: Path, play_clients: bool = True) -> TrainingRun:
     """Checks, run dir, data, partition, clients, run.json, back-end and the federation.
 
@@ -293,20 +313,7 @@ def start_run(config: TrainConfig, run_path: Path, play_clients: bool = True) ->
     else:
         dataset = dataclasses.replace(dataset, images=dataset.images[:0], labels=dataset.labels[:0])
         partition, clients, label_epoch = None, [], label_epoch_of(run_path)
-    info = RunInfo.of_dataset(
-        dataset,
-        algorithm=config.algorithm,
-        data_root=config.data_root,
-        dataset_limit=config.dataset_limit,
-        interface=(interface.channels, interface.size),
-        tiers=tiers,
-        model_version="in-training",
-        label_epoch=label_epoch,
-        seed=config.seed,
-        privacy=privacy_report(config, 0, dataset.num_classes),
-        train_config=config.model_dump(),
-        partition={"scheme": config.partition},  # which classes each client holds: client part only
-    )
+    info = new_run_info(config, dataset, tiers, interface, label_epoch)
     write_run_info(run_path, info)
     torch.manual_seed(config.seed)
     backend = Backend(interface, dataset.num_classes)

@@ -75,7 +75,7 @@ def test_training_with_the_options_uploads_clipped_noised_rows_and_reports_the_a
     assert noise.std().item() == pytest.approx(1.0, rel=0.05)  # sigma * clip on every coordinate
     assert client.max_releases >= 1
     config = TrainConfig(label_dp_epsilon=1.0, feature_clip=1.0, noise_multiplier=1.0)
-    report = privacy_report(config, federation.clients)
+    report = privacy_report(config, max(c.max_releases for c in federation.clients), 10)
     assert report["label_dp_keep_probability"] == pytest.approx(keep_probability(1.0, 10))
     features_report = report["features"]
     assert features_report["max_releases_per_sample"] == client.max_releases

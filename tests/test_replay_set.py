@@ -4,7 +4,12 @@ images through their final front-ends) and how backend.pt carries it to the serv
 import pytest
 import torch
 
-from harmony_mobile.federation.replay import MIN_ROWS_PER_CLIENT, collect_replay, replay_features
+from harmony_mobile.federation.replay import (
+    MIN_ROWS_PER_CLIENT,
+    collect_replay,
+    replay_features,
+    replay_generator,
+)
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
 from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import load_backend_file, save_backend
@@ -19,7 +24,7 @@ def test_replay_is_each_clients_front_end_on_its_own_training_images():
     replay = collect_replay(clients, seed=0, total_rows=8 * len(clients))
     assert replay.dtype == torch.float16 and replay.shape == (8 * len(clients), 64, 8, 8)
     first = clients[0]
-    message = replay_features(first, 8, torch.Generator().manual_seed(0))
+    message = replay_features(first, 8, replay_generator(first, seed=0))
     assert (message.split_depth, message.family, message.tier) == (
         first.split_depth,
         first.tier.family,
@@ -32,6 +37,20 @@ def test_replay_is_each_clients_front_end_on_its_own_training_images():
     rows = {tuple(r.flatten()[:32].tolist()) for r in expected.to(torch.float16)}
     assert all(tuple(r.flatten()[:32].tolist()) in rows for r in replay[:8])
     assert len(collect_replay(clients, seed=0, total_rows=1)) == MIN_ROWS_PER_CLIENT * len(clients)
+
+
+def test_replay_rows_leave_the_phone_clipped_noised_and_counted_like_uploads():
+    clients = tiny_federation(feature_clip=1.0, noise_multiplier=1.0).clients
+    first = clients[0]
+    assert first.max_releases == 0
+    replay = collect_replay(clients, seed=0, total_rows=8 * len(clients))
+    assert first.max_releases == 1 and int((first._releases > 0).sum()) == 8  # each row counted once
+    front_end = first.model.front_end(first.split_depth).eval()
+    index = torch.randperm(len(first.train_x), generator=replay_generator(first, seed=0))[:8]
+    with torch.no_grad():
+        _, clean = front_end(first.train_x[index])
+    noise = replay[:8].float() - clean / clean.flatten(1).norm(dim=1).clamp_min(1.0).view(-1, 1, 1, 1)
+    assert noise.std().item() == pytest.approx(1.0, rel=0.1)  # sigma * clip on every coordinate
 
 
 def test_backend_file_carries_the_replay_set(tmp_path):

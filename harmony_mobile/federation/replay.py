@@ -37,15 +37,19 @@ def replay_rows(clients: int, total_rows: int = REPLAY_ROWS) -> int:
     return max(MIN_ROWS_PER_CLIENT, total_rows // clients)
 
 
-def client_replay(client: Client, clients: int, seed: int) -> ReplayFeatures:
-    """One client's share, drawn from its own stream (engines that run clients apart agree)."""
-    generator = torch.Generator().manual_seed(seed * 1009 + client.client_id)
-    return replay_features(client, replay_rows(clients), generator)
+def replay_generator(client: Client, seed: int) -> torch.Generator:
+    """A client's own stream for its share (engines that run clients apart draw the same rows)."""
+    return torch.Generator().manual_seed(seed * 1009 + client.client_id)
 
 
-def collect_replay(clients: list[Client], seed: int) -> torch.Tensor:
+def client_replay(client: Client, clients: int, seed: int, total_rows: int = REPLAY_ROWS) -> ReplayFeatures:
+    """One client's share of a replay set pooled from `clients` clients."""
+    return replay_features(client, replay_rows(clients, total_rows), replay_generator(client, seed))
+
+
+def collect_replay(clients: list[Client], seed: int, total_rows: int = REPLAY_ROWS) -> torch.Tensor:
     """Server side of the exchange: the pooled replay set, float16 (N, *interface)."""
     if not clients:
         raise ValueError("a replay set needs at least one client")
-    messages = [client_replay(client, len(clients), seed) for client in clients]
+    messages = [client_replay(client, len(clients), seed, total_rows) for client in clients]
     return torch.cat([m.features for m in messages]).to(torch.float16)
