@@ -1,12 +1,14 @@
 """Infer request and response bodies of the Open Inference Protocol (KServe V2) over HTTP.
 
-Three request forms reach the same model:
-  * V2 JSON (`Content-Type: application/json`, or none: standard clients such as tritonclient send none);
+Three request forms reach the same model (`request_form` tells them apart):
   * V2 binary tensor extension: `Inference-Header-Content-Length: H`, the first H bytes are the JSON
     request, each input with `parameters.binary_data_size` takes its raw little-endian bytes from
-    the rest in input order;
-  * HMFT (`Content-Type: application/octet-stream` without that header): our compact format
-    (docs/PROTOCOL.md section 5).
+    the rest in input order. That header is what marks this form, whatever the Content-Type;
+  * V2 JSON: no such header, `Content-Type: application/json`, none (tritonclient's blocking client
+    sends none) or `application/octet-stream` with a body that starts with `{` (aiohttp, so
+    tritonclient's asyncio client, labels every bytes body that way);
+  * HMFT (`application/octet-stream`, no such header, a body not starting with `{`): our compact
+    format (docs/PROTOCOL.md section 5) that phones send. Its magic "HMFT" is never JSON.
 Bodies may be gzip/deflate compressed (`Content-Encoding`); responses honour requested outputs,
 `binary_data` / `binary_data_output` and `Accept-Encoding: gzip`.
 Every failure raises `InferBodyError` with the status it deserves (400 layout, 415 media, 422 values).
@@ -17,6 +19,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import re
 import zlib
 from dataclasses import dataclass, field
 
@@ -30,6 +33,10 @@ INPUT_NAME = "features"
 JSON_TYPE = "application/json"
 BINARY_TYPE = "application/octet-stream"
 HEADER_LENGTH = "inference-header-content-length"
+# request forms (`request_form`)
+JSON_FORM, EXTENSION_FORM, HMFT_FORM = "json", "binary-extension", "hmft"
+# JSON may open with whitespace (RFC 8259); an infer request is an object, so "{" comes next
+JSON_OBJECT_START = re.compile(rb"[ \t\r\n]*\{")
 WIRE_DTYPES = {"FP32": np.dtype("<f4"), "INT64": np.dtype("<i8")}
 
 
@@ -79,19 +86,30 @@ def decompress(body: bytes, encoding: str, limit: int) -> bytes:
     return out
 
 
-def parse_request(content_type: str, header_length: str | None, body: bytes) -> ParsedInfer:
+def request_form(content_type: str, header_length: str | None, body: bytes) -> str:
+    """JSON_FORM, EXTENSION_FORM or HMFT_FORM (module docstring); 415 for any other Content-Type."""
     if header_length is not None:
+        return EXTENSION_FORM
+    if content_type not in ("", JSON_TYPE, BINARY_TYPE):
+        raise InferBodyError(
+            415,
+            f"content type {content_type!r} is not accepted; send {JSON_TYPE} (or none) or {BINARY_TYPE}",
+        )
+    if content_type == BINARY_TYPE and not JSON_OBJECT_START.match(body):
+        return HMFT_FORM
+    return JSON_FORM
+
+
+def parse_request(content_type: str, header_length: str | None, body: bytes) -> ParsedInfer:
+    form = request_form(content_type, header_length, body)
+    if form == EXTENSION_FORM:
         return _parse_binary_extension(header_length, body)
-    if content_type == BINARY_TYPE:
+    if form == HMFT_FORM:
         try:
             return ParsedInfer(decode_tensor(body))
         except WireFormatError as error:
             raise InferBodyError(400, f"malformed binary body: {error}") from None
-    if content_type in ("", JSON_TYPE):
-        return _parse_json(body, b"")
-    raise InferBodyError(
-        415, f"content type {content_type!r} is not accepted; send {JSON_TYPE} (or none) or {BINARY_TYPE}"
-    )
+    return _parse_json(body, b"")
 
 
 def _parse_binary_extension(header_length: str, body: bytes) -> ParsedInfer:

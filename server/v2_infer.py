@@ -35,7 +35,9 @@ from harmony_mobile.server.v2 import (
 from harmony_mobile.server.v2_codec import (
     BINARY_TYPE,
     HEADER_LENGTH,
+    HMFT_FORM,
     INPUT_NAME,
+    JSON_FORM,
     JSON_TYPE,
     InferBodyError,
     check_requested,
@@ -43,6 +45,7 @@ from harmony_mobile.server.v2_codec import (
     encode_response,
     maybe_gzip,
     parse_request,
+    request_form,
     select_outputs,
 )
 
@@ -61,7 +64,8 @@ INFER_BODY = {
                     "type": "string",
                     "format": "binary",
                     "description": "HMFT tensor (docs/PROTOCOL.md 5), or with Inference-Header-Content-Length"
-                    " the V2 binary tensor extension: JSON InferRequest then raw input bytes",
+                    " the V2 binary tensor extension: JSON InferRequest then raw input bytes; without"
+                    " that header a body starting with '{' is a JSON InferRequest",
                 }
             },
         },
@@ -105,12 +109,13 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
     body = await request.body()
     try:
         body = decompress(body, headers.get("content-encoding", ""), state.settings.max_body_bytes)
-        if content_type == JSON_TYPE or (not content_type and HEADER_LENGTH not in headers):
+        form = request_form(content_type, length, body)
+        if form == JSON_FORM:
             # thousands of JSON numbers are CPU work: keep them off the event loop
             parsed = await run_in_threadpool(parse_request, content_type, None, body)
         else:
-            parsed = parse_request(content_type, headers.get(HEADER_LENGTH), body)
-        if content_type == BINARY_TYPE and HEADER_LENGTH not in headers:
+            parsed = parse_request(content_type, length, body)
+        if form == HMFT_FORM:
             parsed.tier = headers.get("x-harmony-tier")
         features = check_features(parsed.features, model, state.settings.max_request_rows)
         if parsed.requested is not None:

@@ -154,6 +154,20 @@ def test_binary_infer_equals_json_infer(client, auth):
     assert as_binary.json()["outputs"] == as_json["outputs"]
 
 
+def test_json_labelled_octet_stream_is_a_json_request(client, auth):
+    # Without Inference-Header-Content-Length a V2 body is JSON whatever its Content-Type (aiohttp,
+    # so tritonclient.http.aio, labels it application/octet-stream); an HMFT body starts with its
+    # magic, never with "{", so the two cannot be mistaken for each other.
+    x = features(2, seed=5)
+    as_json = client.post(INFER, json=json_infer_body(x, id="oct"), headers=auth).json()
+    raw = b"\n  " + json.dumps(json_infer_body(x, id="oct")).encode()
+    labelled = client.post(INFER, content=raw, headers={**auth, **BINARY})
+    assert labelled.status_code == 200, labelled.text
+    assert labelled.json() == as_json
+    invalid = client.post(INFER, content=b'{"inputs": []}', headers={**auth, **BINARY})
+    assert invalid.status_code == 422 and "invalid infer request: inputs" in error_message(invalid)
+
+
 def test_nested_json_data_is_accepted(client, auth):
     x = features(1)
     body = json_infer_body(x)

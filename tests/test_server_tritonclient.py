@@ -1,5 +1,6 @@
-"""V2 conformance with a standard client: tritonclient's HTTP client (tritonclient[http]), unchanged,
-against a real `harmony serve` process. Health, metadata, config, statistics, repository index and
+"""V2 conformance with a standard client: tritonclient's HTTP clients (tritonclient[http], the
+blocking one and the asyncio one, `tritonclient.http.aio`), unchanged, against a real `harmony serve`
+process. Health, metadata, config, statistics, repository index and
 infer (JSON and the binary tensor extension, requested outputs, binary outputs, gzip both ways),
 auth through `headers=`, and errors decoded from the V2 `{"error": ...}` body.
 
@@ -8,10 +9,13 @@ dict it is given, so reusing one would send a stale header length with the next 
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 import torch
 import tritonclient.http as triton
+import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
 from harmony_mobile.run_dir import load_backend_file
@@ -23,16 +27,23 @@ MODEL = "harmony-backend"
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def server(tmp_path_factory):
+    """(host:port, auth headers of an enrolled device, model dir) of one server for the module."""
     root = tmp_path_factory.mktemp("triton")
     model_dir = make_model_dir(root)
     with serve(root / "data", model_dir) as base_url:
         import httpx
 
         device = httpx.post(f"{base_url}/v1/devices", json={"tier": "mid-android"}, headers=ADMIN).json()
-        client = triton.InferenceServerClient(base_url.removeprefix("http://"), network_timeout=30)
-        yield client, {"Authorization": f"Bearer {device['token']}"}, model_dir
-        client.close()
+        yield base_url.removeprefix("http://"), {"Authorization": f"Bearer {device['token']}"}, model_dir
+
+
+@pytest.fixture(scope="module")
+def served(server):
+    address, auth, model_dir = server
+    client = triton.InferenceServerClient(address, network_timeout=30)
+    yield client, auth, model_dir
+    client.close()
 
 
 def expected_outputs(model_dir, x: np.ndarray) -> dict[str, np.ndarray]:
@@ -140,3 +151,45 @@ def test_errors_carry_the_v2_error_message(served):
             headers={**auth},
         )
     assert "unknown output 'probs'" in no_output.value.message()
+
+
+# ---------------------------------------------------------------- the asyncio client
+# tritonclient.http.aio posts through aiohttp, which labels every bytes body
+# application/octet-stream: a JSON request then arrives with that type and no
+# Inference-Header-Content-Length, unlike the blocking client's (no Content-Type at all).
+
+
+async def aio_infer(address: str, auth: dict, x: np.ndarray, binary_input: bool, binary_output: bool):
+    async with triton_aio.InferenceServerClient(address, conn_timeout=30) as client:
+        assert await client.is_server_ready()
+        outputs = [
+            triton_aio.InferRequestedOutput(n, binary_data=binary_output) for n in ("slot_scores", "top_slot")
+        ]
+        return await client.infer(
+            MODEL, [features_input(x, binary_input)], outputs=outputs, headers={**auth}, request_id="aio"
+        )
+
+
+@pytest.mark.parametrize("binary_input", [False, True], ids=["json-input", "binary-input"])
+@pytest.mark.parametrize("binary_output", [False, True], ids=["json-output", "binary-output"])
+def test_aio_client_infer_matches_the_backend(server, binary_input, binary_output):
+    address, auth, model_dir = server
+    x = class_features(np.array([1, 4, 8]), seed=9)
+    result = asyncio.run(aio_infer(address, auth, x, binary_input, binary_output))
+    expected = expected_outputs(model_dir, x)
+    np.testing.assert_allclose(result.as_numpy("slot_scores"), expected["slot_scores"], rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(result.as_numpy("top_slot"), expected["top_slot"])
+    assert result.get_response()["id"] == "aio" and result.as_numpy("confidence") is None
+
+
+def test_aio_client_reads_v2_errors(server):
+    address, _, _ = server
+    x = class_features(np.array([1]), seed=0)
+
+    async def unauthorized() -> None:
+        async with triton_aio.InferenceServerClient(address, conn_timeout=30) as client:
+            await client.infer(MODEL, [features_input(x, False)], headers={"Authorization": "Bearer wrong"})
+
+    with pytest.raises(InferenceServerException) as error:
+        asyncio.run(unauthorized())
+    assert error.value.status() == "401" and "unknown bearer token" in error.value.message()
