@@ -32,6 +32,8 @@ from harmony_mobile.device import (
     load_manifest,
     normalize,
 )
+from harmony_mobile.device.label_draws import LabelDraws, feature_sample_ids
+from harmony_mobile.device.phone import LABEL_DRAWS_FILE
 from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 from tests.export_fixtures import FIXTURE_EPOCH, FIXTURE_SECRET, make_run_dir
 from tests.helpers.fallback_server import ADMIN, enrol, make_settings
@@ -227,7 +229,7 @@ def test_the_lineage_upload_protections_apply_on_the_phone(tmp_path, export, ser
     labels = [3] * 200
     rows = torch.cat([features] * 25)
     phone.credentials.limits["max_upload_rows"] = 256
-    (queued,) = phone.confirm(rows, labels)
+    (queued,) = phone.confirm(rows, labels, sample_ids=range(200))  # 200 samples: 200 draws
     assert phone.flush().delivered == 1
     (upload,) = server.app.state.harmony.store.envelopes(limit_rows=1000)
     opened = stored_to_feature_upload(server.app.state.harmony.server_key, upload)
@@ -238,6 +240,34 @@ def test_the_lineage_upload_protections_apply_on_the_phone(tmp_path, export, ser
     clipped_norms = (opened.features - 0).flatten(1).norm(dim=1)
     assert not torch.allclose(opened.features, rows)  # noised
     assert clipped_norms.mean() > 10  # sigma * C * sqrt(4096) = 128 of noise on a clipped (<= 1) row
+
+
+def test_label_dp_draws_once_per_sample_and_keeps_the_draw_across_uploads_and_restarts(
+    tmp_path, export, server
+):
+    """Re-drawing randomized response at every upload would let the server average it away."""
+    manifest = load_manifest(*export)
+    run = {**manifest["run"], "label_dp_epsilon": 0.5}
+    phone = make_phone(tmp_path, export, server, manifest_changes={"run": run})
+    _, features, _ = phone.run_front_end(pixels(8))
+    phone.credentials.limits["max_upload_rows"] = 256
+
+    def tokens_of(confirming) -> list[str]:
+        confirming.confirm(features, [3] * 8)  # default ids: the same images give the same ids
+        assert confirming.flush().delivered == 1
+        newest = server.app.state.harmony.store.envelopes(limit_rows=1000)[-1]
+        return list(stored_to_feature_upload(server.app.state.harmony.server_key, newest).label_tokens)
+
+    first = tokens_of(phone)
+    assert tokens_of(phone) == first  # the same samples again: the same draws
+    restarted = make_phone(tmp_path, export, server, manifest_changes={"run": run})  # same queue dir
+    assert tokens_of(restarted) == first
+    stored = (tmp_path / "queue" / LABEL_DRAWS_FILE).stat().st_mode & 0o777
+    assert stored == 0o600
+    (sample,) = feature_sample_ids(features[:1])
+    assert LabelDraws(tmp_path / "queue" / LABEL_DRAWS_FILE)._draws[sample][0] == 3
+    restarted.confirm(features[:1], [4])  # the user confirmed another label: a new draw, for 4
+    assert LabelDraws(tmp_path / "queue" / LABEL_DRAWS_FILE)._draws[sample][0] == 4
 
 
 def test_server_down_then_up_flushes_each_upload_exactly_once(tmp_path, export, server):

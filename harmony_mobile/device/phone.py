@@ -21,11 +21,11 @@ import torch
 
 from harmony_mobile.device.engine import FrontEndProgram
 from harmony_mobile.device.errors import DeviceError
+from harmony_mobile.device.label_draws import LabelDraws, feature_sample_ids
 from harmony_mobile.device.manifest import normalize, tier_entry, upload_privacy
 from harmony_mobile.device.queue import PendingUpload, UploadQueue
 from harmony_mobile.device.server import MODEL_NAME, DeviceCredentials, error_detail, parse_slot_table
 from harmony_mobile.privacy.feature_noise import privatize_features
-from harmony_mobile.privacy.label_dp import randomized_response
 from harmony_mobile.protocol.label_tokens import (
     check_label_epoch,
     class_tokens,
@@ -36,6 +36,7 @@ from harmony_mobile.protocol.label_tokens import (
 from harmony_mobile.protocol.sealing import AssociatedData, seal
 from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
 
+LABEL_DRAWS_FILE = "label_dp_draws.json"  # beside the upload queue: device-local storage
 PERMANENT_UPLOAD_STATUSES = (400, 409, 413, 422)  # resending the same bytes cannot fix these
 
 
@@ -250,13 +251,16 @@ class Phone:
 
     # ---- confirmed uploads
 
-    def confirm(self, features: torch.Tensor, labels) -> list[PendingUpload]:
+    def confirm(
+        self, features: torch.Tensor, labels, sample_ids: list[str] | None = None
+    ) -> list[PendingUpload]:
         """Seal and queue features (N, C, S, S) of samples whose labels the user confirmed.
 
         Rows are split into uploads of at most the server's `max_upload_rows`. Labels become tokens
         of their class names under the manifest's label epoch (after randomized response, when the
-        lineage uses label DP); features are clipped and noised when it uses that option. Only
-        sealed bytes reach the disk."""
+        lineage uses label DP: one draw per sample, kept on the phone, `label_draws.py`; samples are
+        told apart by `sample_ids`, by default a hash of their features); features are clipped and
+        noised when it uses that option. Only sealed bytes reach the disk."""
         features = torch.as_tensor(features).float()
         labels = torch.as_tensor([int(y) for y in labels], dtype=torch.int64)
         if len(labels) != len(features):
@@ -265,7 +269,13 @@ class Phone:
             raise ValueError(f"labels are class indices 0..{len(self.class_names) - 1}")
         privacy = self.privacy
         if privacy.label_dp_epsilon is not None:
-            labels = randomized_response(labels, privacy.label_dp_epsilon, len(self.class_names), self._noise)
+            ids = feature_sample_ids(features) if sample_ids is None else [str(i) for i in sample_ids]
+            if len(ids) != len(labels):
+                raise ValueError(f"{len(ids)} sample ids for {len(labels)} labels")
+            draws = LabelDraws(self.queue.directory / LABEL_DRAWS_FILE)
+            labels = draws.randomize(
+                ids, labels, privacy.label_dp_epsilon, len(self.class_names), self._noise
+            )
         features = privatize_features(features, privacy.feature_clip, privacy.noise_multiplier, self._noise)
         rows = int(self.credentials.limits.get("max_upload_rows", 256))
         key, epoch = epoch_key(self.federation_key.secret, self.label_epoch), self.label_epoch
