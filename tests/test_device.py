@@ -253,10 +253,11 @@ def test_label_dp_draws_once_per_sample_and_keeps_the_draw_across_uploads_and_re
     phone.credentials.limits["max_upload_rows"] = 256
 
     def tokens_of(confirming) -> list[str]:
-        confirming.confirm(features, [3] * 8)  # default ids: the same images give the same ids
+        (queued,) = confirming.confirm(features, [3] * 8)  # default ids: the same images, the same ids
         assert confirming.flush().delivered == 1
-        newest = server.app.state.harmony.store.envelopes(limit_rows=1000)[-1]
-        return list(stored_to_feature_upload(server.app.state.harmony.server_key, newest).label_tokens)
+        stored = server.app.state.harmony.store.envelopes(limit_rows=1000)
+        (mine,) = [e for e in stored if e.message_id == queued.message_id]
+        return list(stored_to_feature_upload(server.app.state.harmony.server_key, mine).label_tokens)
 
     first = tokens_of(phone)
     assert tokens_of(phone) == first  # the same samples again: the same draws
