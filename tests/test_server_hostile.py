@@ -1,8 +1,10 @@
 """Slow and hostile clients against a real uvicorn process, over raw sockets: stalled headers and
-stalled bodies are answered 408 and closed in the configured time, connections beyond the limit
-are refused at once with 503, malformed HTTP gets a JSON 400, and a client that leaves mid-body
-is neither logged as an exception nor counted as a 500. The timeouts come from the environment
-(HARMONY_*), which `harmony serve` must respect."""
+stalled bodies are answered 408 and closed in the configured time, also a kept-alive connection
+that only trickles bare CRLFs; connections beyond the limit are refused at once with 503,
+malformed HTTP gets a JSON 400 (these three HTTP-layer answers carry the error key of the path
+asked for: `error` on /v2), and a client that leaves mid-body is neither logged as an exception
+nor counted as a 500. The timeouts come from the environment (HARMONY_*), which `harmony serve`
+must respect."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import time
 
 import httpx
 import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
 
 from tests.helpers.fallback_server import ADMIN_TOKEN, make_model_dir
 from tests.server_process import serve
@@ -51,19 +55,101 @@ def status_and_json(response: bytes) -> tuple[int, dict]:
     return int(head.split(b" ")[1]), json.loads(body)
 
 
-def test_stalled_headers_are_408_and_closed(base_url):
+def read_one_response(sock: socket.socket) -> bytes:
+    """One response with a Content-Length body, leaving the connection open."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.lower().split(b"\r\n")
+        if line.startswith(b"content-length:")
+    )
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+def trickle_crlf_until_closed(socks: list[socket.socket], give_up: float, every: float = 0.3) -> float | None:
+    """Send a bare CRLF on each socket every `every` s until the server closed all of them; how long
+    that took, or None if some were still open after `give_up` s. A closing server may answer 408."""
+    started, open_socks = time.monotonic(), list(socks)
+    for sock in socks:
+        sock.settimeout(0.01)
+    while open_socks and time.monotonic() - started < give_up:
+        for sock in list(open_socks):
+            try:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    open_socks.remove(sock)
+                elif not chunk.startswith(b"HTTP/1.1 408 "):
+                    raise AssertionError(f"unexpected answer to bare CRLFs: {chunk!r}")
+                continue
+            except TimeoutError:
+                pass
+            except ConnectionError:
+                open_socks.remove(sock)
+                continue
+            try:
+                sock.sendall(b"\r\n")
+            except ConnectionError:
+                open_socks.remove(sock)
+        time.sleep(every)
+    return None if open_socks else time.monotonic() - started
+
+
+# The error key of each route family (docs/PROTOCOL.md): tritonclient reads only `error`.
+PATHS_AND_KEYS = [
+    ("/v1/uploads", "detail"),
+    ("/v2/models/harmony-backend/infer", "error"),
+    ("/v2/health/live?x=1", "error"),
+    ("http://test/v2/models/harmony-backend/infer", "error"),  # absolute-form target
+]
+# before a request line arrives no path is known: both keys, so every client finds its own
+NO_PATH_KEYS = {"error", "detail"}
+
+
+@pytest.mark.parametrize("path,key", PATHS_AND_KEYS)
+def test_stalled_headers_are_408_and_closed(base_url, path, key):
     with connect(base_url) as sock:
-        sock.sendall(b"POST /v1/uploads HTTP/1.1\r\nHost: test\r\nContent-Le")  # and nothing more
+        sock.sendall(f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Le".encode())  # and nothing more
         response, waited = read_until_closed(sock)
     status, body = status_and_json(response)
-    assert status == 408 and "headers not complete within 1 s" in body["detail"]
+    assert status == 408 and set(body) == {key}, body
+    assert "headers not complete within 1 s" in body[key]
     assert waited < TIMEOUT + 2
 
 
 def test_a_silent_connection_is_closed(base_url):
     with connect(base_url) as sock:
         response, waited = read_until_closed(sock)
-    assert status_and_json(response)[0] == 408 and waited < TIMEOUT + 2
+    status, body = status_and_json(response)
+    assert status == 408 and set(body) == NO_PATH_KEYS and waited < TIMEOUT + 2
+
+
+def test_a_connection_trickling_bare_crlfs_after_a_request_is_closed(base_url):
+    # httptools skips CRLFs between requests, so no request ever begins; each CRLF also resets
+    # uvicorn's keep-alive timer. The header deadline must still run from the first of them.
+    with connect(base_url) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+        assert read_one_response(sock).startswith(b"HTTP/1.1 200 ")
+        waited = trickle_crlf_until_closed([sock], give_up=TIMEOUT + 4)
+    assert waited is not None and waited < TIMEOUT + 2, waited
+
+
+def test_crlf_trickling_connections_do_not_lock_out_other_clients(base_url):
+    held = [connect(base_url) for _ in range(MAX_CONNECTIONS)]
+    try:
+        for sock in held:
+            sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: test\r\n\r\n")
+            assert read_one_response(sock).startswith(b"HTTP/1.1 200 ")
+        waited = trickle_crlf_until_closed(held, give_up=TIMEOUT + 4)
+        assert waited is not None and waited < TIMEOUT + 2, waited
+        assert httpx.get(f"{base_url}/v2/health/live").status_code == 200
+    finally:
+        for sock in held:
+            sock.close()
 
 
 @pytest.mark.parametrize(
@@ -84,14 +170,18 @@ def test_stalled_body_is_408_and_closed(base_url, path, content_type):
     assert waited < TIMEOUT + 2
 
 
-def test_connections_beyond_the_limit_are_refused_at_once(base_url):
+@pytest.mark.parametrize("path,key", [(None, None), *PATHS_AND_KEYS])
+def test_connections_beyond_the_limit_are_refused_at_once(base_url, path, key):
     held = [connect(base_url) for _ in range(MAX_CONNECTIONS)]
     try:
         time.sleep(0.2)
         with connect(base_url) as extra:
+            if path is not None:
+                extra.sendall(f"GET {path} HTTP/1.1\r\nHost: test\r\n\r\n".encode())
             response, waited = read_until_closed(extra)
         status, body = status_and_json(response)
-        assert status == 503 and "too many open connections" in body["detail"] and waited < 1
+        assert status == 503 and set(body) == ({key} if key else NO_PATH_KEYS), body
+        assert "too many open connections" in body[key or "error"] and waited < 1
         assert b"retry-after: 1" in response.lower()
     finally:
         for sock in held:
@@ -100,12 +190,30 @@ def test_connections_beyond_the_limit_are_refused_at_once(base_url):
     assert httpx.get(f"{base_url}/v2/health/live").status_code == 200
 
 
-def test_malformed_http_is_a_json_400(base_url):
+def test_tritonclient_reads_the_connection_limit_503(base_url):
+    held = [connect(base_url) for _ in range(MAX_CONNECTIONS)]
+    client = triton.InferenceServerClient(base_url.removeprefix("http://"), network_timeout=10)
+    try:
+        time.sleep(0.2)
+        with pytest.raises(InferenceServerException) as refused:
+            client.get_server_metadata()
+        # the whole message, not a decoding failure that quotes the body
+        assert refused.value.status() == "503"
+        assert refused.value.message() == f"too many open connections (limit {MAX_CONNECTIONS}); retry later"
+    finally:
+        client.close()
+        for sock in held:
+            sock.close()
+    time.sleep(0.3)
+
+
+@pytest.mark.parametrize("path,key", [("/", "detail"), *PATHS_AND_KEYS])
+def test_malformed_http_is_a_json_400(base_url, path, key):
     with connect(base_url) as sock:
-        sock.sendall(b"GET / HTTP/1.1\r\nHost test\r\n\r\n")  # header without a colon
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost test\r\n\r\n".encode())  # header without a colon
         response, _ = read_until_closed(sock)
     status, body = status_and_json(response)
-    assert status == 400 and body["detail"]
+    assert status == 400 and set(body) == {key} and body[key], body
 
 
 def test_client_leaving_mid_body_is_not_a_server_error(base_url):
