@@ -5,13 +5,10 @@ The operator holds the server part of a run dir (run.json, checkpoints, backend.
 public class-name list. It wants to *name slots*: once a slot is named, every uploaded row's token
 gives that row's class away. Attacks here:
 
-* `probe_naming` (no labeled data): push random inputs through a served .pte and the back-end g,
-  pair each slot with the exit output that fires with it, and read the exit output's position as
-  a class index (right if exit heads were in class order).
-* `checkpoint_naming` (no labeled data): run the same probes through the served .pte and through
-  the family's meta-weights in the server's checkpoint, pair exit outputs by correlation, and read
-  the meta-model's output j as the slot with the j-th smallest token (right if the served exit
-  heads were in class order while the server's own state is in token order).
+* `checkpoint_naming` (no labeled data): synthesize inputs that fire each output j of the family's
+  meta front-end in the server's checkpoint (token order), run them through the served .pte, pair
+  j with the served output they fire, and j with the slot of the j-th smallest token; the served
+  output's position read as a class index is right if the served exit heads were in class order.
 * `aux_naming` (k labeled images per class of the domain): push them through a .pte and g and
   give each class the slot its images land in most.
 * `row_recovery`: label uploaded rows from their features alone (nearest class mean of k labeled
@@ -68,33 +65,42 @@ def match(score: np.ndarray) -> dict[int, int]:
     return {int(r): int(c) for r, c in zip(rows, cols, strict=True)}
 
 
-def probe_naming(view: OperatorView, probes: int = 256, seed: int = 0) -> dict[int, int]:
-    """No labeled data: slot s is named class index r where exit output r co-fires with slot s."""
-    shape = view.manifest["tiers"][0]["input"]["shape"][1:]
-    images = torch.randn(probes, *shape, generator=torch.Generator().manual_seed(seed))
-    logits, slots, _ = view.outputs(images)
-    together = np.zeros((view.slots, logits.shape[1]))
-    np.add.at(together, (slots.argmax(1).numpy(), logits.argmax(1).numpy()), 1)
-    return match(together)
-
-
-@torch.no_grad()
-def checkpoint_naming(view: OperatorView, server_part: Path, tier: str, probes: int = 512) -> dict[int, int]:
-    """No labeled data: the served exit outputs matched to the checkpoint's token-ordered ones."""
+def meta_front_end(server_part: Path, tier: str) -> torch.nn.Module:
+    """The tier's front-end with its family's meta-weights from the server's own checkpoint."""
     info = RunInfo.model_validate_json((Path(server_part) / "run.json").read_text())
-    tier_spec = info.tiers.get(tier)
-    state = torch.load(Path(server_part) / CHECKPOINT, weights_only=True)["family_weights"][tier_spec.family]
+    spec = info.tiers.get(tier)
+    state = torch.load(Path(server_part) / CHECKPOINT, weights_only=True)["family_weights"][spec.family]
     channels, size, _ = info.input_shape
-    model = FamilyModel(
-        tier_spec.family, channels, size, info.num_classes, tier_spec.width, info.interface_spec
-    )
+    model = FamilyModel(spec.family, channels, size, info.num_classes, spec.width, info.interface_spec)
     model.load_state_dict(state)
-    images = torch.randn(probes, channels, size, size, generator=torch.Generator().manual_seed(1))
-    served, _, _ = view.outputs(images)
-    meta, _ = model.eval().front_end(tier_spec.split_depth)(images)
-    a, b = (torch.log_softmax(x, 1) for x in (served, meta))
-    a, b = ((x - x.mean(0)) / (x.std(0) + 1e-9) for x in (a, b))
-    served_of_meta = match((b.T @ a / len(a)).numpy())  # meta output j -> served output r
+    return model.eval().front_end(spec.split_depth)
+
+
+def synthesize(model: torch.nn.Module, output: int, shape, images: int = 8, steps: int = 60) -> torch.Tensor:
+    """Inputs that drive `model`'s exit output `output` up (gradient ascent from noise)."""
+    generator = torch.Generator().manual_seed(output)
+    x = (0.1 * torch.randn(images, *shape, generator=generator)).requires_grad_()
+    optimizer = torch.optim.Adam([x], lr=0.1)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        logits, _ = model(x)
+        (-torch.log_softmax(logits, 1)[:, output].mean() + 1e-3 * x.pow(2).mean()).backward()
+        optimizer.step()
+    return x.detach()
+
+
+def checkpoint_naming(view: OperatorView, server_part: Path, tier: str) -> dict[int, int]:
+    """No labeled data: for each output j of the checkpoint's token-ordered meta front-end, inputs
+    synthesized to fire it are run through the served .pte; the served output they fire is paired
+    with j, and j with the slot of the j-th smallest token."""
+    model = meta_front_end(server_part, tier)
+    shape = view.manifest["tiers"][0]["input"]["shape"][1:]
+    classes = len(view.manifest["class_names"])
+    score = np.zeros((classes, classes))
+    for j in range(classes):
+        served, _, _ = view.outputs(synthesize(model, j, shape))
+        score[j] = torch.log_softmax(served, 1).mean(0).numpy()
+    served_of_meta = match(score)  # meta output j -> served output r
     by_token = sorted(range(view.slots), key=lambda s: view.backend.slot_table.tokens[s])
     return {by_token[j]: r for j, r in served_of_meta.items() if j < len(by_token)}
 
