@@ -21,7 +21,6 @@ import stat
 
 import pytest
 import torch
-
 from harmony_mobile.export.pipeline import export_run
 
 from harmony_mobile.bench.privacy_attacks import (
