@@ -41,7 +41,7 @@ from harmony_mobile.export.manifest import (
 
 Platform = Literal["android", "ios"]
 PLATFORMS: tuple[str, ...] = ("android", "ios")
-SECRET_FILE = "federation_secret"  # in a run directory (harmony_mobile/run_dir.py)
+SECRET_FILE = "clients/federation_secret"  # in a run directory: its client part (harmony_mobile/run_dir.py)
 LOCAL_PROVISIONING_FILE = "provisioning.local.json"  # git-ignored; the apps prefer it to provisioning.json
 DEFAULT_SERVER_URLS = {
     # the host machine as the Android emulator and the iOS simulator see it

@@ -27,6 +27,7 @@ from harmony_mobile.export.manifest import (
 from typer.testing import CliRunner
 
 from harmony_mobile.cli import app
+from harmony_mobile.run_dir import write_federation_secret
 from tests.export_fixtures import fake_export_dir
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def export(tmp_path) -> Path:
     """demo-output layout: export/ beside run/ (which holds the run's federation secret)."""
     out = fake_export_dir(tmp_path / "demo-output" / "export", tmp_path / "keys")
     (tmp_path / "demo-output" / "run").mkdir()
-    (tmp_path / "demo-output" / "run" / "federation_secret").write_bytes(SECRET)
+    write_federation_secret(tmp_path / "demo-output" / "run", SECRET)  # where `harmony train` keeps it
     return out
 
 
