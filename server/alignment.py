@@ -51,11 +51,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from harmony_mobile.server.errors import FailureRun, first_line
 from harmony_mobile.server.metrics import ServerMetrics
 from harmony_mobile.server.registry import ModelRegistry, ServedModel
 from harmony_mobile.server.schemas import AlignmentParams
 from harmony_mobile.server.store import Store
 from harmony_mobile.server.uploads import stored_to_feature_upload
+from sqlalchemy.exc import OperationalError
 
 from harmony_mobile.models.losses import distillation_loss, supcon_loss
 from harmony_mobile.protocol.messages import FeatureUpload
@@ -368,11 +370,14 @@ class AlignmentWorker:
             )
 
     def _beat_until_stopped(self) -> None:
+        failures = FailureRun(log, "renewing alignment round leases")
         while not self._stopping.wait(self.heartbeat_seconds):
             try:
                 self.beat()
-            except Exception:  # a store outage must not end the heartbeat; the next one retries
-                log.warning("could not renew alignment round leases", exc_info=True)
+            except Exception as error:  # a store outage must not end the heartbeat; the next one retries
+                failures.failed(error)
+            else:
+                failures.succeeded()
 
     def submit(self, params: AlignmentParams) -> int:
         round_id = self.store.create_round(params.model_dump(), self.owner, self.lease_seconds)
@@ -387,7 +392,14 @@ class AlignmentWorker:
         if self._heartbeat is not None:
             self._heartbeat.join()
         # Only this process's rounds: another process's running round is none of its business.
-        self.store.interrupt_rounds_of(self.owner)
+        try:
+            self.store.interrupt_rounds_of(self.owner)
+        except OperationalError as error:  # a stop must not fail because the database is down
+            log.warning(
+                "store unreachable: this process's unfinished rounds stay as they are until their"
+                " leases expire and another process marks them interrupted (%s)",
+                first_line(error.orig or error),
+            )
 
     def _cancelled(self, round_id: int) -> bool:
         return self._stopping.is_set() or round_id in self._lost

@@ -17,7 +17,7 @@ from fastapi.responses import Response
 from harmony_mobile.server import admin, devices, status, uploads, v2, v2_infer
 from harmony_mobile.server.alignment import AlignmentWorker
 from harmony_mobile.server.auth import RateLimiter, TokenCache
-from harmony_mobile.server.errors import install_error_handlers
+from harmony_mobile.server.errors import FailureRun, install_error_handlers
 from harmony_mobile.server.inference import MicroBatcher
 from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
 from harmony_mobile.server.limits import BodySizeLimitMiddleware
@@ -116,20 +116,27 @@ def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
     )
 
 
+async def _check_default_version(state: ServerState) -> None:
+    registry = state.registry
+    current = registry.default()
+    stored = await run_in_threadpool(state.store.default_version)
+    if stored is not None and (current is None or current.version != stored):
+        await run_in_threadpool(registry.load_default)
+        log.info("now serving %s by default (changed in the shared store)", stored)
+
+
 async def _follow_default_version(state: ServerState) -> None:
     """Replicas (and workers) share the store: serve the default version another process published
     or an operator set there, within `default_refresh_seconds`."""
-    registry = state.registry
+    failures = FailureRun(log, "checking the default version in the store")
     while True:
         await asyncio.sleep(state.settings.default_refresh_seconds)
         try:
-            current = registry.default()
-            stored = await run_in_threadpool(state.store.default_version)
-            if stored is not None and (current is None or current.version != stored):
-                await run_in_threadpool(registry.load_default)
-                log.info("now serving %s by default (changed in the shared store)", stored)
-        except Exception:  # a store outage must not end the loop; the next tick retries
-            log.warning("could not check the default version in the store", exc_info=True)
+            await _check_default_version(state)
+        except Exception as error:  # a store outage must not end the loop; the next tick retries
+            failures.failed(error)
+        else:
+            failures.succeeded()
 
 
 def create_app(settings: Settings) -> FastAPI:

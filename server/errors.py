@@ -22,6 +22,45 @@ log = logging.getLogger("harmony_mobile.server")
 V2_PREFIX = "/v2"
 
 
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__
+
+
+class FailureRun:
+    """Logs the failures of a background loop once per run of them, not once per attempt: every
+    process of every replica retries every few seconds, so a database outage would fill the logs.
+    The first failure (or one of another class) is one warning: a single line for a store
+    OperationalError (the database is down or unreachable; its traceback says nothing), with the
+    traceback for anything else (a bug). The first success after a run is one info line."""
+
+    def __init__(self, logger: logging.Logger, task: str):
+        self.logger, self.task = logger, task
+        self.failing: type[Exception] | None = None  # the class of the current run's errors
+
+    def failed(self, error: Exception) -> None:
+        if type(error) is self.failing:
+            self.logger.debug("%s still fails: %s", self.task, first_line(error))
+        elif isinstance(error, OperationalError):
+            cause = error.orig or error
+            self.logger.warning(
+                "store unreachable: %s fails until it answers (%s: %s)",
+                self.task,
+                type(cause).__name__,
+                first_line(cause),
+            )
+        else:
+            self.logger.warning("%s failed", self.task, exc_info=error)
+        self.failing = type(error)
+
+    def succeeded(self) -> None:
+        if self.failing is None:
+            return
+        store = "store reachable again: " if issubclass(self.failing, OperationalError) else ""
+        self.logger.info("%s%s works again", store, self.task)
+        self.failing = None
+
+
 def error_key(path: str) -> str:
     return "error" if path == V2_PREFIX or path.startswith(V2_PREFIX + "/") else "detail"
 
