@@ -269,3 +269,38 @@ def test_the_server_app_never_opens_the_federation_secret(tmp_path):
     assert opened_by  # the clients did read it (the hook sees what it must)
     for files in opened_by:
         assert any(f.endswith("flower/client_app.py") for f in files), sorted(files)[-5:]
+
+
+def test_no_flower_message_carries_the_secret_a_client_state_or_a_personalized_model(tmp_path):
+    """Everything the ServerApp receives, captured on the Grid: no client's RNG state, release
+    counts, label-DP draws or personalized model, and not the secret's bytes."""
+    config = tiny_config("harmony", rounds=1, clients_per_round=2).model_copy(
+        update={"label_dp_epsilon": 1.0, "feature_clip": 1.0, "noise_multiplier": 0.5}
+    )
+    captured = []
+
+    class Tap(LoopbackGrid):
+        def pull_messages(self, message_ids):
+            replies = super().pull_messages(message_ids)
+            captured.extend(replies)
+            return replies
+
+    provision_federation_secret(tmp_path / "flower")
+    secret = (tmp_path / "flower" / SECRET_FILE).read_bytes()
+    settings = FlowerSettings(train_config=config, run_dir=str(tmp_path / "flower"), reply_timeout=0.5)
+    train_on_grid(Tap(make_client_app(settings), client_count(config)), settings)
+    kinds = {reply.metadata.message_type for reply in captured}
+    assert {"train.round", "train.personalize", "evaluate.final"} <= kinds
+    for reply in captured:
+        for name, record in reply.content.items():
+            assert name not in ("client-state", "model", "personalized-model"), (
+                reply.metadata.message_type,
+                name,
+            )
+            if hasattr(record, "to_numpy_ndarrays"):
+                for array in record.to_numpy_ndarrays():
+                    assert secret not in array.tobytes(), (reply.metadata.message_type, name)
+            assert not any(key in ("noise", "upload_labels", "releases") for key in record), (
+                name,
+                list(record),
+            )
