@@ -42,9 +42,9 @@ def error_body(path: str | None, message: str) -> bytes:
     return json.dumps(dict.fromkeys(keys, message)).encode()
 
 
-def target_path(target: bytes) -> str | None:
+def target_path(request_target: bytes) -> str | None:
     """The path of a request target (origin or absolute form), None if there is none."""
-    text = target.decode("latin-1")
+    text = request_target.decode("latin-1")
     if not text.startswith("/"):  # absolute form, as sent to a proxy: scheme://authority/path?query
         try:
             text = urlsplit(text).path
