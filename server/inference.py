@@ -93,7 +93,6 @@ class MicroBatcher:
         self._thread: threading.Thread | None = None
         self._stats: dict[str, VersionStats] = {}
         self._stats_lock = threading.Lock()
-        metrics.watch_queue(self._queue.qsize)
 
     def stats(self) -> dict[str, VersionStats]:
         """A copy of the per-version counters (the worker keeps updating the originals)."""
@@ -122,17 +121,32 @@ class MicroBatcher:
     async def infer(self, features: np.ndarray, model: ServedModel) -> Prediction:
         loop = asyncio.get_running_loop()
         job = _Job(features, model, loop.create_future(), loop, time.perf_counter_ns())
+        # counted up before the put and down when the worker takes the job (so never below 0): a
+        # callback gauge would be read in the scraped process only, and with several workers a
+        # scrape must sum every worker's queue
+        self.metrics.queue_depth.inc()
         try:
             self._queue.put_nowait(job)
         except queue.Full:
+            self.metrics.queue_depth.dec()
             self.metrics.queue_full.inc()
             raise QueueFull(f"the inference queue is full ({self._queue.maxsize} requests waiting)") from None
         return await job.future
 
     # ---------------------------------------------------------------- worker thread
 
+    def _take(self, timeout: float | None = None) -> object:
+        """The next job (or _STOP) off the queue; queue.Empty after `timeout` (0: do not wait)."""
+        if timeout is None:
+            job = self._queue.get()
+        else:
+            job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+        if job is not _STOP:
+            self.metrics.queue_depth.dec()
+        return job
+
     def _next_batch(self) -> list[_Job] | None:
-        first = self._carry if self._carry is not None else self._queue.get()
+        first = self._carry if self._carry is not None else self._take()
         self._carry = None
         if first is _STOP:
             return None
@@ -141,7 +155,7 @@ class MicroBatcher:
         while rows < self.max_batch:
             remaining = deadline - time.monotonic()
             try:
-                job = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+                job = self._take(max(remaining, 0.0))
             except queue.Empty:
                 break
             if job is _STOP or rows + job.rows > self.max_batch:

@@ -3,17 +3,21 @@
 Settings come from the command line *only where the user gave a flag*; everything else is read from
 the environment (HARMONY_*), then from the defaults in server/settings.py. With several workers
 each process builds its own app from the environment (`app_from_environment`), so the flags given
-are exported to it first.
+are exported to it first, and their metrics go to a shared folder (prometheus-client's multiprocess
+mode) so that `/metrics` and the status page count the whole server, not the worker that answered.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from harmony_mobile.server.app import create_app
+from harmony_mobile.server.metrics import MULTIPROCESS_ENV, process_is_running
 from harmony_mobile.server.settings import Settings
 
 DEFAULT_DATA_DIR = "serve-data"
@@ -25,6 +29,7 @@ GUARDED_PROTOCOL = "harmony_mobile.server.protocol:GuardedHttpToolsProtocol"
 # is shorter than a worker's start on a busy machine: importing torch and loading the back-end).
 WORKER_HEALTHCHECK_SECONDS = 60
 ENV_PREFIX = "HARMONY_"
+METRICS_DIR = "prometheus-multiproc"  # under the data dir: one folder per running `harmony serve`
 
 
 def resolve_settings(explicit: dict[str, Any]) -> Settings:
@@ -53,6 +58,21 @@ def app_from_environment() -> FastAPI:
     return create_app(Settings())
 
 
+def prepare_multiprocess_dir(data_dir: Path) -> Path:
+    """An empty folder for this server's metric files, named by this (supervisor) process's id, so
+    two servers sharing a data dir never sum or delete each other's; folders of servers no longer
+    running are removed. Counts start at zero with each start, like a single process's."""
+    root = Path(data_dir).resolve() / METRICS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in root.iterdir():
+        if folder.name.isdigit() and not process_is_running(int(folder.name)):
+            shutil.rmtree(folder, ignore_errors=True)
+    path = root / str(os.getpid())
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir()
+    return path
+
+
 def run(
     settings: Settings, explicit: dict[str, Any], host: str, port: int, workers: int, log_level: str
 ) -> None:
@@ -70,6 +90,8 @@ def run(
         uvicorn.run(create_app(settings), workers=1, **common)
         return
     export_to_environment(settings, explicit)
+    # read by prometheus_client when each worker imports it (workers are fresh interpreters)
+    os.environ[MULTIPROCESS_ENV] = str(prepare_multiprocess_dir(settings.data_dir))
     uvicorn.run(
         "harmony_mobile.server.launch:app_from_environment",
         factory=True,

@@ -1,12 +1,20 @@
 """Prometheus metrics on a per-app CollectorRegistry (tests build many apps in one process), and the
-ASGI middleware that times every request by route template (not raw path: bounded cardinality)."""
+ASGI middleware that times every request by route template (not raw path: bounded cardinality).
+
+With `harmony serve --workers N` every worker is its own process with its own counters, and a scrape
+or a status page reaches one of them. So the launcher starts the workers in prometheus-client's
+multiprocess mode (PROMETHEUS_MULTIPROC_DIR, set before they import prometheus_client): each
+process writes its values to memory-mapped files there, and `/metrics` and the status page read
+the sum over all of them (`multiprocess_dir`, see launch.prepare_multiprocess_dir)."""
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -16,8 +24,41 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def multiprocess_dir() -> Path | None:
+    """The shared metrics directory if this process writes its metrics there, else None. Both must
+    hold: the variable is set, and it was set when prometheus_client was imported (the library
+    chooses its value class then; a test process may set the variable later)."""
+    path = os.environ.get(MULTIPROCESS_ENV)
+    return Path(path) if path and values.ValueClass._multiprocess else None
+
+
+def process_is_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    return True
+
+
+def forget_dead_processes(path: Path) -> None:
+    """Drop the live-gauge files of processes that are gone (a worker uvicorn replaced): their queue
+    depth is no longer anyone's. Their counters stay, so the sums never go backwards."""
+    for file in path.glob("gauge_live*_*.db"):
+        pid = file.stem.rsplit("_", 1)[-1]
+        if pid.isdigit() and not process_is_running(int(pid)):
+            file.unlink(missing_ok=True)
+
+
 class ServerMetrics:
     def __init__(self) -> None:
+        self.multiprocess_dir = multiprocess_dir()
+        if self.multiprocess_dir is not None:
+            forget_dead_processes(self.multiprocess_dir)
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -42,7 +83,10 @@ class ServerMetrics:
         self.batches = Counter("harmony_inference_batches", "executed micro-batches", registry=r)
         self.inferred_rows = Counter("harmony_inference_rows", "feature rows inferred", registry=r)
         self.queue_depth = Gauge(
-            "harmony_inference_queue_depth", "infer requests waiting for a batch", registry=r
+            "harmony_inference_queue_depth",
+            "infer requests waiting for a batch",
+            registry=r,
+            multiprocess_mode="livesum",  # the server's queue: the sum over its live workers
         )
         self.queue_full = Counter(
             "harmony_inference_queue_full", "infer requests refused with 503", registry=r
@@ -88,16 +132,39 @@ class ServerMetrics:
             child = self._fallback_children[tier] = self.fallbacks.labels(tier)
         child.inc(rows)
 
-    def watch_queue(self, depth: Callable[[], int]) -> None:
-        self.queue_depth.set_function(depth)
+    def _view(self) -> CollectorRegistry:
+        """What a scrape sees: this process's registry, or a registry over every process's files."""
+        if self.multiprocess_dir is None:
+            return self.registry
+        view = CollectorRegistry()
+        MultiProcessCollector(view, path=str(self.multiprocess_dir))
+        return view
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._view())
+
+    def snapshot(self) -> MetricSnapshot:
+        """Every sample over the whole server (every worker) at once, for the status page."""
+        return MetricSnapshot([sample for family in self._view().collect() for sample in family.samples])
 
     def counter_value(self, counter: Counter, **metric_labels: str) -> float:
-        """Current value of a counter (for the status page)."""
-        metric = counter.labels(**metric_labels) if metric_labels else counter
-        return metric._value.get()
+        return self.snapshot().counter(counter, **metric_labels)
+
+
+class MetricSnapshot:
+    def __init__(self, samples: list) -> None:
+        self.samples = samples
+
+    def value(self, name: str, **metric_labels: str) -> float:
+        """The sum of the samples called `name` whose labels include `metric_labels` (0 if none)."""
+        return sum(
+            s.value
+            for s in self.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in metric_labels.items())
+        )
+
+    def counter(self, counter: Counter, **metric_labels: str) -> float:
+        return self.value(f"{counter._name}_total", **metric_labels)
 
 
 class MetricsMiddleware:

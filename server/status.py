@@ -37,16 +37,17 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
 def status_page(state: StateDep) -> HTMLResponse:
     default = state.registry.default()
     metrics = state.metrics
+    totals = metrics.snapshot()  # every worker's counts, read once
     uploads = state.store.upload_stats()
     counters = [
         ["devices", len(state.store.devices())],
         ["stored uploads", uploads["uploads"]],
         ["stored feature rows", uploads["rows"]],
-        ["inferred rows", int(metrics.counter_value(metrics.inferred_rows))],
-        ["micro-batches", int(metrics.counter_value(metrics.batches))],
-        ["uploads rejected", int(metrics.counter_value(metrics.uploads, outcome="rejected"))],
-        ["requests refused: queue full (503)", int(metrics.counter_value(metrics.queue_full))],
-        ["requests refused: rate limit (429)", int(metrics.counter_value(metrics.rate_limited))],
+        ["inferred rows", int(totals.counter(metrics.inferred_rows))],
+        ["micro-batches", int(totals.counter(metrics.batches))],
+        ["uploads rejected", int(totals.counter(metrics.uploads, outcome="rejected"))],
+        ["requests refused: queue full (503)", int(totals.counter(metrics.queue_full))],
+        ["requests refused: rate limit (429)", int(totals.counter(metrics.rate_limited))],
     ]
     versions = [
         [v.version, v.source, v.parent or "", v.created_at, v.sha256[:12]]

@@ -3,6 +3,8 @@ with several workers the flags given reach the worker processes through the envi
 
 from __future__ import annotations
 
+import os
+
 import harmony_mobile.server.launch as launch
 import pytest
 from harmony_mobile.server.settings import Settings
@@ -73,6 +75,7 @@ def test_workers_answer_health_pings_before_importing_the_server(monkeypatch, tm
     from uvicorn.importer import import_from_string
 
     monkeypatch.setenv("HARMONY_DATA_DIR", str(tmp_path))  # restored after the export in `run`
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "recorded")  # `run` points it at its metrics folder
     calls = []
     monkeypatch.setattr(launch.uvicorn, "run", lambda app, **options: calls.append((app, options)))
     launch.run(Settings(data_dir=tmp_path), {}, "127.0.0.1", 8000, 2, "warning")
@@ -80,3 +83,5 @@ def test_workers_answer_health_pings_before_importing_the_server(monkeypatch, tm
     assert isinstance(app, str) and isinstance(options["http"], str)
     assert import_from_string(options["http"]) is GuardedHttpToolsProtocol
     assert options["timeout_worker_healthcheck"] >= 30
+    metrics_dir = tmp_path / "prometheus-multiproc" / str(os.getpid())
+    assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(metrics_dir) and metrics_dir.is_dir()
