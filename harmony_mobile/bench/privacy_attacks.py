@@ -30,6 +30,7 @@ from scipy.optimize import linear_sum_assignment
 from harmony_mobile.device.engine import FrontEndProgram
 from harmony_mobile.federation.simulation import CHECKPOINT
 from harmony_mobile.models import FamilyModel
+from harmony_mobile.privacy.feature_noise import clip_rows
 from harmony_mobile.run_dir import LoadedBackend, RunInfo, load_backend_file
 
 
@@ -53,10 +54,13 @@ class OperatorView:
 
     @torch.no_grad()
     def outputs(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(exit logits, slot scores, back-end features) of normalized images."""
+        """(exit logits, slot scores, back-end features) of normalized images; the features clipped
+        as the lineage's phones clip theirs (the manifest says how), so g sees what it trained on."""
         logits, features = self.program.run(images)
+        clip = self.manifest.get("run", {}).get("feature_clip")
+        features = clip_rows(features.float(), clip) if clip else features.float()
         g = self.backend.backend
-        return logits.float(), g(features.float())[:, : self.slots], g.features(features.float())
+        return logits.float(), g(features)[:, : self.slots], g.features(features)
 
 
 def match(score: np.ndarray) -> dict[int, int]:
