@@ -14,7 +14,7 @@ For each feature-noise setting and seed: train a run (digits, harmony), export o
 
 With each noise setting, the run's accuracy with OOD (its own final evaluation) gives the cost.
 
-    .venv/bin/python benchmarks/privacy_recovery.py            # sigma off, 0.5, 1; seeds 0 1 2
+    .venv/bin/python benchmarks/privacy_recovery.py            # sigma off, 0.02, 0.1, 0.5; seeds 0 1 2
     .venv/bin/python benchmarks/privacy_recovery.py --seeds 0 --sigmas 0 --rounds 3   # quick look
 
 Writes benchmarks/results/privacy_recovery.md and .json (docs/PRIVACY.md quotes them).
@@ -130,7 +130,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--sigmas", type=float, nargs="+", default=[0.0, 0.5, 1.0])
+    parser.add_argument("--sigmas", type=float, nargs="+", default=[0.0, 0.02, 0.1, 0.5])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, default=RESULTS / "privacy_recovery")
     args = parser.parse_args()
