@@ -142,6 +142,7 @@ async def _follow_default_version(state: ServerState) -> None:
 def create_app(settings: Settings) -> FastAPI:
     metrics = ServerMetrics()
     state = build_state(settings, metrics)
+    metrics.default_version.current = lambda: getattr(state.registry.default(), "version", None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -25,6 +28,10 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# The tier an infer request was answered for, set by the endpoint through count_fallback_rows and
+# read by the middleware once the response is sent: the endpoint knows the tier (a header or a JSON
+# parameter), only the middleware knows when the request ended.
+_answered_tier: ContextVar[list[str | None] | None] = ContextVar("answered_tier", default=None)
 
 
 def multiprocess_dir() -> Path | None:
@@ -54,13 +61,41 @@ def forget_dead_processes(path: Path) -> None:
             file.unlink(missing_ok=True)
 
 
+class DefaultVersionCollector:
+    """`harmony_default_version_info{version}` = 1: the version the scraped process serves by default,
+    read at scrape time (every worker follows the store's default within default_refresh_seconds)."""
+
+    def __init__(self) -> None:
+        self.current: Callable[[], str | None] = lambda: None
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "harmony_default_version_info", "the back-end version served by default", labels=["version"]
+        )
+        version = self.current()
+        if version is not None:
+            family.add_metric([version], 1.0)
+        yield family
+
+
 class ServerMetrics:
     def __init__(self) -> None:
         self.multiprocess_dir = multiprocess_dir()
         if self.multiprocess_dir is not None:
             forget_dead_processes(self.multiprocess_dir)
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        self.default_version = DefaultVersionCollector()
+        self.registry.register(self.default_version)
+        self._http_metrics(self.registry)
+        self._inference_metrics(self.registry)
+        self._operator_metrics(self.registry)
+        # labelled children by label values: prometheus_client's labels() validates and locks on each
+        # call, a per-request cost the counts do not need (the key sets are bounded like the labels)
+        self._request_children: dict[tuple[str, str, int], tuple] = {}
+        self._fallback_children: dict[str, object] = {}
+        self._tier_latency_children: dict[str, object] = {}
+
+    def _http_metrics(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "harmony_http_requests",
             "HTTP requests by route, method and status",
@@ -74,6 +109,9 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        self.rate_limited = Counter("harmony_rate_limited", "requests refused with 429", registry=r)
+
+    def _inference_metrics(self, r: CollectorRegistry) -> None:
         self.batch_rows = Histogram(
             "harmony_inference_batch_rows",
             "feature rows per executed micro-batch",
@@ -97,6 +135,16 @@ class ServerMetrics:
             ["tier"],
             registry=r,
         )
+        self.fallback_latency = Histogram(
+            "harmony_fallback_request_duration_seconds",
+            "latency of answered infer requests by the phone's tier, from the request's start to the"
+            " last byte handed to the server",
+            ["tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+
+    def _operator_metrics(self, r: CollectorRegistry) -> None:
         self.uploads = Counter(
             "harmony_uploads",
             "sealed uploads by outcome (accepted, duplicate, rejected)",
@@ -107,15 +155,10 @@ class ServerMetrics:
         self.upload_bytes = Counter(
             "harmony_upload_envelope_bytes", "envelope bytes of accepted uploads", registry=r
         )
-        self.rate_limited = Counter("harmony_rate_limited", "requests refused with 429", registry=r)
         self.rounds = Counter(
             "harmony_alignment_rounds", "finished alignment rounds by status", ["status"], registry=r
         )
         self.model_swaps = Counter("harmony_model_swaps", "default back-end version changes", registry=r)
-        # labelled children by label values: prometheus_client's labels() validates and locks on each
-        # call, a per-request cost the counts do not need (the key sets are bounded like the labels)
-        self._request_children: dict[tuple[str, str, int], tuple] = {}
-        self._fallback_children: dict[str, object] = {}
 
     def count_request(self, route: str, method: str, status: int, seconds: float) -> None:
         key = (route, method, status)
@@ -131,6 +174,15 @@ class ServerMetrics:
         if child is None:
             child = self._fallback_children[tier] = self.fallbacks.labels(tier)
         child.inc(rows)
+        answered = _answered_tier.get()
+        if answered is not None:  # the middleware times this request and files it under the tier
+            answered[0] = tier
+
+    def time_fallback(self, tier: str, seconds: float) -> None:
+        child = self._tier_latency_children.get(tier)
+        if child is None:
+            child = self._tier_latency_children[tier] = self.fallback_latency.labels(tier)
+        child.observe(seconds)
 
     def _view(self) -> CollectorRegistry:
         """What a scrape sees: this process's registry, or a registry over every process's files."""
@@ -138,6 +190,7 @@ class ServerMetrics:
             return self.registry
         view = CollectorRegistry()
         MultiProcessCollector(view, path=str(self.multiprocess_dir))
+        view.register(self.default_version)
         return view
 
     def render(self) -> bytes:
@@ -194,15 +247,20 @@ class MetricsMiddleware:
                 status_code, responded = message["status"], True
             await send(message)
 
+        answered_tier: list[str | None] = [None]
+        reset = _answered_tier.set(answered_tier)
         try:
             await self.app(scope, watching_receive, send_with_status)
         except ClientDisconnect:
             # Not a server error: nobody is left to answer, so nothing is logged or re-raised.
             disconnected = True
         finally:
+            _answered_tier.reset(reset)
             if disconnected:  # whatever was "answered" after that reached nobody
                 status_code = CLIENT_CLOSED
             route = scope.get("route")
             route_name = getattr(route, "path", None) or "unmatched"
-            method = scope["method"]
-            self.metrics.count_request(route_name, method, status_code, time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.count_request(route_name, scope["method"], status_code, seconds)
+            if answered_tier[0] is not None and status_code == 200:
+                self.metrics.time_fallback(answered_tier[0], seconds)
