@@ -95,3 +95,18 @@ def test_slot_table_assigns_in_first_appearance_order_up_to_its_capacity():
         SlotTable.from_hex("e-1", 2, ["ABCDEF0123456789"])
     with pytest.raises(ValueError, match="label epoch"):
         SlotTable("bad epoch!", 2)
+
+
+def test_a_phones_dp_randomness_is_its_own_not_derived_from_the_shared_secret():
+    """Two phones built alike (same secret, name, data) draw different noise and label-DP draws:
+    a seed derived from the secret would let any phone, or a server colluding with one, redraw
+    and subtract them."""
+    a, b = (
+        tiny_federation(label_dp_epsilon=0.5, feature_clip=1.0, noise_multiplier=1.0).clients[0]
+        for _ in range(2)
+    )
+    assert a.federation_secret == b.federation_secret and a.name == b.name
+    features = torch.zeros(16, 64, 8, 8)
+    index = torch.arange(16)
+    assert not torch.equal(a.release(features, index), b.release(features, index))
+    assert not torch.equal(a._upload_labels, b._upload_labels)
