@@ -21,6 +21,12 @@ def enrol(state: StateDep, _: AdminDep, body: EnrolRequest | None = None) -> Enr
     """Enrol a device: a fresh id and bearer token, the server's sealing key and the current manifest.
     The body and both its fields are optional."""
     body = body or EnrolRequest()
+    known = state.served.tiers
+    if body.tier is not None and body.tier not in known:
+        # a device of an unknown tier could never upload (its rows must be of its enrolled tier)
+        raise HTTPException(
+            422, f"tier {body.tier!r} is not a tier of this server (known: {', '.join(sorted(known))})"
+        )
     token = new_device_token()
     device = state.store.add_device(f"dev_{secrets.token_hex(8)}", hash_token(token), body.name, body.tier)
     default = state.registry.default()

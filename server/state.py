@@ -6,11 +6,12 @@ test can build many apps side by side, each with its own data dir and metrics re
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi import Depends, Request
+from harmony_mobile.server.served_tiers import ServedManifest, served_manifest
 from harmony_mobile.server.settings import Settings
 from harmony_mobile.server.store import Store
 
@@ -40,6 +41,11 @@ class ServerState:
     known_tiers: frozenset[str]
     tier_families: dict[str, str | None]  # tier -> the front-end family it runs (None: not stated)
     manifest_version: str | None
+    # the manifest's tiers (family, split depth) and label epoch: what uploads are checked against
+    served: ServedManifest = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.served = served_manifest(self.manifest_text)
 
 
 async def get_state(request: Request) -> ServerState:

@@ -17,7 +17,9 @@ import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi import APIRouter, HTTPException, Response, status
 from harmony_mobile.server.auth import DeviceDep
+from harmony_mobile.server.registry import UnknownVersion
 from harmony_mobile.server.schemas import ErrorBody, UploadReceiptResponse, UploadRequest
+from harmony_mobile.server.served_tiers import ServedTier
 from harmony_mobile.server.state import StateDep
 from harmony_mobile.server.store import NewUpload, StoredEnvelope, UploadReceipt
 
@@ -65,13 +67,11 @@ def check_payload(payload: UploadPayload, interface_shape: tuple[int, ...], max_
 
 
 def check_provenance(
-    meta: UploadMetadata,
-    enrolled_tier: str | None,
-    tier_families: dict[str, str | None],
-    known_versions: set[str],
+    meta: UploadMetadata, enrolled_tier: str | None, tiers: dict[str, ServedTier], known_versions: set[str]
 ) -> None:
     """The metadata must name what this server knows: a registered model version (a phone's own
-    personalized build of it may add "+<local build>"), the device's enrolled tier, and that tier's family."""
+    personalized build of it may add "+<local build>"), the device's enrolled tier, and that tier's
+    family and split depth."""
     base_version = meta.model_version.split("+", 1)[0]
     if base_version not in known_versions:
         raise UploadRejected(
@@ -83,13 +83,54 @@ def check_provenance(
         raise UploadRejected(
             422, f"upload tier {meta.tier!r} is not the tier {enrolled_tier!r} this device was enrolled with"
         )
-    if meta.tier not in tier_families:
-        raise UploadRejected(422, f"unknown tier {meta.tier!r}; known: {', '.join(sorted(tier_families))}")
-    family = tier_families[meta.tier]
-    allowed = (family,) if family is not None else FAMILIES
+    if meta.tier not in tiers:
+        raise UploadRejected(422, f"unknown tier {meta.tier!r}; known: {', '.join(sorted(tiers))}")
+    tier = tiers[meta.tier]
+    allowed = (tier.family,) if tier.family is not None else FAMILIES
     if meta.family not in allowed:
         raise UploadRejected(
             422, f"family {meta.family!r} does not match tier {meta.tier!r} (expected {' or '.join(allowed)})"
+        )
+    wrong = [d for d in meta.split_depths if tier.split_depth is not None and d != tier.split_depth]
+    if wrong:
+        raise UploadRejected(
+            422,
+            f"split_depths holds {wrong[0]}; tier {meta.tier!r} extracts every row at split depth"
+            f" {tier.split_depth}",
+        )
+
+
+def check_protections(meta: UploadMetadata) -> None:
+    """Noise is recorded as a multiple of the clip norm (std = noise_multiplier * clip_norm), so a
+    noise_multiplier without clip_norm says nothing about the noise the rows carry."""
+    if meta.noise_multiplier is not None and meta.clip_norm is None:
+        raise UploadRejected(
+            422, "noise_multiplier needs clip_norm: the noise std is noise_multiplier * clip_norm"
+        )
+
+
+def version_label_epoch(state, base_version: str) -> str | None:
+    """The label epoch of a known front-end version: the manifest's for its own version, else the
+    registered back-end's (every version of a lineage shares its epoch); None if nothing says."""
+    if base_version == state.manifest_version and state.served.label_epoch is not None:
+        return state.served.label_epoch
+    default = state.registry.default()
+    if default is not None and default.version == base_version:
+        return default.label_epoch
+    try:
+        return state.registry.get(base_version).label_epoch
+    except UnknownVersion:  # the manifest's version without a back-end of that name
+        return None
+
+
+def check_label_epoch(state, label_epoch: str, meta: UploadMetadata) -> None:
+    """Tokens of another epoch than the named version's would never meet that lineage's slots."""
+    expected = version_label_epoch(state, meta.model_version.split("+", 1)[0])
+    if expected is not None and label_epoch != expected:
+        raise UploadRejected(
+            422,
+            f"label_epoch {label_epoch!r} is not the label epoch {expected!r} of model_version"
+            f" {meta.model_version!r}",
         )
 
 
@@ -149,7 +190,9 @@ def upload(
         # Without a loaded back-end, hold uploads to the project's interface shape (64x8x8).
         interface_shape = default.interface_shape if default else InterfaceSpec().shape
         check_payload(payload, interface_shape, state.settings.max_upload_rows)
-        check_provenance(payload.metadata, principal.tier, state.tier_families, _known_versions(state))
+        check_provenance(payload.metadata, principal.tier, state.served.tiers, _known_versions(state))
+        check_protections(payload.metadata)
+        check_label_epoch(state, body.label_epoch, payload.metadata)
     except UploadRejected as error:
         state.metrics.uploads.labels("rejected").inc()
         log.info("upload rejected: device=%s message=%s status=%d", device_id, message_id, error.status_code)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import JSONResponse
-from harmony_mobile.server.auth import AnyPrincipalDep
+from harmony_mobile.server.auth import AnyPrincipalDep, Principal
 from harmony_mobile.server.inference import Prediction
 from harmony_mobile.server.registry import ServedModel, UnknownVersion
 from harmony_mobile.server.schemas import (
@@ -66,6 +66,24 @@ def check_features(array: np.ndarray, model: ServedModel, max_rows: int) -> np.n
     return np.ascontiguousarray(array, dtype=np.float32)
 
 
+def check_request_tier(state: ServerState, principal: Principal, tier: object, field: str) -> None:
+    """A tier an infer request names (`parameters.tier`, `X-Harmony-Tier`) is the phone's own: one
+    the server serves, and the one the device was enrolled with (422 naming the field otherwise)."""
+    if tier is None:
+        return
+    if not isinstance(tier, str):
+        raise _unprocessable(f"{field} must be a string (a tier name), got {tier!r}")
+    known = state.served.tiers
+    if tier not in known:
+        raise _unprocessable(
+            f"{field} {tier!r} is not a tier of this server (known: {', '.join(sorted(known))})"
+        )
+    if principal.tier is not None and tier != principal.tier:
+        raise _unprocessable(
+            f"{field} {tier!r} is not the tier {principal.tier!r} this device was enrolled with"
+        )
+
+
 def _tier_label(state: ServerState, tier: object) -> str:
     return tier if isinstance(tier, str) and tier in state.known_tiers else "other"
 
@@ -93,7 +111,7 @@ def output_metadata(model: ServedModel) -> list[TensorMetadata]:
 
 
 @router.get("/health/live", response_model=LiveResponse)
-def live() -> LiveResponse:
+async def live() -> LiveResponse:
     return LiveResponse(live=True)
 
 

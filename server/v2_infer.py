@@ -29,6 +29,7 @@ from harmony_mobile.server.v2 import (
     _retry_after,
     _tier_label,
     check_features,
+    check_request_tier,
     output_metadata,
     prediction_outputs,
 )
@@ -98,7 +99,7 @@ INFER_OPENAPI = {
 async def _infer(request: Request, name: str, version: str | None) -> Response:
     state: ServerState = request.app.state.harmony
     headers = request.headers
-    await authenticate_header(state, headers.get("authorization"))
+    principal = await authenticate_header(state, headers.get("authorization"))
     length = headers.get(HEADER_LENGTH)
     if length is not None and not (length.isdigit() and len(length) <= 12):
         raise HTTPException(422, f"Inference-Header-Content-Length {length!r} is not a decimal byte count")
@@ -117,6 +118,8 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
             parsed = parse_request(content_type, length, body)
         if form == HMFT_FORM:
             parsed.tier = headers.get("x-harmony-tier")
+        tier_field = "X-Harmony-Tier" if form == HMFT_FORM else "parameters.tier"
+        check_request_tier(state, principal, parsed.tier, tier_field)
         features = check_features(parsed.features, model, state.settings.max_request_rows)
         if parsed.requested is not None:
             check_requested([meta.name for meta in output_metadata(model)], parsed.requested)

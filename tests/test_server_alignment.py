@@ -3,6 +3,8 @@ set default and roll back. Training is small (tens of steps on a few hundred row
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import shutil
 import threading
 import time
@@ -15,6 +17,7 @@ import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
 from harmony_mobile.server.alignment import SlotRows, slot_accuracy
+from harmony_mobile.server.store import NewUpload
 
 from harmony_mobile.protocol.messages import FeatureUpload
 from harmony_mobile.protocol.slots import SlotTable
@@ -52,6 +55,30 @@ def store_uploads(client, device, uploads: int = 4, rows: int = 30, label_epoch:
         assert client.post("/v1/uploads", json=body, headers=bearer(device["token"])).status_code == 201
 
 
+def store_other_lineage(client, device, uploads: int = 2, rows: int = 30) -> None:
+    """Rows of another lineage, stored while that lineage was served. The API refuses an epoch that
+    is not the named version's, and this server knows only v1, so they go straight into the store,
+    sealed as a phone seals them."""
+    store = client.app.state.harmony.store
+    for i in range(uploads):
+        body = sealed_upload(device, "e-another-lineage", (np.arange(rows) + i) % 10, seed=i)
+        envelope = base64.b64decode(body["envelope"])
+        upload = NewUpload(
+            device_id=device["device_id"],
+            message_id=body["message_id"],
+            label_epoch=body["label_epoch"],
+            envelope=envelope,
+            envelope_sha256=hashlib.sha256(envelope).hexdigest(),
+            rows=rows,
+            tier="mid-android",
+            family="mobilenet",
+            model_version="v0",
+            clip_norm=None,
+            noise_multiplier=None,
+        )
+        assert store.add_upload(upload)[1]
+
+
 def wait_for_round(client, round_id: int, timeout: float = 60) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -86,7 +113,7 @@ def running_server(request, tmp_path, fitted_model_dir, **overrides):
     with TestClient(create_app(settings)) as client:
         device = enrol(client)
         store_uploads(client, device)
-        store_uploads(client, device, uploads=2, label_epoch="e-another-lineage")  # never used: other epoch
+        store_other_lineage(client, device)  # never used: other epoch
         yield client, device, settings
 
 

@@ -148,10 +148,33 @@ def test_binary_infer_equals_json_infer(client, auth):
     as_binary = client.post(
         "/v2/models/harmony-backend/versions/v1/infer",
         content=encode_tensor(x),
-        headers={**auth, **BINARY, "X-Harmony-Tier": "entry-android"},
+        headers={**auth, **BINARY, "X-Harmony-Tier": "mid-android"},
     )
     assert as_binary.status_code == 200, as_binary.text
     assert as_binary.json()["outputs"] == as_json["outputs"]
+
+
+@pytest.mark.parametrize(
+    "tier,message",
+    [
+        ("made-up", "is not a tier of this server (known: entry-android, flagship, mid-android, mid-ios)"),
+        ("flagship", "is not the tier 'mid-android' this device was enrolled with"),
+    ],
+)
+def test_an_infer_request_names_the_devices_own_tier(client, auth, tier, message):
+    """The tier only feeds a counter, but a phone that names another is misconfigured: say so."""
+    binary = client.post(
+        INFER, content=encode_tensor(features(1)), headers={**auth, **BINARY, "X-Harmony-Tier": tier}
+    )
+    assert binary.status_code == 422 and error_message(binary) == f"X-Harmony-Tier {tier!r} {message}"
+    as_json = client.post(INFER, json=json_infer_body(features(1), parameters={"tier": tier}), headers=auth)
+    assert as_json.status_code == 422 and error_message(as_json) == f"parameters.tier {tier!r} {message}"
+    number = client.post(INFER, json=json_infer_body(features(1), parameters={"tier": 5}), headers=auth)
+    assert number.status_code == 422 and "parameters.tier must be a string" in error_message(number)
+    admin = client.post(
+        INFER, json=json_infer_body(features(1), parameters={"tier": "flagship"}), headers=ADMIN
+    )
+    assert admin.status_code == 200  # the admin token has no tier of its own
 
 
 def test_json_labelled_octet_stream_is_a_json_request(client, auth):
@@ -477,9 +500,7 @@ def test_micro_batching_merges_concurrent_requests(tmp_path, model_dir):
 
 def test_metrics_and_status_page(client, auth):
     client.post(INFER, json=json_infer_body(features(2), parameters={"tier": "mid-android"}), headers=auth)
-    client.post(
-        INFER, content=encode_tensor(features(1)), headers={**auth, **BINARY, "X-Harmony-Tier": "made-up"}
-    )
+    client.post(INFER, content=encode_tensor(features(1)), headers={**auth, **BINARY})  # no tier: "other"
     client.post(INFER, json={"inputs": []}, headers=auth)
     text = client.get("/metrics").text
     assert 'harmony_http_requests_total{method="POST",route="/v2/models/{name}/infer",status="200"}' in text

@@ -269,6 +269,15 @@ def test_upload_counters(client, device):
         ({"model_version": "v9+local-1"}, "model_version 'v9+local-1' is not a registered version"),
         ({"tier": "flagship", "family": "resnet"}, "upload tier 'flagship' is not the tier 'mid-android'"),
         ({"family": "cnn"}, "family 'cnn' does not match tier 'mid-android' (expected mobilenet)"),
+        (
+            {"split_depths": (99,)},
+            "split_depths holds 99; tier 'mid-android' extracts every row at split depth 2",
+        ),
+        (
+            {"split_depths": (1,)},
+            "split_depths holds 1; tier 'mid-android' extracts every row at split depth 2",
+        ),
+        ({"noise_multiplier": 0.5}, "noise_multiplier needs clip_norm"),
     ],
 )
 def test_upload_metadata_must_match_the_registry_and_the_enrolled_device(client, device, changes, message):
@@ -276,6 +285,30 @@ def test_upload_metadata_must_match_the_registry_and_the_enrolled_device(client,
     response = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], **changes))
     assert response.status_code == 422 and message in error_message(response)
     assert stored_count(client) == count
+
+
+def test_upload_label_epoch_must_be_the_named_versions(client, device):
+    """The envelope authenticates any epoch it was sealed with; the server also holds the epoch to
+    the lineage of the front-end version the rows name."""
+    count = stored_count(client)
+    response = post(client, device, sealed_upload(device, "e-another-epoch", [1, 2]))
+    assert response.status_code == 422, response.text
+    assert error_message(response) == (
+        f"label_epoch 'e-another-epoch' is not the label epoch {LABEL_EPOCH!r} of model_version 'v1'"
+    )
+    assert stored_count(client) == count
+
+
+def test_non_finite_protection_parameters_are_refused(client, device):
+    """Python's json reads the non-JSON literal Infinity; an infinite clip protects nothing."""
+    good = encode_upload(meta(1), np.zeros((1, 64, 8, 8), np.float32))
+    length = int.from_bytes(good[5:9], "little")
+    document = good[9 : 9 + length].decode()[:-1] + ',"clip_norm":Infinity}'
+    plaintext = good[:5] + len(document).to_bytes(4, "little") + document.encode() + good[9 + length :]
+    response = post(client, device, sealed_body(device, plaintext))
+    assert response.status_code == 400 and "clip_norm: Input should be a finite number" in error_message(
+        response
+    )
 
 
 def test_a_personalized_build_of_a_registered_version_is_accepted(client, device):
@@ -318,3 +351,28 @@ def test_uploads_are_accepted_before_any_backend_is_loaded(tmp_path):
         response = post(client, device, wrong)
         assert response.status_code == 422 and "expected [N, 64, 8, 8]" in error_message(response)
         assert stored_count(client) == 1
+
+
+def test_the_manifests_tier_depth_and_label_epoch_are_what_uploads_are_held_to(tmp_path):
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    manifest = {
+        "model_version": "v1",
+        "label_epoch": "e-manifest",
+        "tiers": [{"name": "mid-android", "family": "mobilenet", "split_depth": 3}],
+    }
+    (export_dir / "manifest.json").write_text(json.dumps(manifest))
+    with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
+        device = enrol(client)
+        refused = post(client, device, sealed_upload(device, "e-manifest", [1]))
+        assert refused.status_code == 422
+        assert "tier 'mid-android' extracts every row at split depth 3" in error_message(refused)
+        other_epoch = post(client, device, sealed_upload(device, LABEL_EPOCH, [1], split_depths=(3,)))
+        assert other_epoch.status_code == 422 and "label epoch 'e-manifest'" in error_message(other_epoch)
+        assert (
+            post(client, device, sealed_upload(device, "e-manifest", [1], split_depths=(3,))).status_code
+            == 201
+        )
+        unknown = client.post("/v1/devices", json={"tier": "flagship"}, headers=ADMIN)
+        assert unknown.status_code == 422
+        assert error_message(unknown) == "tier 'flagship' is not a tier of this server (known: mid-android)"

@@ -123,10 +123,19 @@ class UploadMetadata(BaseModel):
     family: str = Field(min_length=1, max_length=64)
     tier: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     model_version: str = Field(min_length=1, max_length=128, description="front-end model version")
-    clip_norm: float | None = Field(default=None, gt=0, description="L2 clip C_z applied on the phone")
-    noise_multiplier: float | None = Field(default=None, ge=0, description="sigma: noise std = sigma * C_z")
+    # allow_inf_nan=False: Python's json reads the non-JSON literals Infinity and NaN, and an
+    # infinite clip or epsilon would record a protection that protects nothing
+    clip_norm: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="L2 clip C_z applied on the phone"
+    )
+    noise_multiplier: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="sigma: noise std = sigma * C_z"
+    )
     label_dp_epsilon: float | None = Field(
-        default=None, gt=0, description="epsilon of the randomized response applied to the tokens, if any"
+        default=None,
+        gt=0,
+        allow_inf_nan=False,
+        description="epsilon of the randomized response applied to the tokens, if any",
     )
 
     @field_validator("label_tokens")

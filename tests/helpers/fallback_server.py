@@ -25,6 +25,7 @@ LABEL_EPOCH = "e-server-tests"
 INTERFACE = InterfaceSpec()
 NUM_CLASSES = 10
 TIER_FAMILIES = {t.name: t.family for t in load_tiers().tiers}
+TIER_DEPTHS = {t.name: t.split_depth for t in load_tiers().tiers}
 CLASS_NAMES = tuple(f"class-{c}" for c in range(NUM_CLASSES))
 
 
@@ -117,7 +118,7 @@ def sealed_upload(
     tier = metadata_changes.get("tier") or device.get("tier") or "mid-android"
     fields = dict(
         label_tokens=tuple(t.hex() for t in tokens),
-        split_depths=tuple(1 + int(c) % 3 for c in classes),
+        split_depths=(TIER_DEPTHS.get(tier, 2),) * len(classes),  # a phone's tier has one depth
         family=TIER_FAMILIES.get(tier, "mobilenet"),
         tier=tier,
         model_version="v1",
