@@ -1,9 +1,11 @@
 """Golden vectors shared by the Python code, harmony-core (Java) and HarmonyKit (Swift).
 
 Every number here is computed by the project's own Python functions (export/manifest.py,
-protocol/sealing.py, protocol/label_tokens.py, protocol/wire.py, algorithms/base.py,
-server/errors.py), from fixed keys, nonces and inputs, so the phone implementations can assert
-byte equality against them.
+harmony_mobile/protocol/sealing.py, harmony_mobile/protocol/label_tokens.py,
+harmony_mobile/protocol/wire.py, harmony_mobile/algorithms/base.py, server/errors.py), from fixed
+keys, nonces and inputs, so the phone implementations can assert byte equality against them. The
+server cases of error_bodies.json also carry the request that makes a live server write them
+(tests/test_protocol_replay.py replays them).
 
     .venv/bin/python tests/vectors/generate.py          # rewrite tests/vectors/*.json
     .venv/bin/python tests/vectors/generate.py --check  # exit 1 if a committed file is stale
@@ -203,9 +205,12 @@ def label_token_vectors() -> dict:
             }
         )
     return _document(
-        "Label tokens (protocol/label_tokens.py): epoch_key = HKDF-SHA256(secret, no salt, "
+        "Label tokens (harmony_mobile/protocol/label_tokens.py): epoch_key = HKDF-SHA256(secret, no salt, "
         "'harmony/label-token/' + label_epoch, 32); token = HMAC-SHA256(epoch_key, UTF-8 class name)[:8]. "
-        "A label epoch matches ^[A-Za-z0-9._-]{1,64}$; every `invalid_epochs` entry must be rejected.",
+        "`federation_secret` is the hex of the secret's raw bytes: the HKDF input is those bytes, not the "
+        "hex text. A label epoch is a string that matches [A-Za-z0-9._-]{1,64} as a whole (no trailing "
+        "newline: Python re.fullmatch, Java Matcher.matches, Swift wholeMatch); every `invalid_epochs` "
+        "entry must be rejected.",
         federation_secret=FEDERATION_SECRET.hex(),
         invalid_epochs=INVALID_EPOCHS,
         cases=cases,
@@ -250,7 +255,7 @@ def slot_mapping_vectors() -> dict:
         _slot_case("empty table (no back-end trained yet)", "0", digits, []),
     ]
     return _document(
-        "Slot decoding on the phone (protocol/label_tokens.py slot_classes): the token of every class name "
+        "Slot decoding on the phone (harmony_mobile/protocol/label_tokens.py slot_classes): the token of every class name "
         "under epoch_key(federation_secret, label_epoch) is looked up in `slot_table` (hex tokens, slot i at "
         "index i); `slot_classes[i]` is the class of slot i or null when no class name has that token. "
         "A class with no slot appears in no entry.",
@@ -316,7 +321,7 @@ def exit_order_vectors() -> dict:
     tail = [n for n in _signed_order(key, straddling) if n in straddling[::2]]
     assert tail != [n for n in cases[4]["exit_classes"] if n in straddling[::2]], "second byte decides"
     return _document(
-        "Exit-head output order (protocol/label_tokens.py exit_order): exit heads are trained and shipped in "
+        "Exit-head output order (harmony_mobile/protocol/label_tokens.py exit_order): exit heads are trained and shipped in "
         "token order, so output j of an exit head is the class whose token under "
         "epoch_key(federation_secret, label_epoch) is the j-th smallest, comparing the 8 token bytes as "
         "UNSIGNED bytes, lexicographically (ties, which need equal tokens, broken by name). `tokens` are the "
@@ -363,7 +368,7 @@ def exit_vectors() -> dict:
             }
         )
     return _document(
-        "Early exit (algorithms/base.py exit_confidence, rule max_softmax): answer locally when max softmax "
+        "Early exit (harmony_mobile/algorithms/base.py exit_confidence, rule max_softmax): answer locally when max softmax "
         ">= threshold; predicted_class = argmax (first index on ties). confidence is computed in float64; "
         "compare with a tolerance of 1e-12.",
         cases=cases,
@@ -439,7 +444,7 @@ def feature_encoding_vectors() -> dict:
         ),
     ]
     return _document(
-        "HMFT feature tensors and HMUP upload plaintexts (protocol/wire.py, docs/PROTOCOL.md 4.4 and 5). "
+        "HMFT feature tensors and HMUP upload plaintexts (harmony_mobile/protocol/wire.py, docs/PROTOCOL.md 4.4 and 5). "
         "Upload label tokens are those of label_tokens.json (same federation secret) for `class_names` in "
         "`label_epoch`; metadata_json is the exact metadata bytes.",
         tensors=tensors,
@@ -492,7 +497,7 @@ def sealed_upload_vectors() -> dict:
         ),
     ]
     return _document(
-        "Sealed uploads (protocol/sealing.py, docs/PROTOCOL.md 4.2-4.3) with a FIXED ephemeral key and nonce "
+        "Sealed uploads (harmony_mobile/protocol/sealing.py, docs/PROTOCOL.md 4.2-4.3) with a FIXED ephemeral key and nonce "
         "(reproducibility only: production draws both fresh per upload). The third plaintext is an HMUP "
         "upload of one (1, 64, 8, 8) row with values (i - 2048) / 512, class '4' in label epoch 'e7'. "
         "Associated data v2: 'harmony/upload-ad/v2' || u16le(len device_id) || device_id UTF-8 || "
@@ -632,26 +637,77 @@ def pixel_normalization_vectors() -> dict:
 
 # --------------------------------------------------------------------------- error bodies
 
-# (name, status, path, message): bodies the server writes, through its own error_response.
-SERVER_ERRORS = [
-    (
-        "v2 infer, wrong shape",
-        422,
-        "/v2/models/harmony-backend/infer",
-        "input 'features' has shape [1, 64, 4, 4]; expected [N, 64, 8, 8]",
-    ),
-    ("v2 not ready", 503, "/v2/health/ready", "no back-end is loaded yet"),
-    (
-        "v2 unknown model, non-ASCII",
-        404,
-        "/v2/models/modèle",
-        "unknown model 'modèle'; this server serves 'harmony-backend'",
-    ),
-    ("v2 root", 404, "/v2", "no route '/v2'; see docs/PROTOCOL.md"),
-    ("v1 upload conflict", 409, "/v1/uploads", "message_id reused with different envelope bytes"),
-    ("v1 unknown round", 404, "/v1/alignment/rounds/7", "unknown alignment round 7"),
-    ("v2-like prefix is not v2", 404, "/v2x", "no route '/v2x'; see docs/PROTOCOL.md"),
-]
+# The replay server (tests/test_protocol_replay.py) serves manifest_signature.json's manifest with a
+# back-end of that version, label epoch and class names; a device is enrolled with REPLAY_TIER.
+REPLAY_VERSION, REPLAY_EPOCH, REPLAY_TIER = "golden-v1", "mnist5k-2026-11", "entry-android"
+DEVICE, ADMIN = {"Authorization": "Bearer {{token}}"}, {"Authorization": "Bearer {{admin token}}"}
+JSON_TYPE = {"Content-Type": "application/json"}
+CONFLICT_ID = "3f2b8c4e-9d1a-4c55-8a0e-61f0b7d2c9aa"
+DEPTH_ID = "5d0c3a51-7e2b-4f8e-9c61-0a4b8e2f7d13"
+GIVEN_LOADED = "a back-end is loaded; a device is enrolled with tier entry-android"
+GIVEN_EMPTY = "no back-end is loaded; a device is enrolled"
+
+
+def _request(method: str, target: str, headers: dict | None = None, body: dict | None = None) -> dict:
+    text = None if body is None else json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    return {"method": method, "target": target, "headers": headers or {}, "body": text}
+
+
+def _depth_plaintext() -> bytes:
+    """One entry-android row extracted at split depth 99 (the tier's depth is 1)."""
+    metadata = UploadMetadata(
+        label_tokens=(class_token(epoch_key(FEDERATION_SECRET, REPLAY_EPOCH), "4").hex(),),
+        split_depths=(99,),
+        family="cnn",
+        tier=REPLAY_TIER,
+        model_version=REPLAY_VERSION,
+    )
+    return encode_upload(metadata, np.zeros((1, 64, 8, 8), dtype=np.float32))
+
+
+def _server_errors() -> list[dict]:
+    """Bodies the server writes (through its own error_response), each with the request that makes a
+    live `harmony serve` write it and the response headers that go with it."""
+    wrong_shape = {
+        "inputs": [{"name": "features", "shape": [1, 64, 4, 4], "datatype": "FP32", "data": [0] * 1024}]
+    }
+    upload = {"label_epoch": REPLAY_EPOCH, "message_id": CONFLICT_ID, "envelope": "AAAA"}
+    depth = {"label_epoch": REPLAY_EPOCH, "message_id": DEPTH_ID, "envelope": "{{envelope}}"}
+    infer = "/v2/models/harmony-backend/infer"
+    return [
+        dict(name="v2 infer, wrong shape", status=422, path=infer,
+             message="input 'features' has shape [1, 64, 4, 4]; expected [N, 64, 8, 8]",
+             request=_request("POST", infer, {**DEVICE, **JSON_TYPE}, wrong_shape)),
+        dict(name="v2 model metadata before any back-end", status=503, path="/v2/models/harmony-backend",
+             message="no back-end is loaded yet", headers={"Retry-After": "1"}, given=GIVEN_EMPTY,
+             request=_request("GET", "/v2/models/harmony-backend", DEVICE)),
+        dict(name="v2 unknown model, non-ASCII", status=404, path="/v2/models/modèle",
+             message="unknown model 'modèle'; this server serves 'harmony-backend'",
+             request=_request("GET", "/v2/models/mod%C3%A8le", DEVICE)),
+        dict(name="v2 unknown route", status=404, path="/v2/health/nope",
+             message="no route '/v2/health/nope'; see docs/PROTOCOL.md",
+             request=_request("GET", "/v2/health/nope")),
+        dict(name="v2 wrong method", status=405, path=infer,
+             message="method GET is not allowed here; allowed: POST", headers={"Allow": "POST"},
+             request=_request("GET", infer, DEVICE)),
+        dict(name="v1 missing token", status=401, path="/v1/manifest",
+             message="missing bearer token: send 'Authorization: Bearer <token>'",
+             headers={"WWW-Authenticate": "Bearer"}, request=_request("GET", "/v1/manifest")),
+        dict(name="v1 upload conflict", status=409, path="/v1/uploads",
+             message=f"message id {CONFLICT_ID} was already used for a different envelope; use a fresh UUID",
+             given=GIVEN_LOADED + "; this device stored an upload with this message_id",
+             request=_request("POST", "/v1/uploads", {**DEVICE, **JSON_TYPE}, upload)),
+        dict(name="v1 upload, split depth outside the tier", status=422, path="/v1/uploads",
+             message="split_depths holds 99; tier 'entry-android' extracts every row at split depth 1",
+             request=_request("POST", "/v1/uploads", {**DEVICE, **JSON_TYPE}, depth),
+             envelope_plaintext=_depth_plaintext().hex()),
+        dict(name="v1 unknown round", status=404, path="/v1/alignment/rounds/7",
+             message="unknown alignment round 7", request=_request("GET", "/v1/alignment/rounds/7", ADMIN)),
+        dict(name="v2-like prefix is not v2", status=404, path="/v2x",
+             message="no route '/v2x'; see docs/PROTOCOL.md", request=_request("GET", "/v2x")),
+    ]  # fmt: skip
+
+
 # (name, status, body): what a proxy or another server in between may answer; the message is the body.
 FOREIGN_ERRORS = [
     ("plain text from a proxy", 502, "Bad Gateway"),
@@ -662,18 +718,33 @@ FOREIGN_ERRORS = [
 ]
 
 
+def _server_case(case: dict) -> dict:
+    body = error_response(case["path"], case["status"], case["message"]).body.decode("utf-8")
+    out = {key: case[key] for key in ("name", "status", "path")}
+    out.update(body=body, message=case["message"], headers=case.get("headers", {}))
+    out.update(given=case.get("given", GIVEN_LOADED), request=case["request"])
+    if "envelope_plaintext" in case:
+        out["envelope_plaintext"] = case["envelope_plaintext"]
+    return out
+
+
 def error_body_vectors() -> dict:
-    cases = []
-    for name, status, path, message in SERVER_ERRORS:
-        body = error_response(path, status, message).body.decode("utf-8")
-        cases.append({"name": name, "status": status, "path": path, "body": body, "message": message})
+    cases = [_server_case(case) for case in _server_errors()]
     for name, status, body in FOREIGN_ERRORS:
         cases.append({"name": name, "status": status, "path": None, "body": body, "message": body})
     return _document(
         "Error bodies (server/errors.py error_response) -> the message a client shows. The server puts "
         "its one sentence under `error` on /v2 routes (the V2 inference protocol) and under `detail` "
         "everywhere else; a client reads a string `error`, else a string `detail`, else shows the body "
-        "text itself (cases with path null: what a proxy in between may send). Bodies are UTF-8.",
+        "text itself (cases with path null: what a proxy in between may send). Bodies are UTF-8. "
+        "Every server case (path not null) is the exact answer of a live `harmony serve` "
+        "(tests/test_protocol_replay.py replays it): `request` is what to send (`target` as it goes on "
+        "the request line; `body` UTF-8 text or null), `given` the server's state, `headers` response "
+        "headers that come with it. In requests, {{token}} is the enrolled device's bearer token, "
+        "{{admin token}} the admin token, and {{envelope}} the base64 of `envelope_plaintext` sealed "
+        "(docs/PROTOCOL.md 4.2) to the server's key for that device, the body's label_epoch and "
+        "message_id. The server serves manifest_signature.json's manifest (model version golden-v1, "
+        "label epoch mnist5k-2026-11); Retry-After is the server's --retry-after-seconds (1 here).",
         cases=cases,
     )
 
