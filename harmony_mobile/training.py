@@ -24,7 +24,7 @@ from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
-from harmony_mobile.federation.simulation import Federation, round_generator, run_rounds
+from harmony_mobile.federation.rounds import Federation, round_generator, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.files import open_private
 from harmony_mobile.models import (

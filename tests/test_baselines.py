@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from harmony_mobile.algorithms.registry import ALGORITHMS, build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
-from harmony_mobile.federation.simulation import Federation, run_rounds
+from harmony_mobile.federation.rounds import Federation, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead, load_tiers
 from harmony_mobile.training import TrainConfig, build_clients, initial_family_weights, train

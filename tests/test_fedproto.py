@@ -9,7 +9,7 @@ import torch
 from harmony_mobile.algorithms.fedproto import PrototypeStore
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.federation.client import cached_epoch_key
-from harmony_mobile.federation.simulation import run_rounds
+from harmony_mobile.federation.rounds import run_rounds
 from harmony_mobile.protocol.label_tokens import class_tokens
 from harmony_mobile.training import TrainConfig, train
 from tests.test_baselines import snapshot, tiny_federation

@@ -41,7 +41,7 @@ from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.simulation import Federation, run_rounds
+from harmony_mobile.federation.rounds import Federation, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, ProjectionHead, load_tiers
 from harmony_mobile.privacy.label_dp import keep_probability

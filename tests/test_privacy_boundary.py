@@ -12,7 +12,7 @@ import typing
 import torch
 
 from harmony_mobile.federation.client import cached_epoch_key
-from harmony_mobile.federation.simulation import run_rounds
+from harmony_mobile.federation.rounds import run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol import messages
 from harmony_mobile.protocol.label_tokens import class_token

@@ -12,7 +12,7 @@ from harmony_mobile.algorithms.harmony import RoundModels, parameter_distance
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
 from harmony_mobile.data.partition import make_partition
-from harmony_mobile.federation.simulation import Federation, run_rounds
+from harmony_mobile.federation.rounds import Federation, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer, aggregate_by_parameter
 from harmony_mobile.models import (
     Backend,

@@ -3,7 +3,7 @@
 A method is a file: it says how a client trains in a round (`client_round`), how the server
 trains (`split_trainer_config`: None means no server at all), how updates aggregate (`aggregate`), how
 the final personalization runs (`personalize`), and how a phone decides to exit (`exit_rule`).
-The round loop in federation/simulation.py drives any of them the same way.
+The round loop in federation/rounds.py drives any of them the same way.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 
 from harmony_mobile.device.engine import FrontEndProgram
-from harmony_mobile.federation.simulation import CHECKPOINT
+from harmony_mobile.federation.rounds import CHECKPOINT
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.privacy.feature_noise import clip_rows
 from harmony_mobile.run_dir import LoadedBackend, RunInfo, load_backend_file

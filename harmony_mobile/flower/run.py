@@ -20,18 +20,15 @@ import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from harmony_mobile.evaluation import summarize
-from harmony_mobile.federation.simulation import load_checkpoint, round_generator, save_checkpoint
-from harmony_mobile.files import open_private
+from harmony_mobile.federation.rounds import round_generator, run_rounds
 from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
 from harmony_mobile.training import (
     TrainConfig,
-    TrainingRun,
     check_config,
     finish_server,
     prepare_run_dir,
@@ -56,49 +53,27 @@ def check_supported(config: TrainConfig) -> None:
         raise ValueError(f"{config.algorithm!r} {UNSUPPORTED[config.algorithm]}")
 
 
-def run_flower_rounds(run: TrainingRun, transport: FlowerClients) -> list[dict]:
-    """simulation.run_rounds with each client's turn sent to its SuperNode."""
-    federation, config, run_path = run.federation, run.config, run.run_path
-    start = load_checkpoint(run_path, federation) + 1
-    count = len(run.client_tiers)
-    clients_per_round = min(config.clients_per_round or count, count)
-    history = []
-    for round_id in range(start, config.rounds):
-        started = time.perf_counter()
-        generator = round_generator(config.seed, round_id)
-        torch.manual_seed(config.seed * 100_003 + round_id)
-        sampled = np.random.default_rng((config.seed, round_id)).choice(
-            count, size=clients_per_round, replace=False
-        )
-        if federation.server is not None:
-            federation.server.start_round(round_id)
-        updates = transport.train_round(run, [int(i) for i in sampled], round_id, generator)
-        for family, weights in federation.family_weights.items():
-            family_updates = [u for u in updates if u.family == family]
-            if family_updates:
-                federation.family_weights[family] = federation.algorithm.aggregate(weights, family_updates)
-        metrics = {"round": round_id, "clients": len(updates)}
-        for key in sorted({k for u in updates for k in u.metrics}):
-            metrics[key] = float(np.mean([u.metrics[key] for u in updates if key in u.metrics]))
-        history.append(metrics)
-        save_checkpoint(run_path, federation, round_id)
-        with open_private(run_path / "metrics.jsonl", "a") as log:
-            log.write(json.dumps(metrics) + "\n")
-        transport.log_round(run_path, round_id, len(sampled), len(updates), time.perf_counter() - started)
-    return history
-
-
 def train_on_grid(grid, settings: FlowerSettings) -> dict:
     """The ServerApp's whole job; returns the final metrics it also writes to the run dir."""
     check_supported(settings.train_config)
     run = start_run(settings.train_config, Path(settings.run_dir), play_clients=False)
     phases = {"setup": time.perf_counter() - run.started}
-    transport = FlowerClients(grid, settings, run.label_epoch)
+    transport = FlowerClients(grid, settings, run)
     transport.connect(len(run.client_tiers))
     phases["connect"] = time.perf_counter() - run.started - sum(phases.values())
-    history = run_flower_rounds(run, transport)
+    config = run.config
+    clients_per_round = config.clients_per_round or len(run.client_tiers)
+    history = run_rounds(
+        run.federation,
+        config.rounds,
+        clients_per_round,
+        config.seed,
+        run.run_path,
+        show_progress=False,
+        turns=transport,
+    )
     phases["rounds"] = time.perf_counter() - run.started - sum(phases.values())
-    missing = transport.personalize(run, round_generator(run.config.seed, run.config.rounds))
+    missing = transport.personalize(run, round_generator(config.seed, config.rounds))
     if len(run.client_tiers) - len(missing) < settings.min_replies:
         raise FlowerRunError(f"{len(missing)} clients did not personalize")
     phases["personalize"] = time.perf_counter() - run.started - sum(phases.values())

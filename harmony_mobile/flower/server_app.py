@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
@@ -65,7 +65,7 @@ class FlowerClients:
 
     grid: Grid
     settings: FlowerSettings
-    label_epoch: str
+    run: Any  # training.TrainingRun: the server's part of the run (no client in it)
     node_of_client: dict[int, int] = field(default_factory=dict)
     max_releases: dict[int, int] = field(default_factory=dict)  # per client, for the DP accountant
     bytes_sent: int = 0
@@ -143,7 +143,7 @@ class FlowerClients:
         return replies[0].content
 
     def lineage(self) -> ConfigRecord:
-        return ConfigRecord({"label-epoch": self.label_epoch})
+        return ConfigRecord({"label-epoch": self.run.label_epoch})
 
     def client_turn(
         self, federation, client_id: int, message_type: str, broadcast: Broadcast, generator: torch.Generator
@@ -168,7 +168,11 @@ class FlowerClients:
             torch.set_rng_state(states["torch"])
         return reply
 
-    def train_round(self, run, client_ids, round_id: int, generator) -> list[ClientUpdate]:
+    def client_count(self) -> int:
+        return len(self.run.client_tiers)
+
+    def train_round(self, client_ids: list[int], round_id: int, generator) -> list[ClientUpdate]:
+        run = self.run
         federation, updates = run.federation, []
         for client_id in client_ids:
             family = run.client_tiers[client_id].family
@@ -217,7 +221,8 @@ class FlowerClients:
                 replay.append(record_to_tensor_dict(reply["replay"])["features"])
         return reports, replay
 
-    def log_round(self, run_path: Path, round_id: int, sampled: int, replied: int, seconds: float) -> None:
+    def after_round(self, round_id: int, sampled: int, replied: int, seconds: float) -> None:
+        """flower_rounds.jsonl: replies and bytes each way of the round."""
         entry = {
             "round": round_id,
             "sampled": sampled,
@@ -226,7 +231,7 @@ class FlowerClients:
             "bytes_received": self.bytes_received,
             "seconds": seconds,
         }
-        with open_private(run_path / TRANSPORT_LOG, "a") as out:
+        with open_private(self.run.run_path / TRANSPORT_LOG, "a") as out:
             out.write(json.dumps(entry) + "\n")
         self.bytes_sent = self.bytes_received = 0
 
