@@ -188,6 +188,23 @@ def prepare_run_dir(run_path: Path, config: TrainConfig) -> None:
         raise RunDirError(f"{run_path} already holds this run, finished; nothing to do")
 
 
+class TrainObserver:
+    """What a caller (the benchmark) may hook into a run instead of patching training: each method
+    here does nothing; a subclass overrides what it needs."""
+
+    def lineage(self, run_path: Path) -> tuple[bytes, str] | None:
+        """The run's federation secret and label epoch, or None for a new random lineage."""
+        return None
+
+    def watch(self, federation: Federation) -> None:
+        """Called once the federation exists (subscribe to its server's uploads, its updates)."""
+
+    def after_evaluate(
+        self, clients, served, images, labels, partition, results: dict, exit_rule: str
+    ) -> None:
+        """Called with the live clients right after the final evaluation."""
+
+
 def label_epoch_of(run_path: Path) -> str:
     """The run's label epoch (public; the server's to pick): run.json's on resume, else a new one."""
     info_file = run_path / "run.json"
@@ -291,7 +308,9 @@ def new_run_info(
     )
 
 
-def start_run(config: TrainConfig, run_path: Path, play_clients: bool = True) -> TrainingRun:
+def start_run(
+    config: TrainConfig, run_path: Path, play_clients: bool = True, observer: TrainObserver | None = None
+) -> TrainingRun:
     """Checks, run dir, data, partition, clients, run.json, back-end and the federation.
 
     With `play_clients=False` (the Flower ServerApp) this is the server's part only: no secret is
@@ -308,7 +327,7 @@ def start_run(config: TrainConfig, run_path: Path, play_clients: bool = True) ->
     client_tiers = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
     if play_clients:
         partition = client_partition(config, tiers, dataset)
-        secret, label_epoch = lineage_secrets(run_path)
+        secret, label_epoch = (observer and observer.lineage(run_path)) or lineage_secrets(run_path)
         clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
     else:
         dataset = dataclasses.replace(dataset, images=dataset.images[:0], labels=dataset.labels[:0])
@@ -326,6 +345,8 @@ def start_run(config: TrainConfig, run_path: Path, play_clients: bool = True) ->
     )
     weights = initial_family_weights(config, tiers, dataset, interface)
     federation = Federation(algorithm, clients, weights, server)
+    if observer is not None:
+        observer.watch(federation)
     return TrainingRun(
         config,
         run_path,
@@ -355,13 +376,17 @@ def client_artifact(client: Client, split) -> ClientArtifact:
     )
 
 
-def finish_run(run: TrainingRun, history: list[dict]) -> dict:
+def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | None = None) -> dict:
     """Evaluate the personalized clients, write their artifacts, the back-end and final metrics."""
     config, algorithm = run.config, run.federation.algorithm
     server = run.federation.server
     served = ServedBackend(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     images, labels = run.dataset.images, run.dataset.labels
     results = evaluate(run.clients, served, images, labels, run.partition, config.seed, algorithm.exit_rule)
+    if observer is not None:
+        observer.after_evaluate(
+            run.clients, served, images, labels, run.partition, results, algorithm.exit_rule
+        )
     for client in run.clients:
         save_client(run.run_path, client_artifact(client, run.partition.clients[client.client_id]))
     replay = collect_replay(run.clients, config.seed) if algorithm.uses_split else None
@@ -401,9 +426,11 @@ def write_final_metrics(run: TrainingRun, results: dict) -> dict:
     return results
 
 
-def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> dict:
+def train(
+    config: TrainConfig, run_path: Path, show_progress: bool = True, observer: TrainObserver | None = None
+) -> dict:
     """Train, personalize, calibrate, evaluate and write the run directory; returns final metrics."""
-    run = start_run(config, run_path)
+    run = start_run(config, run_path, observer=observer)
     clients_per_round = config.clients_per_round or len(run.clients)
     history = run_rounds(
         run.federation,
@@ -418,7 +445,7 @@ def train(config: TrainConfig, run_path: Path, show_progress: bool = True) -> di
     for client in run.clients:
         run.federation.broadcast(client)
         run.federation.algorithm.personalize(client, run.federation.server, generator)
-    return write_final_metrics(run, finish_run(run, history))
+    return write_final_metrics(run, finish_run(run, history, observer))
 
 
 def summary_rows(results: dict) -> list[tuple[str, str]]:

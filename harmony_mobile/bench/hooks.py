@@ -10,17 +10,16 @@
   answer for split methods (what a fallback can at best return), the full model's otherwise;
 - per-tier exit/fallback rates (for the latency trade-off).
 
-The last three are computed on the live clients right after training evaluates them, by wrapping
-`training.evaluate` (forward passes only: the models have no dropout or batch-norm state, so
-nothing that training does afterwards changes).
+The last three are computed on the live clients right after training evaluates them
+(`BenchObserver.after_evaluate`; forward passes only: the models have no dropout or batch-norm
+state, so nothing that training does afterwards changes).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,7 +27,6 @@ import torch
 from harmony_mobile import training
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
 from harmony_mobile.evaluation import predict
-from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
 
 LABEL_BYTES = 8  # a token is trunc64(HMAC): 8 bytes; SplitGP's original int64 label is 8 bytes too
@@ -57,7 +55,7 @@ class UplinkCounter:
 
 @dataclass
 class RunExtras:
-    """Filled by `instrument` when training evaluates its clients."""
+    """Filled by `BenchObserver` when training evaluates its clients."""
 
     validation: dict = field(default_factory=dict)
     unseen: dict = field(default_factory=dict)
@@ -71,82 +69,44 @@ def _count_upload(counter: UplinkCounter, upload) -> None:
     counter.uploaded_rows += len(upload.label_tokens)
 
 
-def _server_patches(counter: UplinkCounter) -> dict:
-    """Counting wrappers for whichever split-server entry points exist: `step(upload)` (the server
-    computes the CE itself) or `forward(upload)` + `backward(dL/dlogits)` (U-shaped)."""
-    patches = {}
-    for name in ("step", "forward"):
-        original = getattr(SplitTrainer, name, None)
-        if original is None:
-            continue
-
-        def counted(server, upload, *args, _original=original, **kwargs):
-            _count_upload(counter, upload)
-            return _original(server, upload, *args, **kwargs)
-
-        patches[name] = counted
-    backward = getattr(SplitTrainer, "backward", None)
-    if backward is not None:
-
-        def counted_backward(server, gradients, *args, **kwargs):
-            counter.gradient_bytes += gradients.grad_logits.nbytes
-            return backward(server, gradients, *args, **kwargs)
-
-        patches["backward"] = counted_backward
-    return patches
+def _count_update(counter: UplinkCounter, update) -> None:
+    counter.update_bytes += sum(t.nbytes for t in update.weights.values())
+    counter.raw_data_bytes += int(update.metrics.get("raw_upload_bytes", 0))
+    counter.prototype_bytes += int(update.metrics.get("prototype_upload_bytes", 0))
 
 
-@contextmanager
-def instrument(counter: UplinkCounter, extras: RunExtras, seed: int) -> Iterator[None]:
-    """Count every client -> server message and record the extra metrics of the training runs
-    inside the block; restores everything on exit."""
-    originals = {name: getattr(SplitTrainer, name) for name in _server_patches(counter)}
-    build, evaluate = training.build_algorithm, training.evaluate
+@dataclass
+class BenchObserver(training.TrainObserver):
+    """Subscribes to a training run's messages and final evaluation (training.TrainObserver):
+    counts every client -> server message and records the extra metrics."""
 
-    def counted_build(name, config=None):
-        algorithm = build(name, config)
-        client_round = algorithm.client_round
+    counter: UplinkCounter
+    extras: RunExtras
+    seed: int
 
-        def counted_round(*args, **kwargs):
-            update = client_round(*args, **kwargs)
-            counter.update_bytes += sum(t.nbytes for t in update.weights.values())
-            counter.raw_data_bytes += int(update.metrics.get("raw_upload_bytes", 0))
-            counter.prototype_bytes += int(update.metrics.get("prototype_upload_bytes", 0))
-            return update
-
-        algorithm.client_round = counted_round
-        return algorithm
-
-    def evaluate_and_measure(clients, backend, images, labels, partition, seed_, exit_rule="max_softmax"):
-        results = evaluate(clients, backend, images, labels, partition, seed_, exit_rule)
-        extras.validation = validation_metrics(clients, backend, images, labels, partition, seed, exit_rule)
-        extras.unseen = unseen_class_accuracy(clients, backend, images, labels, partition, seed)
-        extras.per_tier = per_tier_rates(clients, results)
-        return results
-
-    lineage = training.lineage_secrets
-
-    def seeded_lineage(run_path):
+    def lineage(self, run_path: Path) -> tuple[bytes, str] | None:
         """A benchmark run's federation secret and label epoch follow from its seed (a phone's
         would be random): the same run gives the same tokens, so the same numbers, serial or
         parallel, first try or resumed."""
         if (run_path / "run.json").is_file() or (run_path / SECRET_FILE).is_file():
-            return lineage(run_path)
-        secret = hashlib.sha256(f"harmony-bench/federation-secret/{seed}".encode()).digest()
+            return None  # the run's own lineage, kept on resume
+        secret = hashlib.sha256(f"harmony-bench/federation-secret/{self.seed}".encode()).digest()
         write_federation_secret(run_path, secret)
-        return secret, f"e-bench-{seed}"
+        return secret, f"e-bench-{self.seed}"
 
-    for name, patched in _server_patches(counter).items():
-        setattr(SplitTrainer, name, patched)
-    training.build_algorithm, training.evaluate = counted_build, evaluate_and_measure
-    training.lineage_secrets = seeded_lineage
-    try:
-        yield
-    finally:
-        for name, original in originals.items():
-            setattr(SplitTrainer, name, original)
-        training.build_algorithm, training.evaluate = build, evaluate
-        training.lineage_secrets = lineage
+    def watch(self, federation) -> None:
+        if federation.server is not None:
+            federation.server.upload_listeners.append(lambda upload: _count_upload(self.counter, upload))
+        federation.update_listeners.append(lambda update: _count_update(self.counter, update))
+
+    def after_evaluate(
+        self, clients, served, images, labels, partition, results: dict, exit_rule: str
+    ) -> None:
+        self.extras.validation = validation_metrics(
+            clients, served, images, labels, partition, self.seed, exit_rule
+        )
+        self.extras.unseen = unseen_class_accuracy(clients, served, images, labels, partition, self.seed)
+        self.extras.per_tier = per_tier_rates(clients, results)
 
 
 def _mean(values: list[float]) -> float:

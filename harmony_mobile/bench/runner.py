@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from harmony_mobile import training
-from harmony_mobile.bench.hooks import RunExtras, UplinkCounter, instrument
+from harmony_mobile.bench.hooks import BenchObserver, RunExtras, UplinkCounter
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Setting, repo_relative
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.run_dir import RunDir
@@ -98,8 +98,8 @@ def run_one(
         shutil.rmtree(run_path)
     counter, extras = UplinkCounter(), RunExtras()
     started, cpu_started = time.perf_counter(), time.process_time()
-    with instrument(counter, extras, spec.seed):
-        results = training.train(config, run_path, show_progress=False)
+    observer = BenchObserver(counter, extras, spec.seed)
+    results = training.train(config, run_path, show_progress=False, observer=observer)
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     train_samples = sum(len(c.train_idx) for c in RunDir(run_path).clients())
     record = {

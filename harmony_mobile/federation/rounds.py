@@ -14,7 +14,7 @@ import json
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -42,6 +42,7 @@ class Federation:
     clients: list[Client]
     family_weights: dict[str, dict[str, torch.Tensor]]  # meta-weights per model family
     server: SplitTrainer | None
+    update_listeners: list[Callable[[ClientUpdate], None]] = field(default_factory=list)  # e.g. byte counts
 
     def broadcast(self, client: Client, round_id: int = -1) -> None:
         """Send a client its family's meta-weights as a Broadcast message (round -1: after the rounds)."""
@@ -129,6 +130,9 @@ class InProcessTurns:
 
 def aggregate_round(federation: Federation, updates: list[ClientUpdate], round_id: int) -> dict:
     """New meta-weights per family from its clients' updates; the round's mean metrics."""
+    for update in updates:
+        for listener in federation.update_listeners:
+            listener(update)
     for family, weights in federation.family_weights.items():
         family_updates = [u for u in updates if u.family == family]
         if family_updates:

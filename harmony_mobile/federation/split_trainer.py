@@ -11,6 +11,7 @@ w.r.t. logits crosses the boundary (docs/ALGORITHM.md, step 6).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -90,6 +91,7 @@ class SplitTrainer:
         self._family_ids: dict[str, int] = {}
         self._contrastive_steps = 0
         self._grad_ratios: list[float] = []
+        self.upload_listeners: list[Callable[[FeatureUpload], None]] = []  # e.g. the benchmark's byte count
 
     @property
     def label_epoch(self) -> str:
@@ -104,6 +106,8 @@ class SplitTrainer:
     def step(self, upload: FeatureUpload, update: bool = True) -> InterfaceGradients:
         """Slot-space CE (+ SupCon) on the upload; train g and h on it (unless `update` is False, as in
         the final personalization against a frozen server) and return dL_srv/dz."""
+        for listener in self.upload_listeners:
+            listener(upload)
         if upload.label_epoch != self.label_epoch:
             raise ValueError(
                 f"upload of {upload.client_id} names label epoch {upload.label_epoch!r}; "
