@@ -24,7 +24,7 @@ from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
-from harmony_mobile.federation.rounds import Federation, round_generator, run_rounds
+from harmony_mobile.federation.rounds import ClientTurns, Federation, round_generator, run_rounds
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.files import open_private
 from harmony_mobile.models import (
@@ -426,20 +426,29 @@ def write_final_metrics(run: TrainingRun, results: dict) -> dict:
     return results
 
 
-def train(
-    config: TrainConfig, run_path: Path, show_progress: bool = True, observer: TrainObserver | None = None
-) -> dict:
-    """Train, personalize, calibrate, evaluate and write the run directory; returns final metrics."""
-    run = start_run(config, run_path, observer=observer)
-    clients_per_round = config.clients_per_round or len(run.clients)
-    history = run_rounds(
+def train_rounds(
+    run: TrainingRun, turns: ClientTurns | None = None, show_progress: bool = False
+) -> list[dict]:
+    """The run's rounds, its clients' turns in this process or behind `turns` (Flower)."""
+    config = run.config
+    clients_per_round = config.clients_per_round or len(run.client_tiers)
+    return run_rounds(
         run.federation,
         config.rounds,
         clients_per_round,
         config.seed,
         run.run_path,
         show_progress=show_progress,
+        turns=turns,
     )
+
+
+def train(
+    config: TrainConfig, run_path: Path, show_progress: bool = True, observer: TrainObserver | None = None
+) -> dict:
+    """Train, personalize, calibrate, evaluate and write the run directory; returns final metrics."""
+    run = start_run(config, run_path, observer=observer)
+    history = train_rounds(run, show_progress=show_progress)
     # final personalization from the meta-weights on each client's own data, then tau calibration
     generator = round_generator(config.seed, config.rounds)
     for client in run.clients:

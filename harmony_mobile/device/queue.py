@@ -14,7 +14,8 @@ from pathlib import Path
 
 from harmony_mobile.device.errors import DeviceError
 
-_ENTRY = re.compile(r"^(\d{19})-([0-9a-f-]{36})\.upload$")
+# matched with fullmatch: `$` of re.match would also accept a trailing newline
+_ENTRY = re.compile(r"(\d{19})-([0-9a-f-]{36})\.upload")
 
 
 class QueueFullError(DeviceError):
@@ -50,10 +51,10 @@ class UploadQueue:
         for leftover in self.directory.glob(".tmp-*"):
             leftover.unlink(missing_ok=True)
         entries = self._entry_files()
-        self._next = (int(_ENTRY.match(entries[-1].name).group(1)) + 1) if entries else 1
+        self._next = (int(_ENTRY.fullmatch(entries[-1].name).group(1)) + 1) if entries else 1
 
     def _entry_files(self) -> list[Path]:
-        return sorted(p for p in self.directory.iterdir() if _ENTRY.match(p.name))
+        return sorted(p for p in self.directory.iterdir() if _ENTRY.fullmatch(p.name))
 
     def __len__(self) -> int:
         return len(self._entry_files())
@@ -87,7 +88,7 @@ class UploadQueue:
         """Queued uploads, oldest first."""
         result = []
         for path in self._entry_files():
-            match = _ENTRY.match(path.name)
+            match = _ENTRY.fullmatch(path.name)
             result.append(PendingUpload(int(match.group(1)), match.group(2), path.read_bytes(), path))
         return result
 

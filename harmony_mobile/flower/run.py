@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from harmony_mobile.evaluation import summarize
-from harmony_mobile.federation.rounds import round_generator, run_rounds
+from harmony_mobile.federation.rounds import round_generator
 from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
@@ -33,6 +33,7 @@ from harmony_mobile.training import (
     finish_server,
     prepare_run_dir,
     start_run,
+    train_rounds,
     write_final_metrics,
 )
 
@@ -62,16 +63,7 @@ def train_on_grid(grid, settings: FlowerSettings) -> dict:
     transport.connect(len(run.client_tiers))
     phases["connect"] = time.perf_counter() - run.started - sum(phases.values())
     config = run.config
-    clients_per_round = config.clients_per_round or len(run.client_tiers)
-    history = run_rounds(
-        run.federation,
-        config.rounds,
-        clients_per_round,
-        config.seed,
-        run.run_path,
-        show_progress=False,
-        turns=transport,
-    )
+    history = train_rounds(run, turns=transport)
     phases["rounds"] = time.perf_counter() - run.started - sum(phases.values())
     missing = transport.personalize(run, round_generator(config.seed, config.rounds))
     if len(run.client_tiers) - len(missing) < settings.min_replies:
