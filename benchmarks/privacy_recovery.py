@@ -16,6 +16,7 @@ With each noise setting, the run's accuracy with OOD (its own final evaluation) 
 
     .venv/bin/python benchmarks/privacy_recovery.py            # sigma off, 0.02, 0.1, 0.5; seeds 0 1 2
     .venv/bin/python benchmarks/privacy_recovery.py --seeds 0 --sigmas 0 --rounds 3   # quick look
+    .venv/bin/python benchmarks/privacy_recovery.py --resume   # after a stop: keeps OUT.json's records
 
 Writes benchmarks/results/privacy_recovery.md and .json (docs/PRIVACY.md quotes them).
 """
@@ -103,7 +104,7 @@ def render(records: list[dict], rounds: int, seconds: float) -> str:
         "",
         f"digits, harmony defaults, {rounds} rounds, one client per tier; attacks on tier {TIER}; "
         f"features clipped to {CLIP:g} when noised. Mean [min, max] over seeds. "
-        f"Chance for naming a slot: 0.10. {seconds / 60:.1f} min on {platform.machine()}, 1 torch thread.",
+        f"Chance for naming a slot: 0.10. {seconds / 60:.1f} min of runs on {platform.machine()}, 1 torch thread.",
         "",
         "| feature noise sigma | seeds | " + " | ".join(columns) + " |",
         "|---|---|" + "---|" * len(columns),
@@ -121,6 +122,7 @@ def render(records: list[dict], rounds: int, seconds: float) -> str:
         "the checkpoint attack). row_recovery_k5: fraction of a phone's uploaded rows whose class the "
         "operator guesses from the features alone (5 labeled images per class), whatever label DP does "
         "to their tokens. accuracy_with_ood: the run's own final evaluation (mean over p = 0.2, 0.5).",
+        "Feature noise is drawn from each phone's CSPRNG, so a noised run does not repeat bit for bit.",
     ]
     return "\n".join(lines) + "\n"
 
@@ -133,21 +135,29 @@ def main() -> None:
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.0, 0.02, 0.1, 0.5])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--out", type=Path, default=RESULTS / "privacy_recovery")
+    parser.add_argument("--resume", action="store_true", help="keep the records in OUT.json, run the rest")
     args = parser.parse_args()
     if any(s < 0 for s in args.sigmas) or args.rounds < 1:
         parser.error("sigmas must be >= 0 and rounds >= 1")
     torch.set_num_threads(1)
-    started, records = time.perf_counter(), []
+    report = args.out.with_suffix(".json")
+    saved = json.loads(report.read_text()) if args.resume and report.is_file() else {}
+    if saved and saved["rounds"] != args.rounds:
+        parser.error(f"{report} holds {saved['rounds']}-round runs; resume with --rounds {saved['rounds']}")
+    records, seconds = saved.get("records", []), saved.get("seconds", 0.0)
     for sigma in args.sigmas:
         for seed in args.seeds:
+            if any(r["sigma"] == sigma and r["seed"] == seed for r in records):
+                continue
+            started = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
                 run, view = train_and_export(Path(tmp), seed, sigma, args.rounds)
                 records.append({"sigma": sigma, "seed": seed, **attack(run, view, Path(tmp), sigma, seed)})
+            seconds += time.perf_counter() - started
+            report.write_text(
+                json.dumps({"rounds": args.rounds, "seconds": seconds, "records": records}, indent=2)
+            )
             print(json.dumps(records[-1]), flush=True)
-    seconds = time.perf_counter() - started
-    args.out.with_suffix(".json").write_text(
-        json.dumps({"rounds": args.rounds, "records": records}, indent=2)
-    )
     args.out.with_suffix(".md").write_text(render(records, args.rounds, seconds))
 
 
