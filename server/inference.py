@@ -1,11 +1,18 @@
-"""Dynamic micro-batching: CPU-bound inference runs on one worker thread, never on the event loop.
+"""Dynamic batching with a bounded queue delay (Triton's dynamic batcher): CPU-bound inference runs
+on one worker thread, never on the event loop, one batch at a time.
 
-Requests enqueue (features, model) with an asyncio future; the worker takes the first waiting job,
-then keeps collecting until it holds `max_batch` rows or `max_wait` has passed since that first job,
-runs one forward pass per model version in the batch, and resolves the futures on their loop.
-The queue is a thread-safe `queue.Queue` (an asyncio.Queue is not safe to read from another
-thread); a full queue refuses at once (503 + Retry-After) so a phone keeps its own answer instead
-of waiting behind a backlog.
+Requests wait on the event loop, in a plain list (no lock: only the loop touches it), each with an
+asyncio future. A batch leaves for the worker when it holds `max_batch` rows, or when its oldest
+request has waited `max_wait` (the bounded queue delay; 0 = at the loop's next turn), but never
+while the worker is still running the previous batch: under load the requests that arrive during
+a forward fill the next one, so the batch size grows with the load and rows per second approach
+the back-end's batched forward. The worker runs one forward pass per model version in the batch
+and hands every result back with one wake-up of the loop.
+
+One hand-off per batch, not per request, is the point: a thread that is woken for every request
+competes with the event loop for the GIL on every request (measured: it cost more than batching
+saved). More than `queue_size` waiting requests are refused at once (503 + Retry-After) so a phone
+keeps its own answer instead of waiting behind a backlog.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import asyncio
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -73,23 +81,19 @@ def _resolve(outcomes: list[tuple[asyncio.Future, object, BaseException | None]]
             future.set_result(result)
 
 
-def _hand_back(outcomes: list[tuple[_Job, object, BaseException | None]]) -> None:
-    """One wake-up per event loop for a whole batch: each call_soon_threadsafe writes to the loop's
-    self-pipe, so one per request would cost a syscall and a loop iteration per row."""
-    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-    for job, result, error in outcomes:
-        by_loop.setdefault(job.loop, []).append((job.future, result, error))
-    for loop, resolved in by_loop.items():
-        loop.call_soon_threadsafe(_resolve, resolved)
-
-
 class MicroBatcher:
     def __init__(self, max_batch: int, max_wait_ms: float, queue_size: int, metrics: ServerMetrics):
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
+        self.queue_size = queue_size
         self.metrics = metrics
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
-        self._carry: _Job | None = None  # a job that did not fit the previous batch
+        # loop side: touched only by the event loop
+        self._waiting: deque[_Job] = deque()
+        self._waiting_rows = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._busy = False  # a batch is with the worker
+        # worker side: at most one batch (and the stop sign) in it
+        self._batches: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._stats: dict[str, VersionStats] = {}
         self._stats_lock = threading.Lock()
@@ -108,72 +112,92 @@ class MicroBatcher:
                 for version, s in self._stats.items()
             }
 
+    def waiting(self) -> int:
+        """Requests waiting for a batch (not yet with the worker)."""
+        return len(self._waiting)
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="harmony-inference", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._thread is not None:
-            self._queue.put(_STOP)  # blocks only until the worker drains a slot
+            self._batches.put(_STOP)
             self._thread.join(timeout=10)
             self._thread = None
 
     async def infer(self, features: np.ndarray, model: ServedModel) -> Prediction:
+        if len(self._waiting) >= self.queue_size:
+            self.metrics.queue_full.inc()
+            raise QueueFull(f"the inference queue is full ({self.queue_size} requests waiting)")
         loop = asyncio.get_running_loop()
         job = _Job(features, model, loop.create_future(), loop, time.perf_counter_ns())
-        # counted up before the put and down when the worker takes the job (so never below 0): a
-        # callback gauge would be read in the scraped process only, and with several workers a
-        # scrape must sum every worker's queue
+        self._waiting.append(job)
+        self._waiting_rows += job.rows
+        # counted up here and down when the job leaves for the worker: a callback gauge would be
+        # read in the scraped process only, and with several workers a scrape sums every worker's
         self.metrics.queue_depth.inc()
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            self.metrics.queue_depth.dec()
-            self.metrics.queue_full.inc()
-            raise QueueFull(f"the inference queue is full ({self._queue.maxsize} requests waiting)") from None
+        self._schedule(loop)
         return await job.future
+
+    # ---------------------------------------------------------------- event loop side
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send a batch now if one is due, else make sure a timer fires when the oldest waiting
+        request's delay runs out. Nothing while the worker is busy: its hand-back calls this."""
+        if self._busy or not self._waiting:
+            return
+        oldest = self._waiting[0].enqueued_ns / 1e9
+        due_in = oldest + self.max_wait - time.perf_counter_ns() / 1e9
+        if self._waiting_rows >= self.max_batch or due_in <= 0:
+            self._dispatch()
+        elif self._timer is None:
+            self._timer = loop.call_later(due_in, self._on_timer, loop)
+
+    def _on_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._timer = None
+        self._schedule(loop)
+
+    def _dispatch(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, rows = [], 0
+        while self._waiting and (not batch or rows + self._waiting[0].rows <= self.max_batch):
+            job = self._waiting.popleft()
+            batch.append(job)
+            rows += job.rows
+        self._waiting_rows -= rows
+        self.metrics.queue_depth.dec(len(batch))
+        self._busy = True
+        self._batches.put(batch)
+
+    def _finished(self, outcomes: list[tuple[_Job, object, BaseException | None]]) -> None:
+        """On the loop: resolve the batch's futures, then send the next batch if one is due."""
+        self._busy = False
+        _resolve([(job.future, result, error) for job, result, error in outcomes])
+        if self._waiting:
+            self._schedule(self._waiting[0].loop)
 
     # ---------------------------------------------------------------- worker thread
 
-    def _take(self, timeout: float | None = None) -> object:
-        """The next job (or _STOP) off the queue; queue.Empty after `timeout` (0: do not wait)."""
-        if timeout is None:
-            job = self._queue.get()
-        else:
-            job = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
-        if job is not _STOP:
-            self.metrics.queue_depth.dec()
-        return job
-
-    def _next_batch(self) -> list[_Job] | None:
-        first = self._carry if self._carry is not None else self._take()
-        self._carry = None
-        if first is _STOP:
-            return None
-        batch, rows = [first], first.rows
-        deadline = time.monotonic() + self.max_wait
-        while rows < self.max_batch:
-            remaining = deadline - time.monotonic()
-            try:
-                job = self._take(max(remaining, 0.0))
-            except queue.Empty:
-                break
-            if job is _STOP or rows + job.rows > self.max_batch:
-                self._carry = job
-                break
-            batch.append(job)
-            rows += job.rows
-        return batch
-
     def _run(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            by_model: dict[int, list[_Job]] = {}
-            for job in batch:
-                by_model.setdefault(id(job.model), []).append(job)
-            for jobs in by_model.values():
-                self._execute(jobs)
+        while (batch := self._batches.get()) is not _STOP:
+            outcomes: list[tuple[_Job, object, BaseException | None]] = []
+            try:
+                by_model: dict[int, list[_Job]] = {}
+                for job in batch:
+                    by_model.setdefault(id(job.model), []).append(job)
+                for jobs in by_model.values():
+                    outcomes += self._execute(jobs)
+            except BaseException as error:  # never leave the loop waiting on a batch
+                outcomes = [(job, None, error) for job in batch]
+            batch[0].loop.call_soon_threadsafe(self._finished, outcomes)
 
-    def _execute(self, jobs: list[_Job]) -> None:
+    def _execute(self, jobs: list[_Job]) -> list[tuple[_Job, object, BaseException | None]]:
         model = jobs[0].model
         started = time.perf_counter_ns()
         try:
@@ -181,8 +205,7 @@ class MicroBatcher:
             slot_scores, top_slot, confidence = (t.numpy() for t in predict(model, features))
         except Exception as error:  # a bug must fail these requests, not kill the worker
             self._count(model.version, jobs, started, failed=True)
-            _hand_back([(job, None, error) for job in jobs])
-            return
+            return [(job, None, error) for job in jobs]
         self.metrics.batches.inc()
         self.metrics.batch_rows.observe(features.shape[0])
         self.metrics.inferred_rows.inc(features.shape[0])
@@ -195,7 +218,7 @@ class MicroBatcher:
             )
             outcomes.append((job, result, None))
             start = end
-        _hand_back(outcomes)
+        return outcomes
 
     def _count(self, version: str, jobs: list[_Job], started: int, failed: bool) -> None:
         finished = time.perf_counter_ns()

@@ -429,7 +429,7 @@ def test_full_queue_is_503_with_retry_after(tmp_path, model_dir):
     def slow_execute(jobs):
         busy.set()
         release.wait(10)
-        execute(jobs)
+        return execute(jobs)
 
     state.batcher._execute = slow_execute
 
@@ -446,7 +446,7 @@ def test_full_queue_is_503_with_retry_after(tmp_path, model_dir):
             while not busy.is_set():
                 await asyncio.sleep(0.01)
             second = asyncio.create_task(client.post(INFER, content=body, headers=headers))
-            while not state.batcher._queue.qsize():
+            while not state.batcher.waiting():
                 await asyncio.sleep(0.01)
             refused = await client.post(INFER, content=body, headers=headers)
             release.set()
