@@ -74,8 +74,8 @@ class TrainConfig(BaseModel):
     algorithm_config: dict[str, Any] = Field(
         default_factory=dict, description="overrides of the algorithm's config"
     )
-    interface_channels: int = Field(default=64, ge=1)
-    interface_size: int = Field(default=8, ge=1)
+    interface_channels: int = Field(default=InterfaceSpec.channels, ge=1)  # InterfaceSpec holds the default
+    interface_size: int = Field(default=InterfaceSpec.size, ge=1)
     label_dp_epsilon: float | None = Field(
         default=None, gt=0, description="label DP: randomized response on each row's token; None = off"
     )
