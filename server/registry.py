@@ -32,7 +32,7 @@ from harmony_mobile.run_dir import load_backend_file, save_backend
 
 ARTIFACTS_DIR = "artifacts"
 BACKEND_IN_MODEL_DIR = Path("backend") / "backend.pt"
-VERSION_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: the whole name
 
 
 class UnknownVersion(LookupError):
@@ -110,7 +110,7 @@ class ModelRegistry:
             return known.version
         loaded = load_backend_file(source)  # validates the file before it enters the registry
         self._store_file(source, sha)
-        name = loaded.model_version if VERSION_PATTERN.match(loaded.model_version) else "imported"
+        name = loaded.model_version if VERSION_PATTERN.fullmatch(loaded.model_version) else "imported"
         metrics = {"source": str(source), "replay_rows": int(loaded.replay.shape[0])}
         # another process may have registered the same file since the look-up above
         return self.store.add_imported_version(VersionRecord(name, sha, None, "import", utc_now(), metrics))

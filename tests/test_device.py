@@ -355,6 +355,14 @@ def test_queue_is_bounded_and_refuses_new_entries(tmp_path):
     assert len(small) == 0
 
 
+def test_queue_entry_names_match_as_a_whole(tmp_path):
+    """A name with a trailing newline is not an entry (re.match with `$` would take it)."""
+    queue = UploadQueue(tmp_path / "q")
+    entry = queue.enqueue(lambda message_id: b"body")
+    (tmp_path / "q" / (entry.path.name + "\n")).write_bytes(b"stray")
+    assert [u.path for u in queue.pending()] == [entry.path] and len(queue) == 1
+
+
 def test_queue_ignores_half_written_files(tmp_path):
     queue = UploadQueue(tmp_path / "q")
     queue.enqueue(lambda message_id: b"body")

@@ -542,3 +542,11 @@ def test_two_apps_in_one_process_have_separate_metrics(tmp_path, model_dir):
         a.get("/v2/health/live")
         assert 'route="/v2/health/live"' in a.get("/metrics").text
         assert 'route="/v2/health/live"' not in b.get("/metrics").text
+
+
+def test_a_back_end_version_name_must_match_as_a_whole(tmp_path):
+    """A model_version with a trailing newline is no version name (re.match with `$` took it)."""
+    model_dir = make_model_dir(tmp_path, model_version="v1\n", replay_rows=0)
+    with TestClient(create_app(make_settings(tmp_path, model_dir))) as client:
+        listing = client.get("/v1/registry/versions", headers=ADMIN).json()
+        assert [v["version"] for v in listing["versions"]] == ["imported"]
