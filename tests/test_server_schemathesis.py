@@ -5,8 +5,9 @@ document does not describe.
 
 One documented allowance: some bodies satisfy the JSON Schema and are still refused, for reasons a
 schema cannot state: an infer body's `shape` must be [N, 64, 8, 8] and `data` must hold prod(shape)
-numbers (422), and an upload's envelope must be a sealed envelope that authenticates (400). For
-those routes positive_data_acceptance also expects 400/422."""
+numbers (422), an upload's envelope must be a sealed envelope that authenticates (400), and an
+enrolment's tier must be one the server serves (422: its tiers come from the manifest it was
+started with). For those routes positive_data_acceptance also expects 400/422."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ SPEC = Path(__file__).resolve().parents[1] / "server" / "openapi.json"
 MAX_EXAMPLES = 4
 CONFIG = """
 [[operations]]
-include-path-regex = "(/infer|/v1/uploads)$"
-checks.positive_data_acceptance.expected-statuses = [200, 400, 401, 403, 404, 409, 422, 429, 503]
+include-path-regex = "(/infer|/v1/uploads|/v1/devices)$"
+checks.positive_data_acceptance.expected-statuses = [200, 201, 400, 401, 403, 404, 409, 422, 429, 503]
 """
 # the rate limit is not under test here: the fuzzer must reach the endpoints
 ENV = {"HARMONY_RATE_LIMIT_PER_SECOND": "100000", "HARMONY_RATE_LIMIT_BURST": "100000"}
