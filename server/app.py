@@ -27,6 +27,7 @@ from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ModelRegistry
 from harmony_mobile.server.settings import Settings
 from harmony_mobile.server.spec import install_openapi
 from harmony_mobile.server.state import ServerState
+from harmony_mobile.server.status_history import sample_of
 from harmony_mobile.server.store import Store
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -139,6 +140,19 @@ async def _follow_default_version(state: ServerState) -> None:
             failures.succeeded()
 
 
+async def _sample_history(state: ServerState) -> None:
+    """The status page's history: the whole server's counters every status_sample_seconds (read in
+    the thread pool: with several workers that reads every worker's metric files)."""
+    metrics = state.metrics
+    while True:
+        try:
+            snapshot = await run_in_threadpool(metrics.snapshot)
+            metrics.history.add(sample_of(snapshot))
+        except Exception:  # a plot missing a point is better than a page without plots
+            log.exception("sampling the status page's history failed")
+        await asyncio.sleep(state.settings.status_sample_seconds)
+
+
 def create_app(settings: Settings) -> FastAPI:
     metrics = ServerMetrics()
     state = build_state(settings, metrics)
@@ -152,10 +166,12 @@ def create_app(settings: Settings) -> FastAPI:
         # every process sweeps expired round leases, also one that runs no rounds itself
         state.alignment.start()
         follower = asyncio.create_task(_follow_default_version(state))
+        sampler = asyncio.create_task(_sample_history(state))
         try:
             yield
         finally:
             follower.cancel()
+            sampler.cancel()
             state.batcher.stop()
             state.alignment.stop()
             state.store.close()

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
+from harmony_mobile.server.status_history import MetricHistory
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
@@ -84,6 +85,7 @@ class ServerMetrics:
         if self.multiprocess_dir is not None:
             forget_dead_processes(self.multiprocess_dir)
         self.registry = CollectorRegistry(auto_describe=True)
+        self.history = MetricHistory()  # the status page's plots over time
         self.default_version = DefaultVersionCollector()
         self.registry.register(self.default_version)
         self._http_metrics(self.registry)

@@ -72,3 +72,8 @@ class Settings(BaseSettings):
     max_connections: int = Field(default=1000, ge=1, description="open connections per process; more get 503")
 
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads on start")
+    status_sample_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="how often the status page's history samples the server's counters (its plots over time)",
+    )

@@ -137,6 +137,15 @@ registry_state = Table(
     Column("key", Text, primary_key=True),
     Column("value", Text, nullable=False),
 )
+# every change of the default version, for the status page's history (a store made before this
+# table existed starts its history at the first change after the upgrade)
+default_history = Table(
+    "default_history",
+    metadata,
+    Column("id", ID, primary_key=True, autoincrement=True),
+    Column("version", Text, nullable=False),
+    Column("set_at", Text, nullable=False),
+)
 
 
 class db_epoch_now(FunctionElement):
@@ -375,6 +384,13 @@ class Store:
         return UploadReceipt(
             upload_id, upload.message_id, upload.rows, received, upload.envelope_sha256
         ), True
+
+    def upload_volume(self, limit: int = 20_000) -> list[tuple[str, int, int]]:
+        """(received_at, rows, envelope bytes) of the last `limit` uploads, oldest first."""
+        size = func.length(uploads.c.envelope).label("size")
+        statement = select(uploads.c.received_at, uploads.c.rows, size).order_by(uploads.c.id.desc())
+        rows = self._rows(statement.limit(limit))
+        return [(r["received_at"], int(r["rows"]), int(r["size"])) for r in reversed(rows)]
 
     def upload_stats(self) -> dict[str, int]:
         row = self._rows(select(func.count().label("uploads"), func.coalesce(func.sum(uploads.c.rows), 0)))[0]
@@ -634,9 +650,20 @@ class Store:
             self._set_default(db, version)
 
     def _set_default(self, db: Connection, version: str) -> None:
+        current = db.execute(
+            select(registry_state.c.value).where(registry_state.c.key == "default_version")
+        ).scalar()
         dialect_insert = pg_insert if self.backend == "postgresql" else sqlite_insert
         statement = dialect_insert(registry_state).values(key="default_version", value=version)
         db.execute(statement.on_conflict_do_update(index_elements=["key"], set_={"value": version}))
+        if current != version:
+            db.execute(insert(default_history).values(version=version, set_at=utc_now()))
+
+    def default_history(self, limit: int = 500) -> list[tuple[str, str]]:
+        """(set_at, version) of the last `limit` changes of the default version, oldest first."""
+        statement = select(default_history.c.set_at, default_history.c.version)
+        rows = self._rows(statement.order_by(default_history.c.id.desc()).limit(limit))
+        return [(r["set_at"], r["version"]) for r in reversed(rows)]
 
     @staticmethod
     def _version(data: dict[str, Any]) -> VersionRecord:

@@ -21,31 +21,22 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 import yaml
 
-from harmony_mobile.protocol.wire import encode_tensor
 from tests.helpers.fallback_server import (
-    ADMIN,
-    LABEL_EPOCH,
     TIER_FAMILIES,
-    bearer,
-    class_features,
     enrol,
-    json_infer_body,
     make_model_dir,
-    sealed_upload,
 )
+from tests.helpers.operator_traffic import phone_traffic, publish_a_round, store_uploads, wait_for
 from tests.server_process import free_port, serve_process
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "harmony-dashboard.json"
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus.yml"
-INFER = "/v2/models/harmony-backend/infer"
 # what Grafana puts in place of the dashboard's variables: all instances, a window of many scrapes
 VARIABLES = {"$__rate_interval": "30s", "$instance": ".*"}
-ROUND = {"steps": 12, "batch_size": 32}
 
 
 def prometheus_binary() -> str:
@@ -93,58 +84,10 @@ def prometheus(tmp_path: Path, target: str) -> Iterator[str]:
         process.wait(timeout=30)
 
 
-def wait_for(check, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def query(prometheus_url: str, expr: str) -> list[dict]:
     answer = httpx.get(f"{prometheus_url}/api/v1/query", params={"query": expr}, timeout=10).json()
     assert answer["status"] == "success", (expr, answer)
     return answer["data"]["result"]
-
-
-def phone_traffic(base: str, tokens: dict[str, str], stop: threading.Event) -> None:
-    """Phones of every tier infer (binary with the tier header, JSON with the tier parameter) until
-    `stop`."""
-    tiers = sorted(tokens)
-    with httpx.Client(base_url=base, timeout=30) as client:
-        i = 0
-        while not stop.is_set():
-            tier = tiers[i % len(tiers)]
-            auth = bearer(tokens[tier])
-            rows = class_features(np.array([i % 10]), seed=i)
-            binary = {**auth, "Content-Type": "application/octet-stream", "X-Harmony-Tier": tier}
-            answer = client.post(INFER, content=encode_tensor(rows), headers=binary)
-            assert answer.status_code == 200, answer.text
-            answer = client.post(INFER, json=json_infer_body(rows, parameters={"tier": tier}), headers=auth)
-            assert answer.status_code == 200, answer.text
-            i += 1
-            time.sleep(0.05)
-
-
-def store_uploads(client: httpx.Client, device: dict, count: int = 4, rows: int = 30) -> None:
-    for i in range(count):
-        classes = (np.arange(rows) + i) % 10
-        # the one split depth a mid-android front-end extracts
-        body = sealed_upload(device, LABEL_EPOCH, classes, seed=i, split_depths=(2,) * rows)
-        stored = client.post("/v1/uploads", json=body, headers=bearer(device["token"]))
-        assert stored.status_code == 201, stored.text
-
-
-def publish_a_round(client: httpx.Client) -> None:
-    started = client.post("/v1/alignment/rounds", json=ROUND, headers=ADMIN)
-    assert started.status_code == 202, started.text
-    url = f"/v1/alignment/rounds/{started.json()['id']}"
-    wait_for(lambda: client.get(url, headers=ADMIN).json()["status"] not in ("queued", "running"), "round")
-    assert client.get(url, headers=ADMIN).json()["status"] == "published"
 
 
 def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path):
@@ -158,7 +101,8 @@ def test_every_dashboard_query_returns_series_from_a_real_prometheus(tmp_path):
                 tokens = {tier: enrol(client, tier=tier)["token"] for tier in TIER_FAMILIES}
                 device = enrol(client, tier="mid-android")
                 stop = threading.Event()
-                traffic = threading.Thread(target=phone_traffic, args=(server.base, tokens, stop))
+                keep_going = lambda: not stop.is_set()  # noqa: E731
+                traffic = threading.Thread(target=phone_traffic, args=(server.base, tokens, keep_going))
                 traffic.start()
                 try:
                     store_uploads(client, device)
