@@ -8,11 +8,14 @@ does not pay for executorch or coremltools).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from harmony_mobile.server.settings import Settings
 
 app = typer.Typer(
     help="harmony-mobile: hybrid split federated learning on phones (train, bench, export, serve, demo).",
@@ -472,6 +475,23 @@ def export_app_command(
         )
 
 
+def _serve_settings(explicit: dict[str, Any]) -> Settings:
+    """The server's settings, after checking that its model dir (if any) can be served."""
+    from pydantic import ValidationError
+
+    from harmony_mobile.server.launch import ModelDirError, check_model_dir, resolve_settings
+
+    try:
+        settings = resolve_settings(explicit)
+    except ValidationError as error:
+        fail(f"invalid server settings: {error}")
+    try:
+        check_model_dir(settings.model_dir)
+    except ModelDirError as error:
+        fail(f"cannot serve this model dir: {error}")
+    return settings
+
+
 @app.command()
 def serve(
     data_dir: Annotated[
@@ -508,9 +528,7 @@ def serve(
 ) -> None:
     """Run the FastAPI fallback server (protocol in docs/PROTOCOL.md). A flag left out keeps the value
     of its HARMONY_* environment variable (e.g. HARMONY_MAX_BATCH), else the default."""
-    from pydantic import ValidationError
-
-    from harmony_mobile.server.launch import resolve_settings, run
+    from harmony_mobile.server.launch import run
 
     explicit = dict(
         data_dir=data_dir,
@@ -523,10 +541,7 @@ def serve(
         max_connections=max_connections,
         torch_threads=torch_threads,
     )
-    try:
-        settings = resolve_settings(explicit)
-    except ValidationError as error:
-        fail(f"invalid server settings: {error}")
+    settings = _serve_settings(explicit)
     if settings.admin_token is None:
         console.print(f"admin token: {settings.data_dir / 'admin_token'} (mode 0600)")
     console.print(

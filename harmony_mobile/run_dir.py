@@ -172,34 +172,74 @@ class LoadedBackend:
         return self.slot_table.label_epoch
 
 
-def load_backend_file(path: str | Path) -> LoadedBackend:
-    """Read a file written by `save_backend` (RUN_DIR/backend.pt, or the export's copy); modules in eval mode."""
-    path = Path(path)
+BACKEND_KEYS = (
+    "model_version",
+    "class_names",
+    "num_classes",
+    "interface",
+    "projection_dim",
+    "backend",
+    "projection",
+)
+
+
+def _read_backend_state(path: Path) -> dict[str, Any]:
+    """The dict `save_backend` wrote, or a one-line RunDirError naming the file and what is wrong."""
     if not path.is_file():
         raise RunDirError(f"no server back-end at {path}")
-    state = torch.load(path, weights_only=True)
-    channels, size, _ = state["interface"]
-    backend = Backend(InterfaceSpec(channels, size), state["num_classes"])
-    backend.load_state_dict(state["backend"])
-    projection = ProjectionHead(backend.feature_dim, state["projection_dim"])
-    projection.load_state_dict(state["projection"])
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as error:  # torch raises anything from IndexError to UnpicklingError on bad bytes
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RunDirError(
+            f"{path} is not a back-end file written by `harmony train` (torch.load failed: {reason});"
+            " it may be truncated or a placeholder: re-run `harmony export`"
+        ) from None
+    if not isinstance(state, dict):
+        raise RunDirError(f"{path} is not a back-end file: it holds a {type(state).__name__}, not a dict")
+    missing = [key for key in BACKEND_KEYS if key not in state]
+    if missing:
+        raise RunDirError(f"{path} is not a back-end file: it has no {', '.join(missing)}")
     if "label_epoch" not in state or "slot_table" not in state:
         raise RunDirError(
             f"{path} has no label epoch and slot table: it predates slot-space training; retrain it"
         )
+    return state
+
+
+def _backend_modules(path: Path, state: dict[str, Any]) -> tuple[Backend, ProjectionHead]:
+    try:
+        channels, size, _ = state["interface"]
+        backend = Backend(InterfaceSpec(channels, size), state["num_classes"])
+        backend.load_state_dict(state["backend"])
+        projection = ProjectionHead(backend.feature_dim, state["projection_dim"])
+        projection.load_state_dict(state["projection"])
+    except (RuntimeError, ValueError, TypeError, KeyError, AttributeError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RunDirError(f"{path}: the back-end's weights do not load: {reason}") from None
+    return backend, projection
+
+
+def load_backend_file(path: str | Path) -> LoadedBackend:
+    """Read a file written by `save_backend` (RUN_DIR/backend.pt, or the export's copy); modules in eval mode.
+    Anything else (a truncated or placeholder file, another pickle) is a one-line RunDirError."""
+    path = Path(path)
+    state = _read_backend_state(path)
+    backend, projection = _backend_modules(path, state)
     try:
         slot_table = SlotTable.from_hex(state["label_epoch"], state["num_classes"], state["slot_table"])
-    except ValueError as error:
+    except (ValueError, TypeError) as error:
         raise RunDirError(f"{path}: bad slot table: {error}") from None
     replay = state.get("replay", torch.zeros(0, *backend.interface.shape, dtype=torch.float16))
-    if tuple(replay.shape[1:]) != tuple(backend.interface.shape):
+    if not isinstance(replay, torch.Tensor) or tuple(replay.shape[1:]) != tuple(backend.interface.shape):
+        shape = list(replay.shape) if isinstance(replay, torch.Tensor) else type(replay).__name__
         raise RunDirError(
-            f"{path}: replay features have shape {list(replay.shape)}, not N rows of {list(backend.interface.shape)}"
+            f"{path}: replay features have shape {shape}, not N rows of {list(backend.interface.shape)}"
         )
     return LoadedBackend(
         backend.eval(),
         projection.eval(),
-        state["model_version"],
+        str(state["model_version"]),
         tuple(state["class_names"]),
         replay.to(torch.float16),
         slot_table,

@@ -32,6 +32,41 @@ ENV_PREFIX = "HARMONY_"
 METRICS_DIR = "prometheus-multiproc"  # under the data dir: one folder per running `harmony serve`
 
 
+class ModelDirError(ValueError):
+    """The --model-dir (HARMONY_MODEL_DIR) export cannot be served; the message is one line."""
+
+
+def check_model_dir(model_dir: Path | None) -> None:
+    """Refuse, before any process starts, an export the server cannot use: a missing directory, a
+    backend/backend.pt that is not a back-end file, or a manifest or signature that is not UTF-8 text.
+    An export without backend/backend.pt is served without inference (infer answers 503)."""
+    if model_dir is None:
+        return
+    from harmony_mobile.server.app import MANIFEST_FILE, P256_SIGNATURE_FILE, SIGNATURE_FILE
+    from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR
+
+    from harmony_mobile.run_dir import RunDirError, load_backend_file
+
+    if not model_dir.is_dir():
+        raise ModelDirError(
+            f"model dir {model_dir} is not a directory (give the folder `harmony export` wrote)"
+        )
+    for name in (MANIFEST_FILE, SIGNATURE_FILE, P256_SIGNATURE_FILE):
+        path = model_dir / name
+        if path.is_file():
+            try:
+                path.read_bytes().decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise ModelDirError(
+                    f"{path} is not UTF-8 text ({error.reason} at byte {error.start})"
+                ) from None
+    if (model_dir / BACKEND_IN_MODEL_DIR).exists():
+        try:
+            load_backend_file(model_dir / BACKEND_IN_MODEL_DIR)
+        except RunDirError as error:
+            raise ModelDirError(str(error)) from None
+
+
 def resolve_settings(explicit: dict[str, Any]) -> Settings:
     """Settings from the flags the user set (None = not set), the environment, then the defaults."""
     given = {name: value for name, value in explicit.items() if value is not None}

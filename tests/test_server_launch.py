@@ -85,3 +85,76 @@ def test_workers_answer_health_pings_before_importing_the_server(monkeypatch, tm
     assert options["timeout_worker_healthcheck"] >= 30
     metrics_dir = tmp_path / "prometheus-multiproc" / str(os.getpid())
     assert os.environ["PROMETHEUS_MULTIPROC_DIR"] == str(metrics_dir) and metrics_dir.is_dir()
+
+
+def _real_export(directory):
+    """An export dir whose backend/backend.pt is a real (untrained) back-end file."""
+    from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+    from harmony_mobile.protocol.slots import SlotTable
+    from harmony_mobile.run_dir import save_backend
+
+    (directory / "backend").mkdir(parents=True)
+    table = SlotTable("e-test", 10, [bytes([i]) * 8 for i in range(10)])
+    backend = Backend(InterfaceSpec(), 10)
+    save_backend(
+        directory / "backend" / "backend.pt", backend, ProjectionHead(128), "v", tuple("0123456789"), table
+    )
+    return directory
+
+
+def _serve_error(tmp_path, model_dir):
+    result = CliRunner().invoke(
+        app, ["serve", "--data-dir", str(tmp_path / "data"), "--model-dir", str(model_dir)]
+    )
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    [line] = result.output.strip().splitlines()  # one line, no traceback
+    return line
+
+
+def test_a_placeholder_backend_is_a_one_line_error(captured, tmp_path):
+    from tests.export_fixtures import fake_export_dir
+
+    export = fake_export_dir(tmp_path / "export", tmp_path / "keys")
+    line = _serve_error(tmp_path, export)
+    assert "backend.pt" in line and "not a back-end file" in line and "torch.load failed" in line
+    assert not captured
+
+
+def test_garbage_truncated_or_foreign_backends_are_one_line_errors(captured, tmp_path):
+    import torch
+
+    good = (_real_export(tmp_path / "good") / "backend" / "backend.pt").read_bytes()
+    cases = {
+        "garbage": b"\x00\xff" * 300,
+        "truncated": good[: len(good) // 2],
+        "empty": b"",
+        "foreign": None,  # a loadable torch file that is not a back-end
+    }
+    for name, content in cases.items():
+        backend = _real_export(tmp_path / name) / "backend" / "backend.pt"
+        if content is None:
+            torch.save({"weights": torch.zeros(2)}, backend)
+        else:
+            backend.write_bytes(content)
+        line = _serve_error(tmp_path, tmp_path / name)
+        assert str(backend) in line.replace("\n", ""), (name, line)
+        assert "not a back-end file" in line, (name, line)
+    assert not captured
+
+
+def test_other_bad_model_dirs_are_one_line_errors(captured, tmp_path):
+    assert "is not a directory" in _serve_error(tmp_path, tmp_path / "missing")
+    export = _real_export(tmp_path / "export")
+    (export / "manifest.json").write_bytes(b'{"tiers": "\xff"}')
+    assert "manifest.json is not UTF-8" in _serve_error(tmp_path, export)
+    assert not captured
+
+
+def test_a_loadable_export_is_served(captured, tmp_path):
+    export = _real_export(tmp_path / "export")
+    result = CliRunner().invoke(
+        app, ["serve", "--data-dir", str(tmp_path / "data"), "--model-dir", str(export)]
+    )
+    assert result.exit_code == 0, result.output
+    assert captured[0][0].model_dir == export
