@@ -442,11 +442,32 @@ def feature_encoding_vectors() -> dict:
             "A.b_c-9",
             label_dp_epsilon=2.5,
         ),
+        _upload_case(
+            "floats in exponent form",
+            np.full((1, 1, 1, 2), 0.5, dtype=np.float32),
+            ["3"],
+            "e7",
+            clip_norm=1e-7,
+            noise_multiplier=1.5e20,
+            label_dp_epsilon=9.99e-6,
+        ),
+        _upload_case(
+            "floats at the bounds of plain notation",
+            np.full((1, 1, 1, 2), 0.5, dtype=np.float32),
+            ["7"],
+            "e7",
+            clip_norm=0.00001,
+            noise_multiplier=1e15,
+            label_dp_epsilon=1e16,
+        ),
     ]
     return _document(
         "HMFT feature tensors and HMUP upload plaintexts (harmony_mobile/protocol/wire.py, docs/PROTOCOL.md 4.4 and 5). "
         "Upload label tokens are those of label_tokens.json (same federation secret) for `class_names` in "
-        "`label_epoch`; metadata_json is the exact metadata bytes.",
+        "`label_epoch`; metadata_json is the exact metadata bytes. Its floats are the shortest digits that "
+        "read back as the same double, in plain notation with at least one fractional digit when the decimal "
+        "exponent e is in -5..15 (`0.00001`, `1000000000000000.0`), otherwise `d[.ddd]e+X` / `d[.ddd]e-X` "
+        "without leading zeros in X (`1e-7`, `1.5e+20`, `1e+16`): not Python's repr (`1e-07`).",
         tensors=tensors,
         uploads=uploads,
     )

@@ -1,5 +1,8 @@
 package org.harmonymobile.core.json;
 
+import java.math.BigDecimal;
+import java.math.MathContext;
+import java.math.RoundingMode;
 import java.util.ArrayList;
 import java.util.Collections;
 import java.util.LinkedHashMap;
@@ -22,6 +25,48 @@ public final class Json {
     public static final int MAX_DEPTH = 64;
 
     private Json() {}
+
+    /**
+     * A finite double in pydantic-core's form (the Python reference's upload metadata bytes): the
+     * shortest digits that read back as the same double; plain notation with at least one fractional
+     * digit when the decimal exponent e is in -5..15 ({@code 1.0}, {@code 0.00001},
+     * {@code 1000000000000000.0}), otherwise {@code d[.ddd]e+X} / {@code d[.ddd]e-X} with no leading
+     * zeros in X ({@code 1e-7}, {@code 1.5e+20}).
+     */
+    public static String number(double value) {
+        if (Double.isNaN(value) || Double.isInfinite(value)) {
+            throw new JsonException("JSON cannot represent " + value);
+        }
+        String sign = (Double.doubleToRawLongBits(value) < 0) ? "-" : "";
+        if (value == 0) {
+            return sign + "0.0";
+        }
+        BigDecimal exact = new BigDecimal(Math.abs(value));
+        BigDecimal shortest = exact;
+        for (int precision = 1; precision <= 17; precision++) {
+            BigDecimal rounded =
+                    exact.round(new MathContext(precision, RoundingMode.HALF_EVEN));
+            if (rounded.doubleValue() == Math.abs(value)) {
+                shortest = rounded;
+                break;
+            }
+        }
+        shortest = shortest.stripTrailingZeros();
+        String digits = shortest.unscaledValue().toString();
+        int exponent = digits.length() - 1 - shortest.scale(); // value = d.ddd x 10^exponent
+        if (exponent < -5 || exponent > 15) {
+            String mantissa = digits.length() == 1 ? digits : digits.charAt(0) + "." + digits.substring(1);
+            return sign + mantissa + "e" + (exponent >= 0 ? "+" : "-") + Math.abs(exponent);
+        }
+        int point = exponent + 1; // digits before the decimal point
+        if (point <= 0) {
+            return sign + "0." + "0".repeat(-point) + digits;
+        }
+        if (point >= digits.length()) {
+            return sign + digits + "0".repeat(point - digits.length()) + ".0";
+        }
+        return sign + digits.substring(0, point) + "." + digits.substring(point);
+    }
 
     /** Parses one JSON text. */
     public static Object parse(String text) {
@@ -68,7 +113,7 @@ public final class Json {
             if (Double.isNaN(d) || Double.isInfinite(d)) {
                 throw new JsonException("JSON cannot represent " + d);
             }
-            out.append(d);
+            out.append(number(d));
         } else if (value instanceof Number n) {
             out.append(n.longValue());
         } else if (value instanceof JsonObject o) {

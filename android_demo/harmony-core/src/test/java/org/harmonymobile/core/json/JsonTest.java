@@ -110,6 +110,22 @@ class JsonTest {
     }
 
     @Test
+    void writesDoublesInThePythonReferencesForm() {
+        // pydantic-core's layout (the upload metadata bytes of feature_encoding.json), not Java's 1.0E-7
+        assertEquals("1e-7", Json.number(1e-7));
+        assertEquals("1.5e+20", Json.number(1.5e20));
+        assertEquals("9.99e-6", Json.number(9.99e-6));
+        assertEquals("0.00001", Json.number(1e-5));
+        assertEquals("1000000000000000.0", Json.number(1e15));
+        assertEquals("1e+16", Json.number(1e16));
+        assertEquals("-0.0", Json.number(-0.0));
+        assertEquals("0.1", Json.number(0.1));
+        assertEquals("12345678.5", Json.number(12345678.5));
+        assertEquals("1.7976931348623157e+308", Json.number(Double.MAX_VALUE));
+        assertEquals("5e-324", Json.number(Double.MIN_VALUE));
+    }
+
+    @Test
     void refusesToWriteWhatJsonCannotHold() {
         assertThrows(JsonException.class, () -> Json.write(Double.NaN));
         assertThrows(JsonException.class, () -> Json.write(Map.of(1, 2)));
