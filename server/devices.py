@@ -92,3 +92,16 @@ def manifest_signature(state: StateDep, _: AnyPrincipalDep) -> Response:
     if state.manifest_signature is None:
         raise HTTPException(404, "this server has no manifest signature (no manifest.sig in the model dir)")
     return Response(state.manifest_signature, media_type="text/plain")
+
+
+@router.get(
+    "/manifest.p256.sig",
+    responses={**ERRORS, 200: {"content": {"text/plain": {}}, "description": "manifest.p256.sig"}},
+)
+def manifest_p256_signature(state: StateDep, _: AnyPrincipalDep) -> Response:
+    """The export's ECDSA P-256 signature file (what Android verifies), verbatim."""
+    if state.manifest_p256_signature is None:
+        raise HTTPException(
+            404, "this server has no P-256 manifest signature (no manifest.p256.sig in the model dir)"
+        )
+    return Response(state.manifest_p256_signature, media_type="text/plain")

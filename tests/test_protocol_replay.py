@@ -220,7 +220,13 @@ def replay(base: str, exchange: Exchange, values: Values) -> str:
 
 def test_the_document_has_examples_of_every_kind():
     targets = {e.request.start for e in parse_exchanges(PROTOCOL.read_text(encoding="utf-8"))}
-    for needed in ("POST /v1/devices", "POST /v1/uploads", "POST /v2/models/harmony-backend/infer"):
+    for needed in (
+        "POST /v1/devices",
+        "GET /v1/manifest.sig",
+        "GET /v1/manifest.p256.sig",
+        "POST /v1/uploads",
+        "POST /v2/models/harmony-backend/infer",
+    ):
         assert any(t.startswith(needed) for t in targets), needed
 
 

@@ -365,9 +365,35 @@ def test_manifest_is_served_verbatim(tmp_path, model_dir):
         assert client.app.state.harmony.known_tiers == {"mid-android", "tiny"}
 
 
+def test_p256_manifest_signature_is_served_after_enrolment(tmp_path, model_dir):
+    """Android verifies P-256: GET /v1/manifest.p256.sig returns the export's file verbatim, like
+    manifest.sig (same auth), and 404 with the reason when the export has none."""
+    export_dir = tmp_path / "export"
+    export_dir.mkdir()
+    (export_dir / "backend").symlink_to(model_dir / "backend")
+    (export_dir / "manifest.json").write_text('{"tiers": [{"name": "mid-android"}]}')
+    (export_dir / "manifest.sig").write_text("c2lnbmF0dXJl")
+    with TestClient(create_app(make_settings(tmp_path / "without", export_dir))) as client:
+        device = enrol(client)
+        missing = client.get("/v1/manifest.p256.sig", headers=bearer(device["token"]))
+        assert missing.status_code == 404
+        assert missing.json() == {
+            "detail": "this server has no P-256 manifest signature (no manifest.p256.sig in the model dir)"
+        }
+    (export_dir / "manifest.p256.sig").write_text("cDI1Ni1zaWduYXR1cmU=")
+    with TestClient(create_app(make_settings(tmp_path / "with", export_dir))) as client:
+        device = enrol(client)
+        served = client.get("/v1/manifest.p256.sig", headers=bearer(device["token"]))
+        assert served.status_code == 200 and served.text == "cDI1Ni1zaWduYXR1cmU="
+        assert served.headers["content-type"] == "text/plain; charset=utf-8"
+        assert served.text == device["manifest_p256_signature"]
+        assert client.get("/v1/manifest.p256.sig").status_code == 401
+
+
 def test_no_manifest_is_404(client, auth):
     assert client.get("/v1/manifest", headers=auth).status_code == 404
     assert client.get("/v1/manifest.sig", headers=auth).status_code == 404
+    assert client.get("/v1/manifest.p256.sig", headers=auth).status_code == 404
 
 
 def test_admin_token_file_is_created_private(tmp_path, model_dir):

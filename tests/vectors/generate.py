@@ -170,7 +170,8 @@ def manifest_vectors() -> dict:
         "`signature_file` (the exact manifest.sig content) over the UTF-8 bytes of `manifest_text` with the "
         "pinned raw Ed25519 key, or `p256_signature_file` (manifest.p256.sig: base64 of a DER ECDSA-SHA256 "
         "signature, RFC 6979) with the pinned P-256 key (`p256_public_key`: X.509 SPKI DER). `artifacts` "
-        "holds the listed files so their sha256/size can be checked.",
+        "is a list, sorted by path, of {path, content_base64}: each file of the manifest's `files` (export-relative "
+        "path; standard padded base64 of its exact bytes, placeholders), to check against that entry's sha256 and size.",
         public_key=public_key_bytes(key.public_key()).hex(),
         signing_key_pub=encode_public_key(key.public_key()).decode("ascii"),
         p256_public_key=p256_public_key_der(p256_key.public_key()).hex(),
