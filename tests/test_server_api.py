@@ -84,6 +84,29 @@ def test_not_ready_without_a_backend(tmp_path):
         assert no_model.status_code == 503 and "no back-end" in error_message(no_model)
 
 
+def test_infer_checks_run_in_the_documented_order(tmp_path, client, auth):
+    """docs/PROTOCOL.md 6.4: the earliest failing check answers, whatever else is wrong."""
+    bad_shape = json.dumps(json_infer_body(np.zeros((1, 3), np.float32), parameters={"tier": "nope"}))
+    text_plain = {**auth, "Content-Type": "text/plain"}
+    with TestClient(create_app(make_settings(tmp_path, None))) as empty:
+        token = bearer(enrol(empty)["token"])
+        no_model = empty.post(INFER, content=bad_shape, headers={**token, "Content-Type": "text/plain"})
+        assert no_model.status_code == 503 and "no back-end" in error_message(no_model)
+    header = client.post(
+        "/v2/models/other/infer",
+        content=bad_shape,
+        headers={**text_plain, "Inference-Header-Content-Length": "x"},
+    )
+    assert header.status_code == 422 and "Inference-Header-Content-Length" in error_message(header)
+    assert client.post("/v2/models/other/infer", content=bad_shape, headers=text_plain).status_code == 404
+    encoding = client.post(INFER, content=bad_shape, headers={**text_plain, "Content-Encoding": "br"})
+    assert encoding.status_code == 415 and "Content-Encoding" in error_message(encoding)
+    media = client.post(INFER, content=bad_shape, headers=text_plain)
+    assert media.status_code == 415 and "content type" in error_message(media)
+    tier = client.post(INFER, content=bad_shape, headers={**auth, "Content-Type": "application/json"})
+    assert tier.status_code == 422 and "parameters.tier 'nope'" in error_message(tier)
+
+
 def test_model_metadata_in_kserve_shape(client, auth):
     for path in ("/v2/models/harmony-backend", "/v2/models/harmony-backend/versions/v1"):
         metadata = client.get(path, headers=auth).json()
