@@ -5,7 +5,6 @@ Reads top to bottom; every step is a function of the config and the seed.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.algorithms.registry import build_algorithm
-from harmony_mobile.data import load_dataset
+from harmony_mobile.data import dataset_info, load_dataset
 from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
@@ -314,14 +313,17 @@ def start_run(
     """Checks, run dir, data, partition, clients, run.json, back-end and the federation.
 
     With `play_clients=False` (the Flower ServerApp) this is the server's part only: no secret is
-    read, no client is built, and no image or label is kept (the data set's shape and names only)."""
+    read, no client is built and no image or label is loaded (the data set's description only)."""
     started = time.perf_counter()
     torch.set_num_threads(config.threads)
     run_path = Path(run_path)
     tiers = check_config(config)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
     prepare_run_dir(run_path, config)
-    dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
+    if play_clients:
+        dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
+    else:  # the server's part: what the data set is, never a sample or a label
+        dataset = dataset_info(config.dataset, config.data_root)
     tiers = tiers.with_input_shape(dataset.input_shape)
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
     client_tiers = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
@@ -330,7 +332,6 @@ def start_run(
         secret, label_epoch = (observer and observer.lineage(run_path)) or lineage_secrets(run_path)
         clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
     else:
-        dataset = dataclasses.replace(dataset, images=dataset.images[:0], labels=dataset.labels[:0])
         partition, clients, label_epoch = None, [], label_epoch_of(run_path)
     info = new_run_info(config, dataset, tiers, interface, label_epoch)
     write_run_info(run_path, info)

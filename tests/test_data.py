@@ -289,3 +289,16 @@ def test_cifar_file_that_is_not_a_pickle(tmp_path):
     (tmp_path / "cifar-10-batches-py" / "batches.meta").write_bytes(b"not a pickle at all")
     with pytest.raises(DatasetError, match="batches.meta: not a readable pickle"):
         load_dataset("cifar10", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["mnist5k", "digits"])
+def test_a_data_sets_description_matches_the_data_without_loading_it(name):
+    from harmony_mobile.data import dataset_info
+
+    info, data = dataset_info(name), load_dataset(name, limit=10)
+    assert (info.class_names, info.input_shape, info.mean, info.std) == (
+        data.class_names,
+        data.input_shape,
+        data.mean,
+        data.std,
+    )

@@ -304,3 +304,16 @@ def test_no_flower_message_carries_the_secret_a_client_state_or_a_personalized_m
                 name,
                 list(record),
             )
+
+
+def test_the_server_app_never_loads_a_data_set(tmp_path, monkeypatch):
+    """The ServerApp's code path (training.start_run without clients) must not load images or
+    labels; the ClientApps load their own (flower/client_app.py imports its own loader)."""
+    from harmony_mobile import training
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the ServerApp loaded a data set")
+
+    monkeypatch.setattr(training, "load_dataset", refuse)
+    results, _ = run_on_loopback(tmp_path, tiny_config("fedavg", rounds=1))
+    assert results["summary"]["accuracy_with_ood"] > 0

@@ -1,6 +1,14 @@
 """Datasets (normalized image tensors, never downloaded) and non-IID client partitions."""
 
-from harmony_mobile.data.datasets import DATASETS, DatasetError, ImageDataset, find_available, load_dataset
+from harmony_mobile.data.datasets import (
+    DATASETS,
+    DatasetError,
+    DatasetInfo,
+    ImageDataset,
+    dataset_info,
+    find_available,
+    load_dataset,
+)
 from harmony_mobile.data.partition import (
     SCHEMES,
     ClientSplit,
@@ -13,6 +21,8 @@ from harmony_mobile.data.partition import (
 )
 
 __all__ = [
+    "DatasetInfo",
+    "dataset_info",
     "DATASETS",
     "SCHEMES",
     "ClientSplit",

@@ -140,6 +140,43 @@ def load_dataset(name: str, data_root: str | Path | None = None, limit: int | No
     )
 
 
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What a data set is (names, image shape, normalization) without a sample or a label in it."""
+
+    name: str
+    class_names: tuple[str, ...]
+    input_shape: tuple[int, int, int]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+
+FIXED_INFO = {  # name -> (class names, input shape) of the data sets whose files need not be read
+    "mnist5k": (DIGIT_NAMES, (1, 28, 28)),
+    "digits": (DIGIT_NAMES, (1, 28, 28)),
+    "mnist": (DIGIT_NAMES, (1, 28, 28)),
+    "fashion_mnist": (FASHION_NAMES, (1, 28, 28)),
+}
+
+
+def dataset_info(name: str, data_root: str | Path | None = None) -> DatasetInfo:
+    """A data set's description for a process that must hold no data (the Flower ServerApp): the
+    fixed ones from constants, CIFAR's class names from its small meta file only."""
+    source = _source(name)
+    if name in FIXED_INFO:
+        names, shape = FIXED_INFO[name]
+    else:
+        files = _locate(name, data_root)
+        meta = files["batches.meta"] if name == "cifar10" else files["meta"]
+        key, count = (b"label_names", 10) if name == "cifar10" else (b"fine_label_names", 100)
+        names, shape = _read_class_names(meta, key, expected=count), (3, 32, 32)
+    return DatasetInfo(name, tuple(names), shape, source.mean, source.std)
+
+
 def find_available(data_root: str | Path | None = None) -> dict[str, bool]:
     """Which datasets can be loaded now: bundled ones if their package is installed, file-based
     ones if every expected file exists (files are not parsed, so a corrupt file still shows True)."""
