@@ -125,6 +125,12 @@ def train(
     config: ConfigFileOption = None,
     engine: EngineOption = "inprocess",
     min_replies: MinRepliesOption = None,
+    lineage_from: Annotated[
+        Path | None,
+        typer.Option(
+            help="share this finished run's federation secret and label epoch (same numbers on purpose)"
+        ),
+    ] = None,
 ) -> None:
     """Train and meta-adapt front-ends and the server back-end (HARMONY or a baseline)."""
     flags = dict(
@@ -146,8 +152,20 @@ def train(
     values.update({k: v for k, v in flags.items() if v is not None})
     if engine not in ("inprocess", "flower"):
         fail(f"unknown engine {engine!r}: inprocess or flower")
+    if lineage_from is not None:
+        _share_lineage(lineage_from, run_dir)
     train_config, results = _train_with_engine(values, run_dir, engine, min_replies)
     _print_train_summary(train_config, run_dir, results)
+
+
+def _share_lineage(source: Path, run_dir: Path) -> None:
+    from harmony_mobile.run_dir import RunDirError
+    from harmony_mobile.training import share_lineage
+
+    try:
+        share_lineage(source, run_dir)
+    except (RunDirError, ValueError) as error:
+        fail(str(error))
 
 
 def _config_file_values(config: Path | None) -> dict:

@@ -38,6 +38,7 @@ from harmony_mobile.models import (
 from harmony_mobile.privacy.feature_noise import feature_privacy_report
 from harmony_mobile.privacy.label_dp import keep_probability
 from harmony_mobile.privacy.options import UploadPrivacy
+from harmony_mobile.protocol.label_tokens import check_label_epoch
 from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.run_dir import (
     CLIENT_PART,
@@ -169,12 +170,12 @@ def prepare_run_dir(run_path: Path, config: TrainConfig) -> None:
     if run_path.exists() and not run_path.is_dir():
         raise RunDirError(f"{run_path} exists and is not a directory")
     if not info_file.is_file():
-        # a federation secret provisioned ahead of the run (a deployment's phones hold the same file)
-        # is the one file a new run dir may already have
+        # a lineage provisioned ahead of the run (a deployment's phones hold the same secret file;
+        # `--lineage-from` copies another run's) is all a new run dir may already have
         present = (
             {p.relative_to(run_path).as_posix() for p in run_path.rglob("*")} if run_path.is_dir() else set()
         )
-        if present - {SECRET_FILE, CLIENT_PART}:
+        if present - {SECRET_FILE, CLIENT_PART, EPOCH_FILE}:
             raise RunDirError(f"{run_path} is not empty and holds no harmony run; choose a new run directory")
         return
     previous = json.loads(info_file.read_text()).get("train_config")
@@ -204,12 +205,31 @@ class TrainObserver:
         """Called with the live clients right after the final evaluation."""
 
 
+EPOCH_FILE = "label_epoch"  # a provisioned lineage's epoch, read when run.json does not exist yet
+
+
 def label_epoch_of(run_path: Path) -> str:
-    """The run's label epoch (public; the server's to pick): run.json's on resume, else a new one."""
+    """The run's label epoch (public; the server's to pick): run.json's on resume, a provisioned
+    one (`share_lineage`), else a new one."""
     info_file = run_path / "run.json"
     if info_file.is_file():
         return json.loads(info_file.read_text())["label_epoch"]
+    if (run_path / EPOCH_FILE).is_file():
+        return check_label_epoch((run_path / EPOCH_FILE).read_text().strip())
     return f"e-{secrets.token_hex(8)}"
+
+
+def share_lineage(source: Path, run_path: Path) -> None:
+    """Give a new run dir the federation secret and label epoch of finished run `source`, so that
+    two runs of one configuration give the same numbers on purpose (a lineage is random otherwise)."""
+    source, run_path = Path(source), Path(run_path)
+    if not (source / "run.json").is_file() or not (source / SECRET_FILE).is_file():
+        raise RunDirError(f"--lineage-from {source}: not a run dir with run.json and {SECRET_FILE}")
+    if run_path.exists() and any(run_path.iterdir()):
+        raise RunDirError(f"--lineage-from needs a new run directory; {run_path} is not empty")
+    write_federation_secret(run_path, (source / SECRET_FILE).read_bytes())
+    with open_private(run_path / EPOCH_FILE, "w") as out:
+        out.write(label_epoch_of(source))
 
 
 def lineage_secrets(run_path: Path) -> tuple[bytes, str]:

@@ -1,5 +1,6 @@
 """The `harmony` command's own behaviour: help, info, and clear errors for bad training flags."""
 
+import json
 import os
 import subprocess
 import sys
@@ -8,6 +9,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from harmony_mobile.cli import app
+from harmony_mobile.run_dir import RunDir, write_federation_secret
 
 runner = CliRunner()
 
@@ -109,3 +111,35 @@ def test_bench_script_is_the_bench_command():
     assert result.returncode == 0, result.stderr
     for flag in ("--settings", "--jobs", "--resume", "--report-only", "--extend", "--reuse-runs-from"):
         assert flag in result.stdout
+
+
+def test_two_runs_share_a_lineage_on_purpose_and_then_give_the_same_numbers(tmp_path):
+    """A run's federation secret and label epoch are random; --lineage-from copies another run's,
+    so the same configuration trains to the same numbers (without it, two runs differ)."""
+    small = ["--dataset", "digits", "--rounds", "1", "--clients-per-tier", "1", "--seed", "3"]
+    runs = {}
+    for name, extra in (
+        ("first", []),
+        ("shared", ["--lineage-from", str(tmp_path / "first")]),
+        ("fresh", []),
+    ):
+        result = runner.invoke(app, ["train", str(tmp_path / name), *small, *extra])
+        assert result.exit_code == 0, result.output
+        runs[name] = json.loads((tmp_path / name / "final_metrics.json").read_text())
+    assert json.dumps(runs["shared"]["mean"]) == json.dumps(runs["first"]["mean"])
+    assert json.dumps(runs["fresh"]["mean"]) != json.dumps(runs["first"]["mean"])
+    first, shared = RunDir(tmp_path / "first"), RunDir(tmp_path / "shared")
+    assert shared.federation_secret() == first.federation_secret()
+    assert shared.info.label_epoch == first.info.label_epoch
+
+
+def test_lineage_from_refuses_a_folder_that_is_no_run_and_a_used_run_dir(tmp_path):
+    result = runner.invoke(app, ["train", str(tmp_path / "a"), "--lineage-from", str(tmp_path)])
+    assert result.exit_code == 2 and "not a run dir" in result.output
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("x")
+    source = tmp_path / "source"
+    write_federation_secret(source, b"s" * 32)
+    (source / "run.json").write_text(json.dumps({"label_epoch": "e-1"}))
+    result = runner.invoke(app, ["train", str(tmp_path / "used"), "--lineage-from", str(source)])
+    assert result.exit_code == 2 and "needs a new run directory" in result.output
