@@ -317,3 +317,15 @@ def test_the_server_app_never_loads_a_data_set(tmp_path, monkeypatch):
     monkeypatch.setattr(training, "load_dataset", refuse)
     results, _ = run_on_loopback(tmp_path, tiny_config("fedavg", rounds=1))
     assert results["summary"]["accuracy_with_ood"] > 0
+
+
+def test_a_nodes_state_keeps_no_finished_split_turn(tmp_path):
+    """A split turn's start (with model weights) and the server's replies are dropped once the turn
+    ended, so a node's context.state does not grow with the rounds it served."""
+    config = tiny_config("harmony", rounds=2, clients_per_round=4)
+    settings = FlowerSettings(train_config=config, run_dir=str(tmp_path / "flower"), reply_timeout=0.5)
+    provision_federation_secret(tmp_path / "flower")
+    grid = LoopbackGrid(make_client_app(settings, keep_turns=False), client_count(config))
+    train_on_grid(grid, settings)
+    for context in grid.contexts.values():
+        assert not [key for key in context.state if key.startswith(split.TURN_PREFIX)], list(context.state)

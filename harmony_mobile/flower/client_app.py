@@ -233,6 +233,7 @@ def split_reply(context: Context, live: split.LiveTurn, event, keep_turns: bool)
         if not keep_turns:
             split.LiveTurn.abandon_current()
         return split.step_request(event)
+    split.forget_turn(context.state)
     return end_turn(context, live.turn, event)
 
 

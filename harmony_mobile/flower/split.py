@@ -190,6 +190,13 @@ def save_turn_start(state: RecordDict, start: RecordDict) -> None:
     state[TURN_PREFIX + "steps"] = ConfigRecord({"digests": [""], "pending": ""})
 
 
+def forget_turn(state: RecordDict) -> None:
+    """The turn ended (its update went back): its start, with model weights, and the server's
+    replies are not needed again, so a node's state does not grow with the turns it served."""
+    for key in [k for k in state if k.startswith(TURN_PREFIX)]:
+        del state[key]
+
+
 def turn_start(state: RecordDict) -> RecordDict:
     prefix = TURN_PREFIX + "start."
     return RecordDict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
