@@ -292,14 +292,23 @@ def check_config(config: TrainConfig) -> TierSet:
     return tiers
 
 
-def client_partition(config: TrainConfig, tiers: TierSet, dataset) -> Partition:
+def partition_seed(seed: int, federation_secret: bytes) -> int:
+    """The partition's randomness: the run's seed keyed with the phones' secret. Which classes a
+    client (or a model family) holds is the phones' fact; from the seed alone, which run.json
+    publishes, the server could recompute the split and, with the slots each client uploads to,
+    name slots without seeing an image."""
+    digest = hashlib.sha256(b"harmony/partition/" + str(seed).encode() + b"/" + federation_secret).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def client_partition(config: TrainConfig, tiers: TierSet, dataset, federation_secret: bytes) -> Partition:
     """Client i of the run holds split i and the i-th tier slot (tiers in file order, each repeated)."""
     families = [tier.family for tier in tiers.tiers for _ in range(config.clients_per_tier)]
     return make_partition(
         config.partition,
         dataset.labels.numpy(),
         len(families),
-        config.seed,
+        partition_seed(config.seed, federation_secret),
         alpha=config.alpha,
         classes_per_client=config.classes_per_client,
         client_families=families,
@@ -348,8 +357,8 @@ def start_run(
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
     client_tiers = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
     if play_clients:
-        partition = client_partition(config, tiers, dataset)
         secret, label_epoch = (observer and observer.lineage(run_path)) or lineage_secrets(run_path)
+        partition = client_partition(config, tiers, dataset, secret)
         clients = build_clients(config, tiers, dataset, partition, interface, secret, label_epoch)
     else:
         partition, clients, label_epoch = None, [], label_epoch_of(run_path)

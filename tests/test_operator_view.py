@@ -103,3 +103,19 @@ def test_mutation_class_ordered_exit_heads_in_the_export_give_the_slots_away(tmp
     view, truth, run = trial(tmp_path, SEEDS[0], class_order=True)
     right, seen = named_right(checkpoint_naming(view, tmp_path / "server-part", TIER), truth)
     assert right > chance_bound(1), (right, seen)
+
+
+def test_the_server_part_does_not_give_away_which_classes_each_client_holds(trials):
+    """run.json publishes the seed; if the split were a function of it, the server would recompute
+    which classes each family holds and, with the slots each client uploads to, narrow every slot
+    down to a few classes without an image (a red team did). The split is keyed with the phones'
+    secret (training.partition_seed): the server's recomputation must miss."""
+    from harmony_mobile.data.partition import make_partition
+
+    _, _, run = trials[0]
+    config = TrainConfig(**run.info.train_config)
+    families = [t.family for t in run.info.tiers.tiers for _ in range(config.clients_per_tier)]
+    labels = run.dataset().labels.numpy()
+    public = make_partition(config.partition, labels, len(families), config.seed, client_families=families)
+    actual = [tuple(c.classes) for c in run.clients()]
+    assert [tuple(s.classes) for s in public.clients] != actual

@@ -60,7 +60,9 @@ def phone_data(run: RunDir, dataset, manifest: dict, config: DemoConfig) -> dict
     info, labels = run.info, dataset.labels.numpy()
     if not info.train_config:
         raise DemoError("the run records no training configuration: the demo needs a run of `harmony train`")
-    partition = client_partition(TrainConfig(**info.train_config), info.tiers, dataset)
+    partition = client_partition(
+        TrainConfig(**info.train_config), info.tiers, dataset, run.federation_secret()
+    )
     clients = {c.client_id: c for c in run.clients()}
     result = {}
     rng = np.random.default_rng(config.seed)

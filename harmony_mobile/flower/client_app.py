@@ -70,7 +70,7 @@ class NodeConfigError(ValueError):
 
 
 @lru_cache(maxsize=4)
-def _client_data(config_json: str, partition_id: int):
+def _client_data(config_json: str, partition_id: int, federation_secret: bytes):
     """Data split and tier of one client: training.client_partition's split and tier order, so
     partition p here is client p of `harmony train`. Cached per process: a ClientApp process may
     serve many messages of one run."""
@@ -80,7 +80,7 @@ def _client_data(config_json: str, partition_id: int):
     tier_of_client = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
     if not 0 <= partition_id < len(tier_of_client):
         raise NodeConfigError(f"partition-id {partition_id} outside 0..{len(tier_of_client) - 1}")
-    partition = client_partition(config, tiers, dataset)
+    partition = client_partition(config, tiers, dataset, federation_secret)
     return dataset, tier_of_client[partition_id], partition.clients[partition_id], partition
 
 
@@ -112,8 +112,8 @@ def federation_secret(context: Context, settings: FlowerSettings) -> bytes:
 
 def build_client(context: Context, settings: FlowerSettings, label_epoch: str) -> Client:
     config = settings.train_config
-    partition_id = partition_of(context, config)
-    dataset, tier, split, _ = _client_data(config.model_dump_json(), partition_id)
+    secret = federation_secret(context, settings)
+    dataset, tier, split, _ = _client_data(config.model_dump_json(), partition_of(context, config), secret)
     channels, size, _ = dataset.input_shape
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
     return Client(
@@ -125,7 +125,7 @@ def build_client(context: Context, settings: FlowerSettings, label_epoch: str) -
         train_y=dataset.labels[split.train],
         val_x=dataset.images[split.val],
         val_y=dataset.labels[split.val],
-        federation_secret=federation_secret(context, settings),
+        federation_secret=secret,
         label_epoch=label_epoch,
         class_names=tuple(dataset.class_names),
         privacy=upload_privacy(config),
@@ -262,7 +262,9 @@ def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettin
     client.load_private_state(record_to_tensor_dict(context.state.array_records[CLIENT_STATE]))
     client.model.load_state_dict(record_to_tensor_dict(context.state.array_records[PERSONALIZED]))
     client.threshold = float(context.state.config_records[PERSONALIZED_THRESHOLD]["threshold"])
-    dataset, _, split, partition = _client_data(config.model_dump_json(), partition_of(context, config))
+    dataset, _, split, partition = _client_data(
+        config.model_dump_json(), partition_of(context, config), client.federation_secret
+    )
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
     served = served_backend(content, dataset.num_classes, config) if SERVED_RECORD in content else None
     metrics = evaluate_client_at(
