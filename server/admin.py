@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, status
+from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
 from harmony_mobile.server.auth import AdminDep
+from harmony_mobile.server.bodies import openapi_body, read_json_body
 from harmony_mobile.server.registry import NoParentVersion, UnknownVersion
 from harmony_mobile.server.schemas import (
     INT64_MAX,
@@ -33,10 +34,25 @@ def _registry(store: Store) -> RegistryResponse:
     )
 
 
+async def _round_params(request: Request, _: AdminDep) -> AlignmentParams | None:
+    """The optional body, read after the admin token was checked."""
+    return await read_json_body(request, AlignmentParams, required=False)
+
+
+async def _default_body(request: Request, _: AdminDep) -> SetDefaultRequest:
+    return await read_json_body(request, SetDefaultRequest, required=True)
+
+
 @router.post(
-    "/alignment/rounds", status_code=status.HTTP_202_ACCEPTED, response_model=RoundResponse, responses=ERRORS
+    "/alignment/rounds",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=RoundResponse,
+    responses=ERRORS,
+    openapi_extra=openapi_body(AlignmentParams, required=False, title="Params"),
 )
-def start_round(state: StateDep, _: AdminDep, params: AlignmentParams | None = None) -> RoundResponse:
+def start_round(
+    state: StateDep, _: AdminDep, params: Annotated[AlignmentParams | None, Depends(_round_params)]
+) -> RoundResponse:
     """Queue an alignment round over the stored uploads; poll GET .../rounds/{id} for progress."""
     if not state.settings.run_alignment:
         raise HTTPException(
@@ -68,8 +84,15 @@ def list_versions(store: StoreDep, _: AdminDep) -> RegistryResponse:
     return _registry(store)
 
 
-@router.put("/registry/default", response_model=RegistryResponse, responses=ERRORS)
-def set_default(body: SetDefaultRequest, state: StateDep, _: AdminDep) -> RegistryResponse:
+@router.put(
+    "/registry/default",
+    response_model=RegistryResponse,
+    responses=ERRORS,
+    openapi_extra=openapi_body(SetDefaultRequest, required=True),
+)
+def set_default(
+    _: AdminDep, body: Annotated[SetDefaultRequest, Depends(_default_body)], state: StateDep
+) -> RegistryResponse:
     """Serve another stored version by default (takes effect for the next request)."""
     try:
         state.registry.set_default(body.version)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import secrets
+from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from harmony_mobile.server.auth import AdminDep, AnyPrincipalDep, hash_token, new_device_token
+from harmony_mobile.server.bodies import openapi_body, read_json_body
 from harmony_mobile.server.schemas import DeviceInfo, EnrolRequest, EnrolResponse, ErrorBody, Limits
 from harmony_mobile.server.state import StateDep, StoreDep
 
@@ -16,8 +18,21 @@ router = APIRouter(prefix="/v1", tags=["devices"])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 413, 422)}
 
 
-@router.post("/devices", status_code=status.HTTP_201_CREATED, response_model=EnrolResponse, responses=ERRORS)
-def enrol(state: StateDep, _: AdminDep, body: EnrolRequest | None = None) -> EnrolResponse:
+async def _enrol_body(request: Request, _: AdminDep) -> EnrolRequest | None:
+    """The optional body, read after the admin token was checked."""
+    return await read_json_body(request, EnrolRequest, required=False)
+
+
+@router.post(
+    "/devices",
+    status_code=status.HTTP_201_CREATED,
+    response_model=EnrolResponse,
+    responses=ERRORS,
+    openapi_extra=openapi_body(EnrolRequest, required=False),
+)
+def enrol(
+    state: StateDep, _: AdminDep, body: Annotated[EnrolRequest | None, Depends(_enrol_body)]
+) -> EnrolResponse:
     """Enrol a device: a fresh id and bearer token, the server's sealing key and the current manifest.
     The body and both its fields are optional."""
     body = body or EnrolRequest()

@@ -4,7 +4,8 @@
   400 (a Content-Length that is not a number), 405 (with `Allow`), 408 (header or body timeout),
   413 (body limit), and on
   authenticated routes 401 / 403 / 429 (token bucket) / 503 (the store is unreachable).
-* The `InferRequest` schema the infer routes reference by hand (they read their body themselves).
+* The request body schemas of the routes that read their body themselves: `InferRequest` (infer)
+  and the /v1 bodies read after authentication (server/bodies.py).
 * int64 bounds as integers (pydantic writes 2**63 - 1 as a float, which is 2**63).
 """
 
@@ -15,7 +16,16 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from harmony_mobile.server.errors import error_key
-from harmony_mobile.server.schemas import INT64_MAX, ErrorBody, InferRequest, V2ErrorBody
+from harmony_mobile.server.schemas import (
+    INT64_MAX,
+    AlignmentParams,
+    EnrolRequest,
+    ErrorBody,
+    InferRequest,
+    SetDefaultRequest,
+    UploadRequest,
+    V2ErrorBody,
+)
 
 ALWAYS = {
     400: "malformed request framing (e.g. a Content-Length that is not a number)",
@@ -89,7 +99,15 @@ def exact_openapi(app: FastAPI) -> dict[str, Any]:
         title=app.title, version=app.version, description=app.description, routes=app.routes
     )
     components = document.setdefault("components", {}).setdefault("schemas", {})
-    for model in (InferRequest, ErrorBody, V2ErrorBody):
+    for model in (
+        InferRequest,
+        ErrorBody,
+        V2ErrorBody,
+        UploadRequest,
+        EnrolRequest,
+        AlignmentParams,
+        SetDefaultRequest,
+    ):
         _add_schema(components, model)
     for path, item in document["paths"].items():
         for operation in item.values():

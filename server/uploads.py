@@ -12,11 +12,13 @@ import binascii
 import hashlib
 import logging
 import uuid
+from typing import Annotated
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from fastapi import APIRouter, HTTPException, Response, status
+from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
 from harmony_mobile.server.auth import DeviceDep
+from harmony_mobile.server.bodies import openapi_body, read_json_body
 from harmony_mobile.server.registry import UnknownVersion
 from harmony_mobile.server.schemas import ErrorBody, UploadReceiptResponse, UploadRequest
 from harmony_mobile.server.served_tiers import ServedTier
@@ -159,6 +161,14 @@ def _receipt(receipt: UploadReceipt, duplicate: bool) -> UploadReceiptResponse:
     )
 
 
+async def _upload_body(request: Request, _: DeviceDep) -> UploadRequest:
+    """The body, read after the device token was checked (docs/PROTOCOL.md 4.5 step 1)."""
+    return await read_json_body(request, UploadRequest, required=True)
+
+
+UploadBody = Annotated[UploadRequest, Depends(_upload_body)]
+
+
 @router.post(
     "/uploads",
     status_code=status.HTTP_201_CREATED,
@@ -167,9 +177,10 @@ def _receipt(receipt: UploadReceipt, duplicate: bool) -> UploadReceiptResponse:
         **ERRORS,
         200: {"model": UploadReceiptResponse, "description": "replay of a stored message id"},
     },
+    openapi_extra=openapi_body(UploadRequest, required=True),
 )
 def upload(
-    body: UploadRequest, response: Response, state: StateDep, principal: DeviceDep
+    principal: DeviceDep, body: UploadBody, response: Response, state: StateDep
 ) -> UploadReceiptResponse:
     """Store a sealed batch of features + label tokens; 201 only after the commit."""
     device_id, message_id = principal.device_id, str(body.message_id)

@@ -154,9 +154,10 @@ def test_crlf_trickling_connections_do_not_lock_out_other_clients(base_url):
 
 @pytest.mark.parametrize(
     "path,content_type",
-    [("/v1/uploads", "application/json"), ("/v2/models/harmony-backend/infer", "application/octet-stream")],
+    [("/v1/devices", "application/json"), ("/v2/models/harmony-backend/infer", "application/octet-stream")],
 )
 def test_stalled_body_is_408_and_closed(base_url, path, content_type):
+    """The admin token is accepted on both routes, so each goes on to read the body."""
     head = (
         f"POST {path} HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
         f"Content-Type: {content_type}\r\nContent-Length: 5000\r\n\r\n"

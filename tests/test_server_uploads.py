@@ -4,8 +4,10 @@ tampered, mis-bound or malformed is refused with nothing stored."""
 from __future__ import annotations
 
 import base64
+import gzip
 import json
 import uuid
+import zlib
 
 import numpy as np
 import pytest
@@ -376,3 +378,48 @@ def test_the_manifests_tier_depth_and_label_epoch_are_what_uploads_are_held_to(t
         unknown = client.post("/v1/devices", json={"tier": "flagship"}, headers=ADMIN)
         assert unknown.status_code == 422
         assert error_message(unknown) == "tier 'flagship' is not a tier of this server (known: mid-android)"
+
+
+@pytest.mark.parametrize(
+    "method,path,role",
+    [
+        ("POST", "/v1/uploads", "device"),
+        ("POST", "/v1/devices", "admin"),
+        ("POST", "/v1/alignment/rounds", "admin"),
+        ("PUT", "/v1/registry/default", "admin"),
+    ],
+)
+@pytest.mark.parametrize("content", [b"{", b"\xff\xfe not utf-8"], ids=["truncated", "not-utf8"])
+def test_the_token_is_checked_before_a_body_that_is_not_json(client, device, method, path, role, content):
+    """docs/PROTOCOL.md 4.5 step 1: 401 / 403 come before the body is parsed."""
+    json_type = {"content-type": "application/json"}
+    missing = client.request(method, path, content=content, headers=json_type)
+    assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer"
+    wrong = ADMIN if role == "device" else bearer(device["token"])
+    assert client.request(method, path, content=content, headers={**json_type, **wrong}).status_code == 403
+    right = bearer(device["token"]) if role == "device" else ADMIN
+    response = client.request(method, path, content=content, headers={**json_type, **right})
+    assert response.status_code == 422 and "JSON decode error" in error_message(response)
+
+
+def encoded_post(client, device, content: bytes, encoding: str):
+    headers = {**bearer(device["token"]), "content-type": "application/json", "content-encoding": encoding}
+    return client.post(UPLOADS, content=content, headers=headers)
+
+
+@pytest.mark.parametrize("encoding,compress", [("gzip", gzip.compress), ("deflate", zlib.compress)])
+def test_a_compressed_upload_body_is_decoded(client, device, encoding, compress):
+    body = sealed_upload(device, LABEL_EPOCH, [1, 2])
+    response = encoded_post(client, device, compress(json.dumps(body).encode()), encoding)
+    assert response.status_code == 201, response.text
+    assert response.json()["message_id"] == body["message_id"] and response.json()["rows"] == 2
+
+
+def test_an_unsupported_content_encoding_is_415_and_stores_nothing(client, device):
+    count = stored_count(client)
+    response = encoded_post(
+        client, device, json.dumps(sealed_upload(device, LABEL_EPOCH, [1])).encode(), "br"
+    )
+    assert response.status_code == 415
+    assert error_message(response) == "Content-Encoding 'br' is not supported; use gzip, deflate or none"
+    assert stored_count(client) == count
