@@ -423,3 +423,57 @@ def test_an_unsupported_content_encoding_is_415_and_stores_nothing(client, devic
     assert response.status_code == 415
     assert error_message(response) == "Content-Encoding 'br' is not supported; use gzip, deflate or none"
     assert stored_count(client) == count
+
+
+def plaintext_with_metadata(document: dict) -> bytes:
+    """An upload plaintext whose metadata JSON is `document` as written, bypassing the model."""
+    encoded = json.dumps(document, separators=(",", ":")).encode()
+    features = encode_upload(meta(1), np.zeros((1, 64, 8, 8), np.float32))
+    start = 9 + int.from_bytes(features[5:9], "little")
+    return features[:5] + len(encoded).to_bytes(4, "little") + encoded + features[start:]
+
+
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        ({"split_depths": ["2"]}, "split_depths.0"),
+        ({"split_depths": [True]}, "split_depths.0"),
+        ({"clip_norm": "1.0"}, "clip_norm"),
+        ({"clip_norm": True}, "clip_norm"),
+        ({"clip_norm": 1.0, "noise_multiplier": "0.5"}, "noise_multiplier"),
+        ({"label_dp_epsilon": "2"}, "label_dp_epsilon"),
+        ({"label_dp_epsilon": True}, "label_dp_epsilon"),
+    ],
+)
+def test_metadata_numbers_of_the_wrong_type_are_400(client, device, changes, field):
+    """Conventions and 4.5 step 5: a number is a JSON number, never a string or a boolean."""
+    count = stored_count(client)
+    document = {
+        "label_tokens": ["00" * 8],
+        "split_depths": [2],
+        "family": "mobilenet",
+        "tier": device.get("tier") or "mid-android",
+        "model_version": "v1",
+        **changes,
+    }
+    response = post(client, device, sealed_body(device, plaintext_with_metadata(document)))
+    assert response.status_code == 400, response.text
+    assert f"{field}: Value error, must be a JSON number, not a string or a boolean" in error_message(
+        response
+    )
+    assert stored_count(client) == count
+
+
+def test_metadata_integers_and_floats_may_be_any_json_number(client, device):
+    document = {
+        "label_tokens": ["00" * 8],
+        "split_depths": [2.0],
+        "family": "mobilenet",
+        "tier": device.get("tier") or "mid-android",
+        "model_version": "v1",
+        "clip_norm": 1,
+        "noise_multiplier": 0,
+        "label_dp_epsilon": 2,
+    }
+    response = post(client, device, sealed_body(device, plaintext_with_metadata(document)))
+    assert response.status_code == 201, response.text

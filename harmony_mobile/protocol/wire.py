@@ -30,10 +30,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from harmony_mobile.protocol.label_tokens import TOKEN_BYTES
 from harmony_mobile.protocol.messages import FeatureUpload
@@ -111,6 +112,18 @@ def decode_tensor(body: bytes) -> np.ndarray:
     return np.frombuffer(body, dtype=_LE_FLOAT32, offset=header_size).reshape(dims).astype(np.float32)
 
 
+def _number_not_text(value: object) -> object:
+    if isinstance(value, str | bytes | bool):
+        raise ValueError("must be a JSON number, not a string or a boolean")
+    return value
+
+
+# Numbers as JSON numbers only: 3 and 3.0 are the integer 3, but "3" and true are no number (pydantic's
+# lax mode would read them as 3 and 1, and record a protection or a depth the phone never sent).
+Integer = Annotated[int, BeforeValidator(_number_not_text)]
+Number = Annotated[float, BeforeValidator(_number_not_text)]
+
+
 class UploadMetadata(BaseModel):
     """The JSON part of an upload plaintext. No field can hold a class id: tokens only."""
 
@@ -119,19 +132,19 @@ class UploadMetadata(BaseModel):
     label_tokens: tuple[str, ...] = Field(
         min_length=1, description=f"one {TOKEN_BYTES}-byte label token per feature row, lowercase hex"
     )
-    split_depths: tuple[int, ...] = Field(min_length=1, description="split depth of each row")
+    split_depths: tuple[Integer, ...] = Field(min_length=1, description="split depth of each row")
     family: str = Field(min_length=1, max_length=64)
     tier: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     model_version: str = Field(min_length=1, max_length=128, description="front-end model version")
     # allow_inf_nan=False: Python's json reads the non-JSON literals Infinity and NaN, and an
     # infinite clip or epsilon would record a protection that protects nothing
-    clip_norm: float | None = Field(
+    clip_norm: Number | None = Field(
         default=None, gt=0, allow_inf_nan=False, description="L2 clip C_z applied on the phone"
     )
-    noise_multiplier: float | None = Field(
+    noise_multiplier: Number | None = Field(
         default=None, ge=0, allow_inf_nan=False, description="sigma: noise std = sigma * C_z"
     )
-    label_dp_epsilon: float | None = Field(
+    label_dp_epsilon: Number | None = Field(
         default=None,
         gt=0,
         allow_inf_nan=False,
