@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict
 from harmony_mobile.data import ImageDataset
 from harmony_mobile.files import open_private, private_dir, save_private
 from harmony_mobile.models import Backend, FamilyModel, FrontEnd, InterfaceSpec, ProjectionHead, Tier, TierSet
-from harmony_mobile.protocol.label_tokens import epoch_key, exit_order, slot_classes
+from harmony_mobile.protocol.label_tokens import epoch_key, exit_positions, slot_classes
 from harmony_mobile.protocol.slots import SlotTable
 
 RUN_FORMAT = 3  # 3: server part + client part (clients/), exit heads in token order
@@ -289,8 +289,7 @@ class RunDir:
         """Phone side (client part): data set class ids -> exit indices of this lineage's front-ends,
         whose outputs are in token order (protocol/label_tokens.exit_order)."""
         key = epoch_key(self.federation_secret(), self.info.label_epoch)
-        position = {name: j for j, name in enumerate(exit_order(key, self.info.class_names))}
-        exit_of_class = torch.tensor([position[n] for n in self.info.class_names], dtype=torch.int64)
+        exit_of_class = torch.tensor(exit_positions(key, self.info.class_names), dtype=torch.int64)
         return exit_of_class[torch.as_tensor(labels)]
 
     def final_metrics(self) -> dict[str, Any]:

@@ -73,7 +73,9 @@ class Client:
 
     @functools.cached_property
     def _exit_of_class(self) -> torch.Tensor:
-        position = {name: j for j, name in enumerate(self.exit_names)}
+        position = {
+            name: j for j, name in enumerate(self.exit_names)
+        }  # from exit_names: the order is decided there only
         return torch.tensor([position[name] for name in self.class_names], dtype=torch.int64)
 
     def exit_labels(self, labels: torch.Tensor) -> torch.Tensor:

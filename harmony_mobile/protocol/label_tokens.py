@@ -101,6 +101,13 @@ def exit_order(key: bytes, class_names: Iterable[str]) -> list[str]:
     return [name for _, name in sorted(zip(tokens, names, strict=True))]
 
 
+def exit_positions(key: bytes, class_names: Iterable[str]) -> list[int]:
+    """Phone side: the exit output of each class, in the order of `class_names` (exit_order's inverse)."""
+    names = list(class_names)
+    position = {name: j for j, name in enumerate(exit_order(key, names))}
+    return [position[name] for name in names]
+
+
 def parse_slot_table(hex_tokens: Iterable[str]) -> list[bytes]:
     """A slot table as serialized in the manifest, enrolment and V2 metadata: lowercase 16-hex tokens."""
     table = []
