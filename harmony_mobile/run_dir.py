@@ -25,6 +25,7 @@ nothing in the server part, nor in an export made from it, is class-ordered.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,14 @@ def write_federation_secret(run_path: Path, secret: bytes) -> None:
     private_dir(run_path)
     with open_private(Path(run_path) / SECRET_FILE, exclusive=True) as out:
         out.write(secret)
+
+
+def ensure_federation_secret(run_path: Path) -> Path:
+    """The run's secret file in its client part, created (32 random bytes, 0600) if missing."""
+    path = Path(run_path) / SECRET_FILE
+    if not path.is_file():
+        write_federation_secret(Path(run_path), os.urandom(32))
+    return path
 
 
 class RunDirError(ValueError):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from harmony_mobile.run_dir import (
     ClientArtifact,
     RunDirError,
     RunInfo,
+    ensure_federation_secret,
     save_backend,
     save_client,
     write_federation_secret,
@@ -235,13 +235,7 @@ def share_lineage(source: Path, run_path: Path) -> None:
 def lineage_secrets(run_path: Path) -> tuple[bytes, str]:
     """The federation secret (client part: created with the run, reused on resume, since a resumed
     run must token labels exactly as before) and the label epoch of the run."""
-    secret_file = run_path / SECRET_FILE
-    if secret_file.is_file():
-        secret = secret_file.read_bytes()
-    else:
-        secret = os.urandom(32)
-        write_federation_secret(run_path, secret)
-    return secret, label_epoch_of(run_path)
+    return ensure_federation_secret(run_path).read_bytes(), label_epoch_of(run_path)
 
 
 def privacy_report(config: TrainConfig, max_releases: int, num_classes: int) -> dict:

@@ -16,7 +16,6 @@ deployment runs the same ServerApp/ClientApp through `flwr run` (flower_app/ in 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from harmony_mobile.evaluation import summarize
 from harmony_mobile.federation.rounds import round_generator
 from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
 from harmony_mobile.flower.settings import FlowerSettings
-from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
+from harmony_mobile.run_dir import ensure_federation_secret
 from harmony_mobile.training import (
     TrainConfig,
     check_config,
@@ -89,8 +88,7 @@ def provision_federation_secret(run_path: Path) -> None:
     """Phone side, for engines whose clients run on this machine: a new secret in the run dir's
     client part, where the ClientApps find it (a deployment names its own file in each SuperNode's
     node config instead). The ServerApp never reads it."""
-    if not (Path(run_path) / SECRET_FILE).is_file():
-        write_federation_secret(Path(run_path), os.urandom(32))
+    ensure_federation_secret(run_path)
 
 
 def quiet_simulation_entry():
