@@ -139,6 +139,19 @@ def test_idx_loaders_in_our_and_torchvision_layouts(tmp_path, name, folder, gz):
         assert ds.class_names == FASHION_NAMES and ds.mean != MNIST_MEAN
 
 
+def test_fashion_mnist_without_a_data_root_reads_the_system_package(tmp_path, monkeypatch):
+    import harmony_mobile.data.datasets as datasets
+
+    with pytest.raises(DatasetError, match="data_root"):
+        monkeypatch.setitem(datasets.SYSTEM_IDX_FOLDERS, "fashion_mnist", tmp_path / "absent")
+        load_dataset("fashion_mnist")
+    arrays = write_idx_set(tmp_path / "fashion-mnist", gz=True)
+    monkeypatch.setitem(datasets.SYSTEM_IDX_FOLDERS, "fashion_mnist", tmp_path / "fashion-mnist")
+    ds = load_dataset("fashion_mnist")
+    assert ds.labels[:3].tolist() == arrays["train-labels-idx1-ubyte"][:3].tolist()
+    assert find_available()["fashion_mnist"] and not find_available()["mnist"]
+
+
 def test_limit_keeps_the_first_samples(tmp_path):
     arrays = write_idx_set(tmp_path / "mnist")
     ds = load_dataset("mnist", tmp_path, limit=3)

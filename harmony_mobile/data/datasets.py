@@ -77,7 +77,7 @@ DATASETS: dict[str, str] = {
     "digits": "scikit-learn's 1,797 8x8 digits, upsampled to 1x28x28 (10 classes)",
     "mnist": "MNIST, 70,000 digits (1x28x28, 10 classes); IDX files in <data-root>/mnist/",
     "fashion_mnist": "Fashion-MNIST, 70,000 clothing images (1x28x28, 10 classes); "
-    "IDX files in <data-root>/fashion_mnist/",
+    "IDX files in <data-root>/fashion_mnist/ (without a data root: Debian's dataset-fashion-mnist package)",
     "cifar10": "CIFAR-10, 60,000 colour images (3x32x32, 10 classes); <data-root>/cifar-10-batches-py/",
     "cifar100": "CIFAR-100, 60,000 colour images (3x32x32, 100 classes); <data-root>/cifar-100-python/",
 }
@@ -113,6 +113,9 @@ IDX_FILES = (
 )
 # Folders (under data_root) searched for the IDX files: ours first, then torchvision's layout.
 IDX_FOLDERS = {"mnist": ("mnist", "MNIST/raw"), "fashion_mnist": ("fashion_mnist", "FashionMNIST/raw")}
+# Where a distribution package puts a data set when no data root is given (Debian/Ubuntu:
+# `apt-get install dataset-fashion-mnist`).
+SYSTEM_IDX_FOLDERS = {"fashion_mnist": Path("/usr/share/datasets/fashion-mnist")}
 CIFAR10_FILES = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
 CIFAR100_FILES = ("train", "test", "meta")
 
@@ -229,6 +232,9 @@ def _locate(name: str, data_root: str | Path | None) -> dict[str, Path]:
                 f"dataset {name!r} is bundled with the {package} package, which is not installed"
             )
         return {}
+    if data_root is None and name in SYSTEM_IDX_FOLDERS and SYSTEM_IDX_FOLDERS[name].is_dir():
+        system = SYSTEM_IDX_FOLDERS[name]
+        return _locate_idx(system.parent, (system.name,))
     if data_root is None:
         raise DatasetError(
             f"dataset {name!r} is read from files: pass data_root (harmony --data-root), "
