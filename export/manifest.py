@@ -27,6 +27,16 @@ the sum of its files' sizes. Its files are also listed individually in `files`.
 
 Verification order for apps: (1) verify manifest.sig over manifest.json bytes with the pinned
 key; (2) parse manifest.json; (3) check sha256 and size of every file they load.
+
+Updates: `manifest_version` is a monotonic integer (by default the export's creation time in UTC
+seconds, and always above the version of the export it replaces). A phone installs a newer signed
+manifest only when its version is higher than the one it runs, or equal with byte-identical
+content; anything older is a rollback and refused (harmony_mobile/device/manifest.py, harmony-core
+ManifestUpdate, HarmonyKit ManifestUpdate). Manifests written before the field existed read as 0.
+
+Variant verdicts: each artifact's `verdict` says whether it met the export's quality checks
+("pass", "fail", or "not_checked" where no check runs here, e.g. Core ML parity needs a Mac) and
+`failed_checks` names the checks it missed. Apps prefer a passing variant.
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
 
 MANIFEST_FORMAT = 1
+VERDICTS = ("pass", "not_checked", "fail")  # the order apps prefer variants in
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 P256_SIGNATURE_FILE = "manifest.p256.sig"
@@ -115,6 +126,10 @@ class Artifact(_Strict):
     batch: tuple[int, int] = Field(description="(min, max) batch the artifact accepts")
     parameters: int | None = None
     extra: dict[str, str | int | float | bool] = {}
+    verdict: Literal["pass", "not_checked", "fail"] = Field(
+        "not_checked", description="whether this variant met the export's quality checks"
+    )
+    failed_checks: list[str] = Field([], description="the checks this variant missed (verification.json)")
 
 
 class TierEntry(_Strict):
@@ -189,6 +204,9 @@ class Manifest(_Strict):
     format: Literal[1] = MANIFEST_FORMAT
     kind: Literal["harmony-mobile/export"] = "harmony-mobile/export"
     model_version: str
+    manifest_version: int = Field(
+        0, ge=0, description="monotonic: a phone refuses a manifest older than the one it runs"
+    )
     created_at: str
     run: dict[str, str | int | float | None]
     num_classes: int
@@ -292,14 +310,20 @@ def build_manifest(
     reports: list[str] | None = None,
     created_at: str | None = None,
     p256_public_key: ec.EllipticCurvePublicKey | None = None,
+    manifest_version: int | None = None,
 ) -> Manifest:
-    """The manifest of everything currently in `directory` (call it after every artifact is written)."""
-    if created_at is None:
-        from datetime import UTC, datetime
+    """The manifest of everything currently in `directory` (call it after every artifact is written).
 
+    `manifest_version` defaults to `created_at` in UTC seconds since the epoch."""
+    from datetime import UTC, datetime
+
+    if created_at is None:
         created_at = datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    if manifest_version is None:
+        manifest_version = int(datetime.fromisoformat(created_at.replace("Z", "+00:00")).timestamp())
     return Manifest(
         model_version=model_version,
+        manifest_version=manifest_version,
         created_at=created_at,
         run=run,
         num_classes=len(class_names),
