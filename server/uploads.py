@@ -21,7 +21,7 @@ from harmony_mobile.server.auth import DeviceDep
 from harmony_mobile.server.bodies import openapi_body, read_json_body
 from harmony_mobile.server.registry import UnknownVersion
 from harmony_mobile.server.schemas import ErrorBody, UploadReceiptResponse, UploadRequest
-from harmony_mobile.server.served_tiers import ServedTier
+from harmony_mobile.server.served_tiers import RUN_PROTECTIONS, ServedTier
 from harmony_mobile.server.state import StateDep
 from harmony_mobile.server.store import NewUpload, StoredEnvelope, UploadReceipt
 
@@ -102,13 +102,34 @@ def check_provenance(
         )
 
 
-def check_protections(meta: UploadMetadata) -> None:
+def check_protections(meta: UploadMetadata, required: dict[str, float], label_epoch: str) -> None:
     """Noise is recorded as a multiple of the clip norm (std = noise_multiplier * clip_norm), so a
-    noise_multiplier without clip_norm says nothing about the noise the rows carry."""
+    noise_multiplier without clip_norm says nothing about the noise the rows carry. `required`: the
+    protections the served manifest's `run` applies to this upload's lineage; a row released with
+    other ones would fall outside the guarantee the lineage publishes (and outside the feature
+    distribution its back-end trained on)."""
     if meta.noise_multiplier is not None and meta.clip_norm is None:
         raise UploadRejected(
             422, "noise_multiplier needs clip_norm: the noise std is noise_multiplier * clip_norm"
         )
+    for key, value in required.items():
+        declared = getattr(meta, key)
+        if declared != value:
+            raise UploadRejected(
+                422,
+                f"{key} is {'missing' if declared is None else repr(declared)}; uploads of label epoch"
+                f" {label_epoch!r} apply the served manifest's run.{RUN_PROTECTIONS[key]} = {value!r}",
+            )
+
+
+def lineage_protections(state, label_epoch: str, meta: UploadMetadata) -> dict[str, float]:
+    """The manifest's protections if the upload is of the manifest's lineage (its label epoch, or
+    its model version when the manifest names no epoch), else none."""
+    served = state.served
+    if served.label_epoch is not None:
+        return served.protections if label_epoch == served.label_epoch else {}
+    same_version = meta.model_version.split("+", 1)[0] == state.manifest_version
+    return served.protections if same_version else {}
 
 
 def version_label_epoch(state, base_version: str) -> str | None:
@@ -202,8 +223,9 @@ def upload(
         interface_shape = default.interface_shape if default else InterfaceSpec().shape
         check_payload(payload, interface_shape, state.settings.max_upload_rows)
         check_provenance(payload.metadata, principal.tier, state.served.tiers, _known_versions(state))
-        check_protections(payload.metadata)
         check_label_epoch(state, body.label_epoch, payload.metadata)
+        required = lineage_protections(state, body.label_epoch, payload.metadata)
+        check_protections(payload.metadata, required, body.label_epoch)
     except UploadRejected as error:
         state.metrics.uploads.labels("rejected").inc()
         log.info("upload rejected: device=%s message=%s status=%d", device_id, message_id, error.status_code)
