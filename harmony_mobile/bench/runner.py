@@ -123,6 +123,7 @@ def run_one(
         "validation": extras.validation,
         "unseen": extras.unseen,
         "per_tier": extras.per_tier,
+        "gates": extras.gates,
         "round_metrics": _round_metrics(run_path),
     }
     record_file.write_text(json.dumps(record, indent=1))

@@ -1,0 +1,128 @@
+"""The exit gate measured as a curve: a phone's accuracy against the share of its samples it sends
+to the server, for several confidence scores (docs/ALGORITHM.md, "The exit gate").
+
+A calibrated threshold is one point on such a curve; the curve says what any threshold would give,
+so methods compare at equal fallback rates instead of at whatever rate their calibration landed.
+Each point falls back the lowest-scoring share of a client's samples (ID test samples mixed with
+OOD ones at fraction p); the curve is the mean over clients. Beside it: the score's OOD-detection
+AUROC, an oracle gate (exactly the OOD samples fall back) and the server answering everything.
+
+Every score is computed on the phone from what it holds: its exit logits, and for `prototype` the
+mean feature of each of its own exits over its own training samples (no label leaves the phone).
+This is the experimenter's harness: it reads true labels to score answers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import rankdata
+
+from harmony_mobile.algorithms.base import exit_confidence
+from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
+from harmony_mobile.evaluation import decode_slots
+
+GATE_SCORES = ("max_softmax", "neg_entropy", "energy", "prototype")
+FALLBACK_GRID = tuple(round(0.05 * i, 2) for i in range(21))
+GATE_OOD_FRACTIONS = (0.2, 0.5)
+
+
+@torch.no_grad()
+def own_prototypes(client, batch: int = 512) -> torch.Tensor:
+    """Unit-norm mean feature z of each exit over the client's training samples (rows of exits
+    it never saw stay zero, so they never match)."""
+    sums = None
+    for start in range(0, len(client.train_y), batch):
+        _, z = client.model(client.train_x[start : start + batch], client.split_depth)
+        z = F.normalize(z.flatten(1), dim=1)
+        if sums is None:
+            sums = torch.zeros(client.model.num_classes, z.shape[1])
+        sums.index_add_(0, client.train_y[start : start + batch], z)
+    return F.normalize(sums, dim=1)
+
+
+def gate_scores(exit_logits: torch.Tensor, features: torch.Tensor, prototypes: torch.Tensor) -> dict:
+    """Higher = the phone is surer the sample is one of its own classes, answered right."""
+    scores = {rule: exit_confidence(exit_logits, rule) for rule in ("max_softmax", "neg_entropy")}
+    scores["energy"] = torch.logsumexp(exit_logits, dim=1)
+    scores["prototype"] = (F.normalize(features.flatten(1), dim=1) @ prototypes.T).amax(dim=1)
+    return {name: value.numpy() for name, value in scores.items()}
+
+
+def accuracy_curve(score: np.ndarray, exit_correct: np.ndarray, server_correct: np.ndarray) -> list[float]:
+    """Accuracy when the lowest-scoring share r of the samples falls back, for r in FALLBACK_GRID."""
+    order = np.argsort(score, kind="stable")
+    curve = []
+    for rate in FALLBACK_GRID:
+        fallback = np.zeros(len(score), dtype=bool)
+        fallback[order[: round(rate * len(score))]] = True
+        curve.append(float(np.where(fallback, server_correct, exit_correct).mean()))
+    return curve
+
+
+def ood_auroc(score: np.ndarray, is_ood: np.ndarray) -> float:
+    """P(an ID sample scores above an OOD sample), ties counted half: the gate's OOD detection."""
+    if is_ood.all() or not is_ood.any():
+        return float("nan")
+    ranks = rankdata(score)  # ties get their average rank
+    n_id, n_ood = int((~is_ood).sum()), int(is_ood.sum())
+    return float((ranks[~is_ood].sum() - n_id * (n_id + 1) / 2) / (n_id * n_ood))
+
+
+@torch.no_grad()
+def client_gate_study(client, backend, images, labels, index: np.ndarray, is_ood: np.ndarray) -> dict:
+    """One client's curves, AUROCs, oracle and server-only accuracy on the samples `index`."""
+    truth = client.exit_labels(labels[index])
+    exit_logits, features = client.model(images[index], client.split_depth)
+    exit_prediction = exit_logits.argmax(dim=1)
+    slot_class = client.slot_to_class(backend.slot_tokens)
+    server_prediction = decode_slots(backend.slot_scores(features), slot_class, exit_prediction)
+    exit_correct = (exit_prediction == truth).numpy()
+    server_correct = (server_prediction == truth).numpy()
+    scores = gate_scores(exit_logits, features, own_prototypes(client))
+    return {
+        "curve": {name: accuracy_curve(s, exit_correct, server_correct) for name, s in scores.items()},
+        "auroc": {name: ood_auroc(s, is_ood) for name, s in scores.items()},
+        "oracle": float(np.where(is_ood, server_correct, exit_correct).mean()),
+        "server_only": float(server_correct.mean()),
+    }
+
+
+def gate_study(clients, backend, images, labels, partition: Partition, seed: int, on: str = "test") -> dict:
+    """Mean over clients of `client_gate_study` at each OOD fraction, on the clients' ID test
+    samples with OOD from the test pool (`on="test"`) or on validation only (`on="val"`: each
+    client's val split with OOD from the other clients' val splits), which is where a gate is picked."""
+    if backend is None:
+        return {}
+    label_array = labels.numpy()
+    pool = partition.ood_pool
+    if on == "val":
+        pool = np.unique(np.concatenate([np.asarray(s.val, dtype=np.int64) for s in partition.clients]))
+    study = {"fallback_grid": list(FALLBACK_GRID)}
+    for p in GATE_OOD_FRACTIONS:
+        rows = []
+        for client in clients:
+            split = partition.clients[client.client_id]
+            if on == "val":
+                split = ClientSplit(client.client_id, tuple(client.classes), split.val, split.val, split.val)
+            try:
+                index, is_ood = ood_test_indices(split, label_array, pool, p, seed)
+            except ValueError:  # the client holds every class: no OOD sample exists for it
+                continue
+            rows.append(client_gate_study(client, backend, images, labels, index, is_ood))
+        study[f"p={p:g}"] = _mean_rows(rows)
+    return study
+
+
+def _mean_rows(rows: list[dict]) -> dict:
+    if not rows:
+        return {}
+    names = rows[0]["curve"]
+    return {
+        "curve": {n: np.mean([r["curve"][n] for r in rows], axis=0).round(5).tolist() for n in names},
+        "auroc": {n: float(np.nanmean([r["auroc"][n] for r in rows])) for n in names},
+        "oracle": float(np.mean([r["oracle"] for r in rows])),
+        "server_only": float(np.mean([r["server_only"] for r in rows])),
+        "clients": len(rows),
+    }

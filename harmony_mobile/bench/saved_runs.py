@@ -1,0 +1,48 @@
+"""A finished run rebuilt for evaluation-only studies: its clients with their personalized
+front-ends and thresholds, the served back-end, and the data split, as training left them.
+
+The partition is recomputed from the run's config and its clients' secret (training.client_partition),
+so it is the same split the run trained on; nothing is retrained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from harmony_mobile import training
+from harmony_mobile.data.partition import Partition
+from harmony_mobile.evaluation import ServedBackend
+from harmony_mobile.federation.client import Client
+from harmony_mobile.run_dir import RunDir
+
+
+@dataclass
+class FinishedRun:
+    clients: list[Client]
+    served: ServedBackend | None
+    images: torch.Tensor
+    labels: torch.Tensor
+    partition: Partition
+    seed: int
+
+
+def load_finished_run(path: str | Path) -> FinishedRun:
+    run = RunDir(path)
+    config = training.TrainConfig(**run.info.train_config)
+    tiers = training.check_config(config)
+    dataset = run.dataset()
+    secret = run.federation_secret()
+    partition = training.client_partition(config, tiers, dataset, secret)
+    clients = training.build_clients(
+        config, tiers, dataset, partition, run.info.interface_spec, secret, run.info.label_epoch
+    )
+    for client, artifact in zip(clients, run.clients(), strict=True):
+        client.model.front_end(client.split_depth).load_state_dict(artifact.front_end_state)
+        client.model.eval()
+        client.threshold = artifact.threshold
+    loaded = run.backend()
+    served = ServedBackend(loaded.backend.eval(), loaded.slot_table.tokens)
+    return FinishedRun(clients, served, dataset.images, dataset.labels, partition, config.seed)
