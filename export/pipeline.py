@@ -34,7 +34,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from harmony_mobile.export import coreml as coreml_steps
-from harmony_mobile.export import steps
+from harmony_mobile.export import steps, verify
 from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_create_signing_key
 from harmony_mobile.export.manifest import (
     MANIFEST_FILE,
@@ -45,6 +45,7 @@ from harmony_mobile.export.manifest import (
     TierEntry,
     artifact_entry,
     build_manifest,
+    read_manifest,
     verify_manifest,
     write_signed_manifest,
 )
@@ -173,17 +174,30 @@ def tier_steps(tier: Tier) -> int:
     return 1 + 2 * len(xnn) + (1 if cml else 0)
 
 
-def verification_indices(client: ClientArtifact, limit: int | None = None) -> list[int]:
-    """The client's held-out ID images the .pte files are verified on: its test split, then its
-    validation split (at most `limit` in all).
+def verification_indices(
+    run: RunDir, client: ClientArtifact, dataset_size: int, limit: int | None = None
+) -> tuple[list[int], dict[str, int]]:
+    """The images a tier's .pte files are verified and gated on, and how many come from where.
 
-    Neither is used for training or int8 calibration (validation only sets the exit threshold,
-    which no check here depends on). Both are used for the sample size: on the 75 test images of
-    a small client one top-1 flip is 1.3 points, so "exit accuracy within 1 point" would mean
-    "not one net flip" and ">= 98 % agreement" at most one flip.
+    The client's held-out ID images first (its test split, then its validation split), then images
+    the client never trained on: other clients' held-out images, then the rest of the data set.
+    None is in the client's training split (its int8 calibration images are among those). Up to
+    `limit` (default verify.GATE_SAMPLES) images: top-1 agreement needs no label, and on the ~100
+    held-out images of a small client one flip moved agreement by a point; from
+    verify.samples_to_resolve() = 753 images on, the 95 % interval around 98 % is +-1 point.
     """
-    indices = list(client.test_idx) + list(client.val_idx)
-    return indices[:limit] if limit else indices
+    limit = verify.GATE_SAMPLES if limit is None else limit
+    trained = set(client.train_idx)
+    others = [i for c in run.clients() if c.client_id != client.client_id for i in (*c.test_idx, *c.val_idx)]
+    ordered = [*client.test_idx, *client.val_idx, *others, *range(dataset_size)]
+    chosen = [i for i in dict.fromkeys(ordered) if i not in trained][:limit]
+    test, val = set(client.test_idx), set(client.val_idx)
+    split = {
+        "test": sum(i in test for i in chosen),
+        "val": sum(i in val and i not in test for i in chosen),
+    }
+    split["other"] = len(chosen) - split["test"] - split["val"]
+    return chosen, split
 
 
 @dataclass
@@ -197,25 +211,29 @@ class TierInputs:
     features_shape: list[int]
     calibration: torch.Tensor
     held_out: list[int]
+    split: dict[str, int]
     test_images: torch.Tensor
-    test_labels: torch.Tensor
+    test_labels: torch.Tensor  # exit-order labels; -1 for images outside the client's classes
 
 
 def prepare_tier(
     run: RunDir,
     tier: Tier,
     images: torch.Tensor,
-    labels: torch.Tensor,
+    labels: tuple[torch.Tensor, torch.Tensor],
     calibration_samples: int,
     test_samples: int | None,
 ) -> TierInputs:
     """Select the tier's personalized front-end, wrap it for export, pick calibration and
-    verification images (the input shape was checked by `check_tiers` before anything was written)."""
+    verification images (the input shape was checked by `check_tiers` before anything was written).
+    `labels`: (class labels, exit-order labels) of every image."""
     client, front_end = steps.select_front_end(run, tier.name)
     input_shape = tuple(tier.input_shape)
     module = steps.wrap_front_end(front_end, input_shape, run.info.num_classes)
     logits_shape, features_shape = steps.output_shapes(module, input_shape)
-    held_out = verification_indices(client, test_samples)
+    held_out, split = verification_indices(run, client, len(images), test_samples)
+    class_labels, exit_labels = labels
+    own_class = torch.isin(class_labels[held_out], torch.tensor(client.classes, dtype=class_labels.dtype))
     if not held_out:
         raise ExportError(
             f"client {client.client_id} of tier {tier.name} has no held-out ID samples to verify on"
@@ -228,8 +246,9 @@ def prepare_tier(
         features_shape=features_shape,
         calibration=images[client.train_idx][:calibration_samples],
         held_out=held_out,
+        split=split,
         test_images=images[held_out],
-        test_labels=labels[held_out],
+        test_labels=torch.where(own_class, exit_labels[held_out], -1),
     )
 
 
@@ -340,7 +359,6 @@ def tier_entry(run: RunDir, tier: Tier, inputs: TierInputs, artifacts: list) -> 
 
 def tier_report(tier: Tier, inputs: TierInputs, pte_rows: list[dict], coreml_rows: list[dict]) -> dict:
     """The tier's section of verification.json, with its pass/fail checks."""
-    tested_test_split = min(len(inputs.held_out), len(inputs.client.test_idx))
     report = {
         "tier": tier.name,
         "family": tier.family,
@@ -349,10 +367,7 @@ def tier_report(tier: Tier, inputs: TierInputs, pte_rows: list[dict], coreml_row
         "parameters": inputs.parameters,
         "calibration_samples": len(inputs.calibration),
         "test_samples": len(inputs.test_images),
-        "verification_images": {
-            "test": tested_test_split,
-            "val": len(inputs.held_out) - tested_test_split,
-        },
+        "verification_images": dict(inputs.split),
         "pte": pte_rows,
         "coreml": coreml_rows,
     }
@@ -365,7 +380,7 @@ def export_tier(
     tier: Tier,
     directory: Path,
     images: torch.Tensor,
-    labels: torch.Tensor,
+    labels: tuple[torch.Tensor, torch.Tensor],
     *,
     max_batch: int,
     calibration_samples: int,
@@ -382,7 +397,26 @@ def export_tier(
     )
     coreml_artifacts, coreml_rows = export_coreml_variants(tier, inputs, directory, progress)
     entry = tier_entry(run, tier, inputs, pte_artifacts + coreml_artifacts)
-    return entry, tier_report(tier, inputs, pte_rows, coreml_rows)
+    report = tier_report(tier, inputs, pte_rows, coreml_rows)
+    verdicts = verify.variant_verdicts(report)
+    for artifact in entry.artifacts:
+        artifact.verdict, artifact.failed_checks = verdicts.get(artifact.quantization, ("not_checked", []))
+    return entry, report
+
+
+class QualityGateError(ExportError):
+    """A variant the export would ship failed its quality checks (and failed variants were not allowed)."""
+
+
+def failed_variants(tier_reports: list[dict]) -> list[str]:
+    """'tier variant: check (measured)' for every failed check of a shipped variant."""
+    failures = []
+    for report in tier_reports:
+        for quantization, (verdict, failed) in verify.variant_verdicts(report).items():
+            if verdict == "fail":
+                measured = "; ".join(f"{name} ({verify.measured(report, name)})" for name in failed)
+                failures.append(f"{report['tier']} {quantization}: {measured}")
+    return failures
 
 
 # --------------------------------------------------------------------------- the whole run
@@ -415,8 +449,14 @@ def export_run(
     latency_runs: int = 50,
     progress: bool = True,
     console=None,
+    allow_failed_variants: bool = False,
 ) -> ExportResult:
     """Export the run's personalized front-ends per tier, the back-end, the report and the signed manifest.
+
+    A variant that fails its quality checks (verify.tier_checks) stops the export with a
+    QualityGateError naming each check and its measurement, and nothing is written, unless
+    `allow_failed_variants`: then it ships with verdict "fail" in the manifest (apps prefer a
+    passing variant).
 
     `tiers`: tier names (default: every tier of the run). `max_batch` > 1 makes every .pte accept a
     dynamic batch 1..max_batch. The signing keys are `private_key` (Ed25519) and
@@ -456,6 +496,7 @@ def export_run(
             latency_runs=latency_runs,
             progress=progress,
             console=console,
+            allow_failed_variants=allow_failed_variants,
         )
 
 
@@ -474,6 +515,7 @@ def _export(
     latency_runs: int,
     progress: bool,
     console,
+    allow_failed_variants: bool,
 ) -> ExportResult:
     """Write everything into a temporary directory beside `out`, then rename it into place."""
     created_parents = [p for p in reversed(out.parents) if not p.exists()]
@@ -508,7 +550,14 @@ def _export(
             "backend": backend,
             "all_checks_pass": all(ok is not False for t in tier_reports for ok in t["checks"].values()),
         }
-        manifest = _sign_manifest(run, work, entries, backend, write_report(work, report), *signing_keys)
+        failures = failed_variants(tier_reports)
+        if failures and not allow_failed_variants:
+            raise QualityGateError(
+                "a variant failed its quality checks, so nothing was written (pass --allow-failed-variants "
+                "to ship it marked failed in the manifest):\n  " + "\n  ".join(failures)
+            )
+        reports = write_report(work, report)
+        manifest = _sign_manifest(run, work, entries, backend, reports, *signing_keys, previous=out)
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -521,7 +570,8 @@ def _export_tiers(
     run: RunDir, selected: list[Tier], work: Path, bar: _Progress, **options
 ) -> tuple[list[TierEntry], list[dict]]:
     dataset = run.dataset()
-    labels = run.exit_labels(dataset.labels)  # the front-ends answer in exit (token) order
+    # the front-ends answer in exit (token) order; class labels say which images are a client's own
+    labels = (torch.as_tensor(dataset.labels), run.exit_labels(dataset.labels))
     callbacks = {t.name: bar.callback(t.name, tier_steps(t)) for t in selected}
     entries, reports = [], []
     for tier in selected:
@@ -555,8 +605,10 @@ def _sign_manifest(
     reports: list,
     private_key: Ed25519PrivateKey,
     p256_private_key: ec.EllipticCurvePrivateKey | None = None,
+    previous: Path | None = None,
 ) -> Manifest:
-    """Build manifest.json over every written file, sign it, and verify the signature once."""
+    """Build manifest.json over every written file, sign it, and verify the signature once. Its
+    manifest_version is the time in UTC seconds, and above that of the export at `previous`."""
     interface = list(run.info.interface_spec.shape)
     served = run.backend()
     manifest = build_manifest(
@@ -584,10 +636,21 @@ def _sign_manifest(
         public_key=private_key.public_key(),
         reports=reports,
         p256_public_key=p256_private_key.public_key() if p256_private_key is not None else None,
+        manifest_version=next_manifest_version(previous),
     )
     write_signed_manifest(work, manifest, private_key, p256_private_key)
     verify_manifest(work, private_key.public_key())
     return manifest
+
+
+def next_manifest_version(previous: Path | None) -> int:
+    """Now in UTC seconds, or one more than the version of the export at `previous` if that is later
+    (a clock set back must not make an update look older than what phones run)."""
+    now = int(time.time())
+    try:
+        return max(now, read_manifest(previous).manifest_version + 1) if previous is not None else now
+    except (OSError, ValueError):  # no export there yet, or not a readable one
+        return now
 
 
 def upload_privacy_fields(privacy: dict) -> dict[str, float | None]:

@@ -1,6 +1,7 @@
 """The verification report: every .pte run with the ExecuTorch Python runtime against eager PyTorch.
 
-Per .pte, on the representative client's ID test images:
+Per .pte, on the gate images (pipeline.gate_indices: the representative client's held-out ID images
+first, then other images the client never trained on, up to GATE_SAMPLES):
   * max abs diff of exit logits and features vs the eager fp32 front-end, top-1 agreement,
     exit accuracy (fp32 and int8), relative L2 error;
   * for int8 also vs the PT2E eager simulation (the converted module), which must match closely:
@@ -14,6 +15,7 @@ Core ML packages: spec inputs/outputs and sizes only; numeric parity runs on a M
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -34,11 +36,37 @@ INT8_SIZE_RULE_MIN_PARAMS = 100_000
 INT8_MAX_REL_L2 = 0.25
 # int8 .pte vs its own PT2E eager simulation (same arithmetic; small rounding differences only).
 INT8_SIM_MAX_REL_L2 = 0.05
+# The agreement check must resolve 1 point: the 95 % Wilson interval of the agreement is at most
+# +-1 point wide around the 98 % target from samples_to_resolve() = 753 images on; GATE_SAMPLES
+# is what the export asks for (on 98-142 images one flipped image moved agreement by ~1 point).
+AGREEMENT_RESOLUTION = 0.01
+CONFIDENCE_Z = 1.96
+GATE_SAMPLES = 1000
+
+
+def wilson_interval(successes: int, samples: int, z: float = CONFIDENCE_Z) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95 % for z = 1.96)."""
+    if samples <= 0:
+        return 0.0, 1.0
+    p = successes / samples
+    denominator = 1 + z * z / samples
+    centre = (p + z * z / (2 * samples)) / denominator
+    half = z * math.sqrt(p * (1 - p) / samples + z * z / (4 * samples * samples)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def samples_to_resolve(
+    proportion: float = INT8_MIN_AGREEMENT, half_width: float = AGREEMENT_RESOLUTION, z: float = CONFIDENCE_Z
+) -> int:
+    """Samples for a normal-approximation interval of +-half_width around `proportion`."""
+    return math.ceil(z * z * proportion * (1 - proportion) / (half_width * half_width))
 
 
 @dataclass
 class Parity:
     samples: int
+    top1_agreements: int  # images whose top-1 output equals the reference's
+    labelled_samples: int  # images of the client's own classes, which the accuracies are over
     max_abs_logits: float
     max_abs_features: float
     rel_l2_logits: float
@@ -57,7 +85,9 @@ def compare_outputs(
     candidate: tuple[torch.Tensor, torch.Tensor],
     labels: torch.Tensor | None = None,
 ) -> Parity:
-    """Compare (exit_logits, features) of a candidate (e.g. a .pte) with a reference (e.g. eager)."""
+    """Compare (exit_logits, features) of a candidate (e.g. a .pte) with a reference (e.g. eager).
+
+    `labels` < 0 mark images outside the client's classes: counted for agreement, not for accuracy."""
     (ref_logits, ref_features), (logits, features) = reference, candidate
     if ref_logits.shape != logits.shape or ref_features.shape != features.shape:
         raise ExportError(
@@ -65,15 +95,22 @@ def compare_outputs(
             f"candidate {tuple(logits.shape)}/{tuple(features.shape)}"
         )
     ref_top1, top1 = ref_logits.argmax(1), logits.argmax(1)
+    known = None if labels is None else labels >= 0
+    accuracy_reference = accuracy_candidate = None
+    if known is not None and bool(known.any()):
+        accuracy_reference = float((ref_top1 == labels)[known].float().mean())
+        accuracy_candidate = float((top1 == labels)[known].float().mean())
     return Parity(
         samples=len(logits),
+        top1_agreements=int((ref_top1 == top1).sum()),
+        labelled_samples=0 if known is None else int(known.sum()),
         max_abs_logits=float((logits - ref_logits).abs().max()),
         max_abs_features=float((features - ref_features).abs().max()),
         rel_l2_logits=_rel_l2(ref_logits, logits),
         rel_l2_features=_rel_l2(ref_features, features),
         top1_agreement=float((ref_top1 == top1).float().mean()),
-        accuracy_reference=None if labels is None else float((ref_top1 == labels).float().mean()),
-        accuracy_candidate=None if labels is None else float((top1 == labels).float().mean()),
+        accuracy_reference=accuracy_reference,
+        accuracy_candidate=accuracy_candidate,
     )
 
 
@@ -194,8 +231,14 @@ def verify_pte(
 # --------------------------------------------------------------------------- quality checks + report
 
 
+def agreement_interval(parity: dict) -> tuple[float, float]:
+    """The 95 % Wilson interval of a parity row's top-1 agreement."""
+    return wilson_interval(parity["top1_agreements"], parity["samples"])
+
+
 def tier_checks(tier_report: dict) -> dict[str, bool | None]:
-    """The int8 quality targets for one tier (None = not applicable)."""
+    """The quality checks for one tier (None = not applicable). Names start with the variant they
+    judge (fp32_, int8_); fully_delegated judges every .pte."""
     rows = {r["quantization"]: r for r in tier_report.get("pte", [])}
     checks: dict[str, bool | None] = {"fully_delegated": all(r["undelegated"] == [] for r in rows.values())}
     if "fp32" in rows:
@@ -203,9 +246,13 @@ def tier_checks(tier_report: dict) -> dict[str, bool | None]:
         checks["fp32_max_abs_le_1e-4"] = max(p["max_abs_logits"], p["max_abs_features"]) <= FP32_MAX_ABS
     if "int8" in rows:
         p = rows["int8"]["vs_eager_fp32"]
-        checks["int8_top1_agreement_ge_98"] = p["top1_agreement"] >= INT8_MIN_AGREEMENT
+        low, high = agreement_interval(p)
+        checks["int8_top1_agreement_ge_98"] = p["top1_agreements"] >= INT8_MIN_AGREEMENT * p["samples"]
+        checks["int8_agreement_resolves_1pt"] = (high - low) / 2 <= AGREEMENT_RESOLUTION
         checks["int8_exit_acc_within_1pt"] = (
-            abs(p["accuracy_reference"] - p["accuracy_candidate"]) <= INT8_MAX_ACC_DROP + 1e-9
+            None
+            if p["accuracy_reference"] is None
+            else abs(p["accuracy_reference"] - p["accuracy_candidate"]) <= INT8_MAX_ACC_DROP + 1e-9
         )
         if "fp32" in rows and tier_report["parameters"] > INT8_SIZE_RULE_MIN_PARAMS:
             checks["int8_size_le_half_fp32"] = (
@@ -214,6 +261,54 @@ def tier_checks(tier_report: dict) -> dict[str, bool | None]:
         else:
             checks["int8_size_le_half_fp32"] = None
     return checks
+
+
+def variant_verdicts(tier_report: dict) -> dict[str, tuple[str, list[str]]]:
+    """quantization -> (verdict, failed checks) for every variant of a tier: a .pte passes when none
+    of its checks failed; a Core ML package is "not_checked" (its parity runs on a Mac)."""
+    checks = tier_report["checks"]
+    verdicts: dict[str, tuple[str, list[str]]] = {}
+    for row in tier_report.get("pte", []):
+        quantization = row["quantization"]
+        failed = [
+            name
+            for name, ok in checks.items()
+            if ok is False and (name == "fully_delegated" or name.startswith(f"{quantization}_"))
+        ]
+        verdicts[quantization] = ("fail" if failed else "pass", failed)
+    for row in tier_report.get("coreml", []):
+        verdicts[row["quantization"]] = ("not_checked", [])
+    return verdicts
+
+
+def _agreement_text(p: dict) -> str:
+    """96/98 = 97.96 %: the count beside a percentage with enough digits that a FAIL never reads as 98."""
+    return f"{p['top1_agreements']}/{p['samples']} = {100 * p['top1_agreements'] / p['samples']:.2f} %"
+
+
+def measured(tier: dict, check: str) -> str:
+    """What a check measured, in the units its threshold is stated in."""
+    rows = {r["quantization"]: r for r in tier.get("pte", [])}
+    row = rows.get(check.split("_", 1)[0])
+    if row is None:
+        return "–"
+    p = row["vs_eager_fp32"]
+    if check == "int8_top1_agreement_ge_98":
+        return _agreement_text(p)
+    if check == "int8_agreement_resolves_1pt":
+        low, high = agreement_interval(p)
+        return (
+            f"95 % Wilson [{100 * low:.2f}, {100 * high:.2f}] %, +-{50 * (high - low):.2f} points "
+            f"({samples_to_resolve()} images resolve 1 point at 98 %)"
+        )
+    if check == "int8_exit_acc_within_1pt" and p["accuracy_reference"] is not None:
+        drop = 100 * (p["accuracy_candidate"] - p["accuracy_reference"])
+        return f"{p['accuracy_reference']:.4f} -> {p['accuracy_candidate']:.4f} ({drop:+.2f} points, {p['labelled_samples']} labelled)"
+    if check == "int8_size_le_half_fp32" and "fp32" in rows:
+        return f"{row['size']:,} / {rows['fp32']['size']:,} B"
+    if check == "fp32_max_abs_le_1e-4":
+        return _fmt(max(p["max_abs_logits"], p["max_abs_features"]))
+    return "–"
 
 
 def _fmt(value, digits: int = 3) -> str:
@@ -258,9 +353,8 @@ def _pte_section(report: dict) -> list[str]:
             sim_text = "–" if sim is None else _fmt(max(sim["rel_l2_logits"], sim["rel_l2_features"]))
             lines.append(
                 f"| {tier['tier']} | {row['quantization']} | {row['size']:,} | {row['delegates']} | "
-                f"{_fmt(p['max_abs_logits'])} | {_fmt(p['max_abs_features'])} | {p['top1_agreement']:.3f} "
-                f"({round(p['top1_agreement'] * p['samples'])}/{p['samples']}) | "
-                f"{p['accuracy_reference']:.3f} → {p['accuracy_candidate']:.3f} | {sim_text} | "
+                f"{_fmt(p['max_abs_logits'])} | {_fmt(p['max_abs_features'])} | {_agreement_text(p)} | "
+                f"{_fmt(p['accuracy_reference'], 4)} → {_fmt(p['accuracy_candidate'], 4)} | {sim_text} | "
                 f"{lat['eager_ms']:.3f} | {lat['pte_ms']:.3f} | {lat['pte_over_eager']:.2f} |"
             )
     kept = sorted(
@@ -280,15 +374,29 @@ def _checks_section(report: dict) -> list[str]:
         "",
         "## Checks",
         "",
-        "| tier | parameters | images (test + val) | check | result |",
-        "|---|---|---|---|---|",
+        "| tier | parameters | images (test + val + other) | check | measured | result |",
+        "|---|---|---|---|---|---|",
     ]
     for tier in report["tiers"]:
         split = tier.get("verification_images")
-        images = f"{tier['test_samples']}" + (f" ({split['test']} + {split['val']})" if split else "")
+        images = f"{tier['test_samples']}" + (
+            f" ({split['test']} + {split['val']} + {split.get('other', 0)})" if split else ""
+        )
         for name, ok in tier["checks"].items():
             result = "n/a" if ok is None else ("pass" if ok else "**FAIL**")
-            lines.append(f"| {tier['tier']} | {tier['parameters']:,} | {images} | {name} | {result} |")
+            lines.append(
+                f"| {tier['tier']} | {tier['parameters']:,} | {images} | {name} | {measured(tier, name)} | {result} |"
+            )
+    verdicts = [
+        f"{tier['tier']} {quantization}: {verdict}"
+        for tier in report["tiers"]
+        for quantization, (verdict, _) in variant_verdicts(tier).items()
+    ]
+    if verdicts:
+        lines += [
+            "",
+            f"Variant verdicts (in the manifest; apps prefer a passing variant): {'; '.join(verdicts)}.",
+        ]
     return lines
 
 

@@ -350,6 +350,14 @@ def export(
         int | None,
         typer.Option("--threads", min=1, help="torch and XNNPACK threads; default: the exporter's"),
     ] = None,
+    allow_failed_variants: Annotated[
+        bool,
+        typer.Option(
+            "--allow-failed-variants",
+            help="ship a variant that failed its quality checks, marked failed in the manifest "
+            "(default: the export fails and writes nothing)",
+        ),
+    ] = False,
 ) -> None:
     """(default) Export RUN_DIR to --out: fp32/int8 .pte, Core ML packages, back-end, report, signed manifest."""
     from harmony_mobile.export.pipeline import export_run
@@ -364,6 +372,7 @@ def export(
             tiers=names,
             key_dir=key_dir,
             console=console,
+            allow_failed_variants=allow_failed_variants,
             **{name: value for name, value in given.items() if value is not None},
         )
     except (ExportError, ValueError, OSError) as error:
@@ -395,21 +404,33 @@ def _print_export_result(result, key_dir: Path | None) -> None:
 
 def _export_table(result) -> Table:
     table = Table(title=f"exported {result.out} (model version {result.manifest.model_version})")
-    for column in ("tier", "variant", "bytes", "max abs vs eager", "top-1 agree", ".pte / eager latency"):
+    for column in (
+        "tier",
+        "variant",
+        "verdict",
+        "bytes",
+        "max abs vs eager",
+        "top-1 agree",
+        ".pte / eager latency",
+    ):
         table.add_column(column)
+    verdicts = {(t.name, a.quantization): a.verdict for t in result.manifest.tiers for a in t.artifacts}
     for tier in result.report["tiers"]:
         for row in tier["pte"]:
             parity = row["vs_eager_fp32"]
             table.add_row(
                 tier["tier"],
                 row["quantization"],
+                verdicts.get((tier["tier"], row["quantization"]), ""),
                 f"{row['size']:,}",
                 f"{max(parity['max_abs_logits'], parity['max_abs_features']):.2g}",
-                f"{parity['top1_agreement']:.3f}",
+                f"{parity['top1_agreements']}/{parity['samples']}",
                 f"{row['latency_batch1']['pte_over_eager']:.2f}",
             )
         for row in tier["coreml"]:
-            table.add_row(tier["tier"], row["quantization"], f"{row['size']:,}", "on a Mac", "", "")
+            table.add_row(
+                tier["tier"], row["quantization"], "not checked", f"{row['size']:,}", "on a Mac", "", ""
+            )
     return table
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harmony_mobile.export import pipeline, steps
+from harmony_mobile.export import pipeline, steps, verify
 from harmony_mobile.export.keys import PUBLIC_KEY_FILE, load_public_key
 from harmony_mobile.export.manifest import MANIFEST_FILE, ManifestError, verify_manifest
 from harmony_mobile.export.pipeline import export_run
@@ -36,7 +36,12 @@ def run_path(workspace):
 def exported(workspace, run_path):
     """One full export (two tiers: XNNPACK fp32+int8, and Core ML fp16/int8/palette4)."""
     result = export_run(
-        run_path, workspace / "out", tiers=TIERS, key_dir=workspace / "keys", latency_runs=10, progress=False
+        run_path,
+        workspace / "out",
+        tiers=TIERS,
+        key_dir=workspace / "keys",
+        latency_runs=10,
+        progress=False,
     )
     return result
 
@@ -123,8 +128,9 @@ def test_verification_report(exported):
     assert report["threads"] == 1 and report["versions"]["executorch"].startswith("1.5.1")
     for tier in report["tiers"]:
         assert tier["checks"]["fully_delegated"] and tier["checks"]["fp32_max_abs_le_1e-4"]
-        assert tier["test_samples"] == 104  # the client's 64 test + 40 validation images
-        assert tier["verification_images"] == {"test": 64, "val": 40}
+        # the client's 64 test + 40 validation images, then images it never trained on
+        assert tier["test_samples"] == verify.GATE_SAMPLES == 1000
+        assert tier["verification_images"] == {"test": 64, "val": 40, "other": 896}
         rows = {r["quantization"]: r for r in tier["pte"]}
         assert (
             rows["int8"]["float_layers"] == ["front_end.exit_head.mlp.2"]
@@ -145,6 +151,45 @@ def test_verification_report(exported):
     assert [o["name"] for o in coreml["coreml-fp16"]["outputs"]] == ["exit_logits", "features"]
     markdown = (exported.out / "verification.md").read_text()
     assert "check_coreml_on_mac" in markdown and "| entry-android | int8 |" in markdown
+
+
+def test_manifest_records_each_variants_verdict_and_a_version(exported):
+    manifest = exported.manifest
+    verdicts = {(t.name, a.quantization): a.verdict for t in manifest.tiers for a in t.artifacts}
+    checks = {t["tier"]: t["checks"] for t in exported.report["tiers"]}
+    for (tier, quantization), verdict in verdicts.items():
+        if quantization.startswith("coreml-"):
+            assert verdict == "not_checked"
+        else:  # this run's variants pass every check of theirs
+            assert checks[tier]["int8_agreement_resolves_1pt"] and verdict == "pass", (tier, quantization)
+    assert manifest.manifest_version >= 1_700_000_000  # UTC seconds
+
+
+def test_a_failing_variant_stops_the_export_unless_allowed(run_path, tmp_path, monkeypatch):
+    """With 40 gate images the agreement interval is wider than +-1 point: int8 fails its gate."""
+    monkeypatch.setattr(verify, "GATE_SAMPLES", 40)
+    runner = CliRunner()
+    command = ["export", str(run_path), "--out", str(tmp_path / "out"), "--tiers", "entry-android"]
+    command += ["--key-dir", str(tmp_path / "keys")]
+    failed = runner.invoke(app, command)
+    assert failed.exit_code == 1, failed.output
+    output = " ".join(failed.output.split())
+    assert "entry-android int8: int8_agreement_resolves_1pt" in output and "753 images" in output
+    assert "entry-android fp32" not in output
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    allowed = runner.invoke(app, [*command, "--allow-failed-variants"])
+    assert allowed.exit_code == 0, allowed.output
+    manifest = verify_manifest(tmp_path / "out")
+    artifacts = {a.quantization: a for a in manifest.tier("entry-android").artifacts}
+    assert artifacts["int8"].verdict == "fail" and artifacts["fp32"].verdict == "pass"
+    assert "int8_agreement_resolves_1pt" in artifacts["int8"].failed_checks
+    assert pipeline.next_manifest_version(tmp_path / "out") > manifest.manifest_version - 1
+
+
+def test_next_manifest_version_stays_above_the_export_it_replaces(exported, tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline.time, "time", lambda: exported.manifest.manifest_version - 3600.0)
+    assert pipeline.next_manifest_version(exported.out) == exported.manifest.manifest_version + 1
+    assert pipeline.next_manifest_version(tmp_path / "nothing") == exported.manifest.manifest_version - 3600
 
 
 # --------------------------------------------------------------------------- tampering

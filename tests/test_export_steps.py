@@ -282,13 +282,16 @@ def test_coreml_mac_check_compares_and_refuses_to_run_off_a_mac(tmp_path):
 
 
 def test_quality_checks():
-    from harmony_mobile.export.verify import tier_checks
+    from harmony_mobile.export.verify import tier_checks, variant_verdicts
 
-    def row(quantization, size, agreement, acc_ref, acc):
+    def row(quantization, size, agreed, samples, acc_ref, acc):
         parity = {
             "max_abs_logits": 0.0 if quantization == "fp32" else 0.3,
             "max_abs_features": 0.0,
-            "top1_agreement": agreement,
+            "samples": samples,
+            "top1_agreements": agreed,
+            "top1_agreement": agreed / samples,
+            "labelled_samples": samples,
             "accuracy_reference": acc_ref,
             "accuracy_candidate": acc,
         }
@@ -296,15 +299,63 @@ def test_quality_checks():
 
     big = {
         "parameters": 314_090,
-        "pte": [row("fp32", 1000, 1.0, 0.9, 0.9), row("int8", 300, 0.99, 0.9, 0.895)],
+        "pte": [row("fp32", 1000, 1000, 1000, 0.9, 0.9), row("int8", 300, 990, 1000, 0.9, 0.895)],
     }
     assert all(tier_checks(big).values())
     small = {
         "parameters": 13_498,
-        "pte": [row("fp32", 1000, 1.0, 0.9, 0.9), row("int8", 600, 0.97, 0.9, 0.88)],
+        "pte": [row("fp32", 1000, 98, 98, 0.9, 0.9), row("int8", 600, 96, 98, 0.9, 0.88)],
     }
     checks = tier_checks(small)
     assert checks["int8_size_le_half_fp32"] is None  # the size rule applies above 100k parameters only
     assert checks["int8_top1_agreement_ge_98"] is False and checks["int8_exit_acc_within_1pt"] is False
+    assert checks["int8_agreement_resolves_1pt"] is False  # 98 images: +-2.9 points
+    small["checks"], small["coreml"] = checks, [{"quantization": "coreml-fp16"}]
+    assert variant_verdicts(small) == {
+        "fp32": ("pass", []),
+        "int8": (
+            "fail",
+            ["int8_top1_agreement_ge_98", "int8_agreement_resolves_1pt", "int8_exit_acc_within_1pt"],
+        ),
+        "coreml-fp16": ("not_checked", []),
+    }
     big["pte"][1]["size"] = 600
     assert tier_checks(big)["int8_size_le_half_fp32"] is False
+
+
+def test_agreement_interval_and_the_samples_that_resolve_one_point():
+    from harmony_mobile.export.verify import samples_to_resolve, wilson_interval
+
+    assert samples_to_resolve() == 753  # 1.96^2 * 0.98 * 0.02 / 0.01^2, rounded up
+    low, high = wilson_interval(980, 1000)
+    assert (round(low, 4), round(high, 4)) == (0.9693, 0.9870)  # +-0.9 points
+    low, high = wilson_interval(96, 98)
+    assert high - low > 0.05  # the old sample size: a flip is a point, the interval five
+    assert wilson_interval(0, 0) == (0.0, 1.0) and wilson_interval(10, 10)[1] == 1.0
+
+
+def test_verification_md_never_rounds_a_failing_agreement_up_to_the_target():
+    from harmony_mobile.export.verify import render_markdown, tier_checks
+
+    parity = {
+        "samples": 98,
+        "top1_agreements": 96,
+        "top1_agreement": 96 / 98,
+        "labelled_samples": 98,
+        "max_abs_logits": 0.3,
+        "max_abs_features": 0.1,
+        "accuracy_reference": 0.9,
+        "accuracy_candidate": 0.9,
+        "rel_l2_logits": 0.01,
+        "rel_l2_features": 0.01,
+    }
+    latency = {"eager_ms": 1.0, "pte_ms": 0.5, "pte_over_eager": 0.5}
+    pte = {"quantization": "int8", "size": 10, "delegates": 1, "undelegated": [], "vs_eager_fp32": parity}
+    tier = {"tier": "t", "parameters": 10, "test_samples": 98, "pte": [{**pte, "latency_batch1": latency}]}
+    tier["checks"] = tier_checks(tier)
+    report = {"model_version": "v", "run": "r", "dataset": "d", "threads": 1, "latency_runs": 1}
+    report |= {"tiers": [tier], "backend": {"exported_program_file": "b", "max_abs_vs_eager": 0.0}}
+    markdown = render_markdown(report)
+    assert "0.980" not in markdown and "96/98 = 97.96 %" in markdown
+    line = next(line for line in markdown.splitlines() if "int8_top1_agreement_ge_98" in line)
+    assert "96/98 = 97.96 %" in line and "**FAIL**" in line
