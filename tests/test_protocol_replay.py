@@ -130,18 +130,18 @@ def upload_plaintext(tier: str = "entry-android", classes: tuple[str, ...] = ("3
 
 def envelope_maker(plaintext: bytes, values: Values):
     """{{envelope}}: the plaintext sealed for the remembered device, the body's label epoch and
-    message id; the same bytes again for the same message id (a retry resends its body)."""
-    sealed: dict[str, bytes] = {}
+    message id; the same bytes again for the same message id, however it is written (a retry
+    resends its envelope)."""
+    sealed: dict[uuid.UUID, bytes] = {}
 
     def make(_match, body: str) -> bytes:
         fields = json.loads(PLACEHOLDER.sub("", body))
-        if fields["message_id"] not in sealed:
-            ad = AssociatedData(
-                values.fixed["device_id"].decode(), fields["label_epoch"], uuid.UUID(fields["message_id"])
-            )
+        message_id = uuid.UUID(fields["message_id"])
+        if message_id not in sealed:
+            ad = AssociatedData(values.fixed["device_id"].decode(), fields["label_epoch"], message_id)
             server_key = base64.b64decode(values.fixed["server_public_key"])
-            sealed[fields["message_id"]] = base64.b64encode(seal(server_key, plaintext, ad))
-        return sealed[fields["message_id"]]
+            sealed[message_id] = base64.b64encode(seal(server_key, plaintext, ad))
+        return sealed[message_id]
 
     return make
 
