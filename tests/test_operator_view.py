@@ -52,6 +52,7 @@ def trial(root, seed: int, class_order: bool = False):
         progress=False,
         latency_runs=1,
         test_samples=32,
+        allow_failed_variants=True,  # 32 gate images cannot resolve the int8 gate; this test reads the back-end
     )
     server_part = root / "server-part"
     shutil.copytree(root / "run", server_part, ignore=shutil.ignore_patterns(CLIENT_PART))
