@@ -8,6 +8,7 @@ wire format, sealing, label tokens, exit rule or manifest breaks here first.
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.util
 import json
 import re
@@ -112,6 +113,19 @@ def test_device_normalize_matches_the_normalization_vector():
         expected = np.array(case["values"], dtype=np.float32)
         # float32 arithmetic in torch vs float64 then rounding on the phones: a few float32 epsilons
         np.testing.assert_allclose(got, expected, rtol=0, atol=2e-6, err_msg=case["name"])
+
+
+def test_feature_clipping_vector_is_the_documented_formula():
+    """z * min(1, C / ||z||) computed independently in float64; ids = SHA-256 of the float32 row."""
+    cases = {case["name"]: case for case in _load("feature_clipping.json")["cases"]}
+    assert cases["norm above C: scaled to norm C"]["clipped"][0][:2] == [np.float32(0.6), np.float32(0.8)]
+    for case in cases.values():
+        rows = np.array(case["rows"], dtype=np.float64)
+        norms = np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+        expected = rows * np.minimum(1.0, case["clip"] / norms)
+        np.testing.assert_allclose(case["clipped"], expected, rtol=1e-6, atol=0, err_msg=case["name"])
+        ids = [hashlib.sha256(np.asarray(row, "<f4").tobytes()).hexdigest() for row in case["rows"]]
+        assert ids == case["sample_ids"], case["name"]
 
 
 def test_tier_selection_vector_follows_the_documented_rule():

@@ -50,6 +50,7 @@ from harmony_mobile.export.manifest import (
 from harmony_mobile.server.errors import error_response
 
 from harmony_mobile.algorithms.base import exit_confidence
+from harmony_mobile.device.label_draws import feature_sample_ids
 from harmony_mobile.models.tier_selection import (
     DeviceCapabilities,
     NoRunnableTier,
@@ -57,6 +58,7 @@ from harmony_mobile.models.tier_selection import (
     device_class,
     select_tier,
 )
+from harmony_mobile.privacy.feature_noise import clip_rows
 from harmony_mobile.protocol import sealing
 from harmony_mobile.protocol.label_tokens import class_token, epoch_key, exit_order, slot_classes
 from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
@@ -657,6 +659,48 @@ def pixel_normalization_vectors() -> dict:
     )
 
 
+# --------------------------------------------------------------------------- feature clipping
+
+CLIPPING_CASES = [
+    # (name, clip norm C, rows of 8 values: uploads have 4096, the rule is the same)
+    ("norm above C: scaled to norm C", 1.0, [[3.0, 4.0, 0, 0, 0, 0, 0, 0]]),
+    ("norm below C: unchanged", 10.0, [[3.0, 4.0, 0, 0, 0, 0, 0, 0]]),
+    ("norm exactly C: unchanged", 5.0, [[3.0, 4.0, 0, 0, 0, 0, 0, 0]]),
+    ("all-zero row stays zero", 1.0, [[0, 0, 0, 0, 0, 0, 0, 0]]),
+    (
+        "each row on its own",
+        2.0,
+        [[1, 1, 1, 1, 1, 1, 1, 1], [0.5, -0.5, 0.25, 0, 0, 0, 0, -0.25], [-7.5, 1e-3, 2.5, 0, 0, 0, 100, -3]],
+    ),
+]
+
+
+def feature_clipping_vectors() -> dict:
+    cases = []
+    for name, clip, rows in CLIPPING_CASES:
+        features = torch.tensor(rows, dtype=torch.float32)
+        cases.append(
+            {
+                "name": name,
+                "clip": clip,
+                "rows": [_floats(row) for row in features.numpy()],
+                "clipped": [_floats(row) for row in clip_rows(features, clip).numpy()],
+                "sample_ids": feature_sample_ids(features),
+            }
+        )
+    return _document(
+        "Feature clipping (docs/PROTOCOL.md 4.4, when the manifest's run.feature_clip is C): each row z, "
+        "all its values at once, becomes z * min(1, C / ||z||) with ||z|| its L2 norm (Python floors "
+        "||z|| at 1e-12, so a zero row stays zero); noise, when on, is added after. `clipped` is "
+        "harmony_mobile/privacy/feature_noise.py clip_rows in float32 arithmetic; computing in float64 "
+        "and rounding to float32 stays within 1e-6 relative. `sample_ids`: the Python runtime's default "
+        "label-DP sample id of each row (harmony_mobile/device/label_draws.py), the SHA-256 (hex) of the "
+        "row's float32 values, little-endian, before clipping and noise. Rows here have 8 values; an "
+        "upload's have 4096 (64 x 8 x 8).",
+        cases=cases,
+    )
+
+
 # --------------------------------------------------------------------------- error bodies
 
 # The replay server (tests/test_protocol_replay.py) serves manifest_signature.json's manifest with a
@@ -803,6 +847,7 @@ def render() -> dict[str, str]:
         "sealed_upload.json": sealed_upload_vectors(),
         "tier_selection.json": tier_selection_vectors(),
         "pixel_normalization.json": pixel_normalization_vectors(),
+        "feature_clipping.json": feature_clipping_vectors(),
         "error_bodies.json": error_body_vectors(),
     }
     return {name: _dumps(doc) for name, doc in documents.items()}
