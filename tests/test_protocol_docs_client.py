@@ -14,6 +14,7 @@ import pytest
 import torch
 from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_create_signing_key
 from harmony_mobile.export.pipeline import export_run
+from harmony_mobile.run_dir import RunInfo, write_run_info
 
 from tests import protocol_docs_client
 from tests.export_fixtures import FIXTURE_SECRET, make_run_dir
@@ -25,11 +26,18 @@ TIER = "tiny"
 CLIENT = Path(protocol_docs_client.__file__)
 
 
+# the protections the run trained with: the manifest's `run` carries them, the client applies them
+PRIVACY = {"label_dp_epsilon": 2.0, "features": {"feature_clip": 4.0, "noise_multiplier": 0.5}}
+
+
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory) -> Path:
-    """The fp32 `tiny` tier of a random-initialized run dir, signed with both keys."""
+    """The fp32 `tiny` tier of a random-initialized run dir that used every upload protection,
+    signed with both keys."""
     root = tmp_path_factory.mktemp("docs-client")
     run = make_run_dir(root / "run")
+    info = RunInfo.model_validate_json((run / "run.json").read_text())
+    write_run_info(run, info.model_copy(update={"privacy": PRIVACY}))
     key, _ = load_or_create_signing_key(root / "keys")
     p256_key, _ = load_or_create_p256_signing_key(root / "keys")
     export_run(
@@ -67,6 +75,7 @@ def test_the_client_imports_no_project_code():
 
 def test_a_client_from_the_document_alone_runs_the_ten_steps(export_dir, tmp_path):
     manifest = json.loads((export_dir / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["run"]["label_dp_epsilon"] == 2.0 and manifest["run"]["feature_clip"] == 4.0
     pixels = np.random.default_rng(0).integers(0, 256, (3, 1, 28, 28)).astype(np.uint8)
     with serve(tmp_path / "data", export_dir) as base:
         seen = protocol_docs_client.run_ten_steps(base, ADMIN_TOKEN, export_dir, FIXTURE_SECRET, TIER, pixels)
