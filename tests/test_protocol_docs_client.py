@@ -14,8 +14,8 @@ import pytest
 import torch
 from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_create_signing_key
 from harmony_mobile.export.pipeline import export_run
-from harmony_mobile.run_dir import RunInfo, write_run_info
 
+from harmony_mobile.run_dir import RunInfo, write_run_info
 from tests import protocol_docs_client
 from tests.export_fixtures import FIXTURE_SECRET, make_run_dir
 from tests.helpers.fallback_server import ADMIN_TOKEN
