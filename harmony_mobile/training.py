@@ -22,7 +22,13 @@ from harmony_mobile.data.partition import Partition, make_partition
 from harmony_mobile.evaluation import ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
-from harmony_mobile.federation.rounds import ClientTurns, Federation, round_generator, run_rounds
+from harmony_mobile.federation.rounds import (
+    ClientTurns,
+    Federation,
+    personalization_round,
+    run_rounds,
+    seed_turn,
+)
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.files import open_private
 from harmony_mobile.models import (
@@ -474,9 +480,9 @@ def train(
     run = start_run(config, run_path, observer=observer)
     history = train_rounds(run, show_progress=show_progress)
     # final personalization from the meta-weights on each client's own data, then tau calibration
-    generator = round_generator(config.seed, config.rounds)
-    for client in run.clients:
+    for index, client in enumerate(run.clients):
         run.federation.broadcast(client)
+        generator = seed_turn(config.seed, personalization_round(config.rounds), index)
         run.federation.algorithm.personalize(client, run.federation.server, generator)
     return write_final_metrics(run, finish_run(run, history, observer))
 

@@ -135,13 +135,28 @@ def metric_lines(run_path) -> list[dict]:
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "local", "harmony", "splitgp", "multi-exit"])
-def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, algorithm):
-    """Same seed, data and budget: every client turn is the same arithmetic in the same order with
-    the same random streams, so metrics, thresholds and every saved front-end are bit-identical."""
+def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, monkeypatch, algorithm):
+    """Same seed, data and budget: every client turn is the same arithmetic with its own random
+    stream, so metrics, thresholds and every saved front-end are bit-identical, though Flower
+    sends a round's turns at once (a split method's one after another: its server learns from
+    each upload) and in the loopback Grid's reverse order."""
     config = tiny_config(algorithm, clients_per_round=3)
     reference = train(config, tmp_path / "inprocess", show_progress=False)
     same_lineage(tmp_path / "inprocess", tmp_path / "flower")
+    batches: list[list[str]] = []
+    push = LoopbackGrid.push_messages
+
+    def push_reversed(grid, messages):  # run the ClientApps in another order than the in-process one
+        messages = list(messages)
+        batches.append([m.metadata.message_type for m in messages])
+        return push(grid, messages[::-1])[::-1]
+
+    monkeypatch.setattr(LoopbackGrid, "push_messages", push_reversed)
     flower, flower_path = run_on_loopback(tmp_path, config)
+    round_batches = [len(b) for b in batches if b[0] == "train.round"]
+    concurrent = algorithm in ("fedavg", "local")
+    assert round_batches == ([3, 3] if concurrent else [1] * len(round_batches))
+    assert [len(b) for b in batches if b[0] == "evaluate.final"] == [4]
     assert metric_lines(flower_path) == metric_lines(tmp_path / "inprocess")
     reference["summary"].pop("alignment_score", None)  # needs pooled labelled features: in-process only
     for key in ("summary", "mean", "thresholds"):  # json: NaN rates compare equal to NaN

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import typing
 
+import pytest
 import torch
 
 from harmony_mobile.federation.client import cached_epoch_key
@@ -102,8 +103,13 @@ def exit_rows(weights: dict, order: list[int]) -> dict:
 
 
 def one_round(secret: bytes, initial: dict | None = None):
-    """One round under `secret`, starting from `initial` meta-weights (None: the federation's own)."""
+    """One round under `secret`, starting from `initial` meta-weights (None: the federation's own),
+    in float64 (call it under `float64_models`): float32 rounding of the rows summed in another
+    order, amplified by Adam on near-zero gradients, moves some weights by up to 6e-4, which a
+    real dependency on the secret could hide in; in float64 that rounding is 1e-14."""
     federation = tiny_federation(seed=3, secret=secret)
+    for client in federation.clients:
+        client.train_x, client.val_x = client.train_x.double(), client.val_x.double()
     federation.server = RecordingServer(federation.server)
     if initial is not None:
         federation.family_weights = copy.deepcopy(initial)
@@ -117,7 +123,15 @@ def renaming(a, b) -> list[int]:
     return [a.exit_names.index(name) for name in b.exit_names]
 
 
-def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fields():
+@pytest.fixture
+def float64_models():
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(previous)
+
+
+def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fields(float64_models):
     reference, initial = one_round(b"A" * 32)
     probe = tiny_federation(seed=3, secret=b"B" * 32).clients[0]
     order = renaming(reference.clients[0], probe)
@@ -131,12 +145,12 @@ def test_a_round_depends_on_tokens_only_up_to_renaming_and_never_on_integer_fiel
     # to float rounding, not bit for bit: an exit head's matmul sums its rows in the other order.
     # (A different batch moves these weights by > 1e-3: the tolerance can fail.)
     for name, value in reference.server.server.backend.state_dict().items():
-        assert torch.allclose(value, other_secret.server.server.backend.state_dict()[name], atol=1e-4), name
+        assert torch.allclose(value, other_secret.server.server.backend.state_dict()[name], atol=1e-9), name
     # and the meta-weights are the same up to the secret order of class-indexed rows
     for family in reference.family_weights:
         ours = exit_rows(reference.family_weights[family], order)
         for name, value in ours.items():
-            assert torch.allclose(value, other_secret.family_weights[family][name], atol=1e-4), name
+            assert torch.allclose(value, other_secret.family_weights[family][name], atol=1e-9), name
     assert all(isinstance(m, messages.SERVER_BOUND) for m in reference.server.seen)
 
 

@@ -2,14 +2,21 @@
 behind a `ClientTurns` (in this process: `InProcessTurns`; on Flower: flower/server_app.py).
 
 for each round r (resuming after the last checkpoint):
-    seed the round;  sample clients;  server.start_round(r)
-    updates = turns.train_round(sampled, r, generator)     # each: meta-weights in, ClientUpdate out
+    sample clients;  server.start_round(r)
+    updates = turns.train_round(sampled, r, seed)    # each: meta-weights in, ClientUpdate out
     per family: meta-weights = algorithm.aggregate(meta-weights, updates of that family)
     checkpoint;  metrics.jsonl;  turns.after_round(...)
+
+Every client turn draws from its own random stream, a function of (seed, round, client) only
+(`seed_turn`): no turn continues another's stream, so the clients of a round are independent and
+an engine may run them in any order or at once with the same numbers. A split method's turns still
+run one after another: the server's back-end learns from each upload, so a turn's gradients depend
+on the turns before it (federation/split_trainer.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -77,17 +84,25 @@ def load_checkpoint(run_path: Path, federation: Federation) -> int:
     return state["completed_round"]
 
 
-def round_generator(seed: int, round_id: int) -> torch.Generator:
-    """Randomness of one round depends only on (seed, round): a resumed run replays it exactly.
-    Round -1 is personalization's (after the rounds); `seed_round` also seeds torch's global
-    stream (dropout masks inside modules)."""
-    return torch.Generator().manual_seed(seed * 100_003 + round_id)
+def turn_seed(seed: int, round_id: int, client_id: int) -> int:
+    """The seed of one client's turn: a hash of (run seed, round, client), so that turns share no
+    stream and a resumed run replays each exactly. Personalization, after the rounds, is round
+    `rounds` (`personalization_round`)."""
+    digest = hashlib.sha256(f"harmony/turn/{seed}/{round_id}/{client_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: torch seeds are signed 64-bit
 
 
-def seed_round(seed: int, round_id: int) -> torch.Generator:
-    generator = round_generator(seed, round_id)
-    torch.manual_seed(seed * 100_003 + round_id)
-    return generator
+def seed_turn(seed: int, round_id: int, client_id: int) -> torch.Generator:
+    """The turn's generator (batches, variants, noise); torch's global stream (dropout masks inside
+    modules) is seeded from the same number, as a fresh process per client would have it."""
+    number = turn_seed(seed, round_id, client_id)
+    torch.manual_seed(number)
+    return torch.Generator().manual_seed(number)
+
+
+def personalization_round(rounds: int) -> int:
+    """The stream index of the final personalization: one after the last round."""
+    return rounds
 
 
 class ClientTurns(Protocol):
@@ -95,10 +110,9 @@ class ClientTurns(Protocol):
 
     def client_count(self) -> int: ...
 
-    def train_round(
-        self, client_ids: list[int], round_id: int, generator: torch.Generator
-    ) -> list[ClientUpdate]:
-        """The sampled clients' updates, in order (a client that does not answer is left out)."""
+    def train_round(self, client_ids: list[int], round_id: int, seed: int) -> list[ClientUpdate]:
+        """The sampled clients' updates, in order (a client that does not answer is left out); the
+        turn of client i draws from `seed_turn(seed, round_id, i)`."""
 
     def after_round(self, round_id: int, sampled: int, replied: int, seconds: float) -> None: ...
 
@@ -112,13 +126,12 @@ class InProcessTurns:
     def client_count(self) -> int:
         return len(self.federation.clients)
 
-    def train_round(
-        self, client_ids: list[int], round_id: int, generator: torch.Generator
-    ) -> list[ClientUpdate]:
+    def train_round(self, client_ids: list[int], round_id: int, seed: int) -> list[ClientUpdate]:
         updates = []
         for index in client_ids:
             client = self.federation.clients[index]
             self.federation.broadcast(client, round_id)
+            generator = seed_turn(seed, round_id, index)
             updates.append(
                 self.federation.algorithm.client_round(client, self.federation.server, round_id, generator)
             )
@@ -161,14 +174,13 @@ def run_rounds(
     with round_progress(rounds, start, show_progress) as progress:
         for round_id in range(start, rounds):
             started = time.perf_counter()
-            generator = seed_round(seed, round_id)
             # random order too: the server's contrastive memory then mixes families within a round
             sampled = np.random.default_rng((seed, round_id)).choice(
                 count, size=min(clients_per_round, count), replace=False
             )
             if federation.server is not None:
                 federation.server.start_round(round_id)
-            updates = turns.train_round([int(i) for i in sampled], round_id, generator)
+            updates = turns.train_round([int(i) for i in sampled], round_id, seed)
             metrics = aggregate_round(federation, updates, round_id)
             if evaluate is not None:
                 metrics["val_accuracy"] = evaluate(federation)

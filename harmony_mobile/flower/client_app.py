@@ -5,13 +5,14 @@ the run's client count) picks its data split and tier exactly as `harmony train`
 Each message runs the registry's own `Algorithm` code on a `Client` rebuilt from that data:
 
   query.hello        -> which partition this node holds
-  train.round        Broadcast + RNG state + label epoch -> algorithm.client_round -> ClientUpdate
+  train.round        Broadcast + stream round + label epoch -> algorithm.client_round -> ClientUpdate
   train.personalize  the same -> algorithm.personalize; the model stays here (threshold only back)
   evaluate.final     the server's back-end + slot table -> this client's metrics, its replay
                      features (released like uploads) and its artifact in its client dir
 
-Both `train` messages return the RNG state they leave and how often the client's most-released
-sample has left it (for the DP accountant). A split method's turn is several messages, one per
+A turn draws from its own random stream, rounds.seed_turn(run seed, stream round, partition id),
+derived here. Both `train` messages return how often the client's most-released sample has left
+it (for the DP accountant). A split method's turn is several messages, one per
 split step (split.py).
 
 The federation secret and labels live here only: the secret comes from the file the node config
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from harmony_mobile.algorithms.registry import build_algorithm
@@ -40,6 +41,7 @@ from harmony_mobile.data import load_dataset
 from harmony_mobile.evaluation import ServedBackend, evaluate_client_at
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import client_replay
+from harmony_mobile.federation.rounds import seed_turn
 from harmony_mobile.flower import split
 from harmony_mobile.flower.records import (
     message_to_record,
@@ -53,7 +55,7 @@ from harmony_mobile.protocol.messages import Broadcast, InterfaceGradients
 from harmony_mobile.run_dir import SECRET_FILE, save_client
 from harmony_mobile.training import TrainConfig, client_artifact, client_partition, upload_privacy
 
-RNG_RECORD = "rng"
+STREAM_RECORD = "stream"  # which round's random stream a turn draws from
 ALGORITHM_STATE = "algorithm-state"
 CLIENT_STATE = "client-state"  # what the phone keeps between rounds besides its model (Client.private_state)
 RELEASES_RECORD = "releases"  # the one number of the client's state the server gets: max releases
@@ -132,20 +134,6 @@ def build_client(context: Context, settings: FlowerSettings, label_epoch: str) -
     )
 
 
-def rng_record(generator: torch.Generator) -> ArrayRecord:
-    """The round's randomness as the client leaves it, so the next client continues the stream
-    exactly as the in-process engine does."""
-    return tensor_dict_to_record({"generator": generator.get_state(), "torch": torch.get_rng_state()})
-
-
-def restore_rng(record: ArrayRecord) -> torch.Generator:
-    states = record_to_tensor_dict(record)
-    torch.set_rng_state(states["torch"])
-    generator = torch.Generator()
-    generator.set_state(states["generator"])
-    return generator
-
-
 def load_algorithm_state(algorithm, context: Context) -> None:
     if ALGORITHM_STATE in context.state.config_records:
         blob = context.state.config_records[ALGORITHM_STATE]["blob"]
@@ -179,19 +167,21 @@ def begin_turn(context: Context, content: RecordDict, settings: FlowerSettings, 
     if CLIENT_STATE in context.state.array_records:
         client.load_private_state(record_to_tensor_dict(context.state.array_records[CLIENT_STATE]))
     broadcast = record_to_message(content, Broadcast)
-    generator = restore_rng(content.array_records[RNG_RECORD])
+    stream_round = int(content.config_records[STREAM_RECORD]["round"])
+    generator = seed_turn(
+        settings.train_config.seed, stream_round, partition_of(context, settings.train_config)
+    )
     client.receive(broadcast)
     return Turn(algorithm, client, broadcast, generator)
 
 
 def end_turn(context: Context, turn: Turn, result: RecordDict) -> RecordDict:
-    """The turn's reply: `work`'s result, the RNG state it leaves and the max release count; the
+    """The turn's reply: `work`'s result and the max release count; the
     client's private state (and after personalization, round -1, its model) stay in context.state."""
     save_algorithm_state(turn.algorithm, context)
     if turn.broadcast.round_id == -1:
         keep_personalized(context, turn.client)
     context.state[CLIENT_STATE] = tensor_dict_to_record(turn.client.private_state())
-    result[RNG_RECORD] = rng_record(turn.generator)
     result[RELEASES_RECORD] = ConfigRecord({"max-releases": turn.client.max_releases})
     return result
 
@@ -201,7 +191,7 @@ def run_turn(
 ) -> RecordDict:
     """One message of a client's turn: run `work(algorithm, client, server, broadcast, generator)`
     from the turn's start; returns the reply's content: the next split-step request, or `work`'s
-    result plus the RNG state it leaves. A split turn continues its paused thread when this
+    result. A split turn continues its paused thread when this
     process holds it (and `keep_turns`), else replays from the turn's start (split.py)."""
     run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
     config = run_settings.train_config
@@ -231,7 +221,7 @@ def split_reply(context: Context, live: split.LiveTurn, event, keep_turns: bool)
     if isinstance(event, split.SplitStepNeeded):
         split.set_pending(context.state, event.digest)
         if not keep_turns:
-            split.LiveTurn.abandon_current()
+            split.LiveTurn.abandon(live.key)
         return split.step_request(event)
     split.forget_turn(context.state)
     return end_turn(context, live.turn, event)

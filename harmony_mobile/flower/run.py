@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 from harmony_mobile.evaluation import summarize
-from harmony_mobile.federation.rounds import round_generator
 from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.run_dir import ensure_federation_secret
@@ -61,10 +60,9 @@ def train_on_grid(grid, settings: FlowerSettings) -> dict:
     transport = FlowerClients(grid, settings, run)
     transport.connect(len(run.client_tiers))
     phases["connect"] = time.perf_counter() - run.started - sum(phases.values())
-    config = run.config
     history = train_rounds(run, turns=transport)
     phases["rounds"] = time.perf_counter() - run.started - sum(phases.values())
-    missing = transport.personalize(run, round_generator(config.seed, config.rounds))
+    missing = transport.personalize(run)
     if len(run.client_tiers) - len(missing) < settings.min_replies:
         raise FlowerRunError(f"{len(missing)} clients did not personalize")
     phases["personalize"] = time.perf_counter() - run.started - sum(phases.values())
@@ -120,7 +118,6 @@ def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -
     check_config(config)
     prepare_run_dir(Path(settings.run_dir), config)  # bad run dirs fail before Ray starts
     provision_federation_secret(Path(settings.run_dir))
-    # a round's client turns run one after another (server_app.py), so one actor serves them all
     # the actors' own output (Flower's per-message lines) stays in Ray's session logs
     resources = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},

@@ -1,10 +1,11 @@
 """The Flower ServerApp: family meta-weights, the back-end and the rounds, driven over a Grid.
 
 It runs `harmony train`'s own steps (flower/run.py) with the client turns of a round sent as
-messages to the SuperNodes that hold those clients. A round visits its sampled clients in the
-same order and with the same randomness stream as the in-process engine (each client returns
-the RNG state it leaves, the next one continues it), so the arithmetic is the same and the two
-engines produce the same numbers.
+messages to the SuperNodes that hold those clients. Each turn draws from its own random stream
+(rounds.seed_turn of the run's seed, the round and the client), which the ClientApp derives
+itself, so turns are independent: a round's messages go out at once and the clients train
+concurrently, yet the arithmetic is the in-process engine's and so are the numbers. A split
+method's turns go one after another (its server learns from each upload in turn).
 
 A client that does not answer within `reply_timeout` (dead SuperNode, error in its ClientApp)
 is left out of the round; the round proceeds if at least `min_replies` answered, otherwise the
@@ -24,14 +25,14 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from harmony_mobile.federation.rounds import personalization_round
 from harmony_mobile.files import open_private
 from harmony_mobile.flower import split
 from harmony_mobile.flower.client_app import (
     LINEAGE_RECORD,
     RELEASES_RECORD,
-    RNG_RECORD,
     SERVED_RECORD,
-    rng_record,
+    STREAM_RECORD,
 )
 from harmony_mobile.flower.records import (
     message_to_record,
@@ -44,6 +45,7 @@ from harmony_mobile.protocol.messages import Broadcast, ClientUpdate
 
 log = logging.getLogger(__name__)
 POLL_START, POLL_MAX = 0.02, 0.25  # seconds between pulls of the replies: doubling up to the max
+DIAGNOSTICS_RECORD = "server-diagnostics"  # ServerApp only: added to a turn's reply, never sent
 TRANSPORT_LOG = "flower_rounds.jsonl"  # per round: replies, missing clients, bytes each way, seconds
 
 
@@ -111,79 +113,127 @@ class FlowerClients:
             raise FlowerRunError(f"two SuperNodes claim partition-id {partition}")
         self.node_of_client[partition] = reply.metadata.src_node_id
 
-    def exchange(self, messages: list[Message]) -> list[Message]:
-        """Grid.send_and_receive with a short poll: a deployed Grid's own polls every 3 s, which
-        adds seconds to every split step. Returns when every message has its reply or after
-        reply_timeout."""
-        waiting = set(self.grid.push_messages(messages))
-        deadline = time.monotonic() + self.settings.reply_timeout
-        replies: list[Message] = []
+    def run_turns(
+        self, federation, starts: list[tuple[int, str, RecordDict]], round_id: int
+    ) -> dict[int, RecordDict]:
+        """Send every (client, message type, content) at once, as Flower's Message-API strategies
+        do, and answer each split-step request with the server's `step` as it comes (split.py).
+        Returns each client's final reply; a client whose message fails or finds no reply within
+        reply_timeout is left out. Polls with a short interval: a deployed Grid's own
+        send_and_receive polls every 3 s, which adds seconds to every split step."""
+        waiting: dict[str, tuple[int, str, float]] = {}
+        finals: dict[int, RecordDict] = {}
+        self.push(starts, round_id, waiting)
         interval = POLL_START
-        while waiting and time.monotonic() < deadline:
+        while waiting:
+            now = time.monotonic()
+            for message_id in [m for m, (_, _, deadline) in waiting.items() if now >= deadline]:
+                client_id, message_type, _ = waiting.pop(message_id)
+                log.warning("client %d, %s: no reply in time", client_id, message_type)
+            if not waiting:
+                break
             time.sleep(interval)
-            pulled = list(self.grid.pull_messages(waiting))
-            replies += pulled
-            waiting -= {reply.metadata.reply_to_message_id for reply in pulled}
-            interval = min(interval * 2, POLL_MAX)
-        return replies
+            pulled = list(self.grid.pull_messages(list(waiting)))
+            interval = POLL_START if pulled else min(interval * 2, POLL_MAX)
+            follow_ups = []
+            for reply in pulled:
+                client_id, message_type, _ = waiting.pop(reply.metadata.reply_to_message_id)
+                if reply.has_error():
+                    log.warning("client %d, %s: %s", client_id, message_type, reply.error.reason)
+                    continue
+                self.bytes_received += record_bytes(reply.content)
+                if not split.is_step_request(reply.content):
+                    finals[client_id] = reply.content
+                    continue
+                answer = self.answer_step(federation, client_id, reply.content)
+                if answer is not None:
+                    follow_ups.append((client_id, message_type, answer))
+            self.push(follow_ups, round_id, waiting)
+        return finals
 
-    def ask(self, client_id: int, message_type: str, content: RecordDict, round_id: int) -> RecordDict | None:
-        """One client's turn: the reply's content, or None when it does not come in time."""
-        node = self.node_of_client.get(client_id)
-        if node is None:
+    def push(
+        self,
+        sends: list[tuple[int, str, RecordDict]],
+        round_id: int,
+        waiting: dict[str, tuple[int, str, float]],
+    ) -> None:
+        messages, senders = [], []
+        for client_id, message_type, content in sends:
+            node = self.node_of_client.get(client_id)
+            if node is None:
+                continue
+            messages.append(
+                Message(content, dst_node_id=node, message_type=message_type, group_id=str(round_id))
+            )
+            senders.append((client_id, message_type))
+            self.bytes_sent += record_bytes(content)
+        if not messages:
+            return
+        message_ids = self.grid.push_messages(messages)
+        deadline = time.monotonic() + self.settings.reply_timeout
+        for message_id, (client_id, message_type) in zip(message_ids, senders, strict=True):
+            waiting[message_id] = (client_id, message_type, deadline)
+
+    def answer_step(self, federation, client_id: int, request: RecordDict) -> RecordDict | None:
+        """The server's half of one split step; None (the client is left out) when the request is
+        not one this client may send."""
+        upload, update = split.read_step_request(request)
+        if federation.server is None or upload.client_id != client_name(client_id):
+            log.warning("client %d sent a split step it cannot send; left out", client_id)
             return None
-        message = Message(content, dst_node_id=node, message_type=message_type, group_id=str(round_id))
-        self.bytes_sent += record_bytes(content)
-        replies = self.exchange([message])
-        if not replies or replies[0].has_error():
-            reason = replies[0].error.reason if replies else "no reply in time"
-            log.warning("client %d (node %d), %s: %s", client_id, node, message_type, reason)
-            return None
-        self.bytes_received += record_bytes(replies[0].content)
-        return replies[0].content
+        return message_to_record(federation.server.step(upload, update=update))
 
     def lineage(self) -> ConfigRecord:
         return ConfigRecord({"label-epoch": self.run.label_epoch})
 
-    def client_turn(
-        self, federation, client_id: int, message_type: str, broadcast: Broadcast, generator: torch.Generator
-    ) -> RecordDict | None:
-        """Send a Broadcast and the round's RNG state, answer the client's split steps with the
-        server's `step` (split.py), and on its final reply continue the RNG from the client's."""
+    def turn_start(self, broadcast: Broadcast, stream_round: int) -> RecordDict:
+        """A turn's first message: the Broadcast, the label epoch and which round's random stream
+        the client draws from (its own: rounds.seed_turn of the run's seed, that round, itself)."""
         content = message_to_record(broadcast)
-        content[RNG_RECORD] = rng_record(generator)
+        content[STREAM_RECORD] = ConfigRecord({"round": stream_round})
         content[LINEAGE_RECORD] = self.lineage()
-        reply = self.ask(client_id, message_type, content, broadcast.round_id)
-        while reply is not None and split.is_step_request(reply):
-            upload, update = split.read_step_request(reply)
-            if federation.server is None or upload.client_id != client_name(client_id):
-                log.warning("client %d sent a split step it cannot send; left out", client_id)
-                return None
-            gradients = federation.server.step(upload, update=update)
-            reply = self.ask(client_id, message_type, message_to_record(gradients), broadcast.round_id)
-        if reply is not None:
+        return content
+
+    def turns(
+        self, federation, starts: list[tuple[int, str, RecordDict]], round_id: int, diagnostics: bool = False
+    ) -> dict[int, RecordDict]:
+        """A round's (or personalization's) turns: all at once, except a split method's, which run
+        one after another since the server's back-end learns from every upload (rounds.py); then
+        the server's measurements during a turn belong to that turn (`diagnostics`)."""
+        if not federation.algorithm.uses_split:
+            finals = self.run_turns(federation, starts, round_id)
+        else:
+            finals = {}
+            for start in starts:
+                finals |= self.run_turns(federation, [start], round_id)
+                if diagnostics and start[0] in finals:
+                    finals[start[0]][DIAGNOSTICS_RECORD] = ConfigRecord(federation.server.take_diagnostics())
+        for client_id, reply in finals.items():
             self.max_releases[client_id] = int(reply.config_records[RELEASES_RECORD]["max-releases"])
-            states = record_to_tensor_dict(reply[RNG_RECORD])
-            generator.set_state(states["generator"])
-            torch.set_rng_state(states["torch"])
-        return reply
+        return finals
 
     def client_count(self) -> int:
         return len(self.run.client_tiers)
 
-    def train_round(self, client_ids: list[int], round_id: int, generator) -> list[ClientUpdate]:
+    def train_round(self, client_ids: list[int], round_id: int, seed: int) -> list[ClientUpdate]:
         run = self.run
-        federation, updates = run.federation, []
+        federation, starts = run.federation, []
         for client_id in client_ids:
             family = run.client_tiers[client_id].family
             broadcast = Broadcast(round_id, family, federation.family_weights[family], f"round-{round_id}")
-            reply = self.client_turn(federation, client_id, "train.round", broadcast, generator)
-            if reply is not None:
-                update = record_to_message(reply, ClientUpdate)
-                if federation.server is not None:  # the server's measurements during this turn
-                    metrics = {**update.metrics, **federation.server.take_diagnostics()}
-                    update = dataclasses.replace(update, metrics=metrics)
-                updates.append(update)
+            starts.append((client_id, "train.round", self.turn_start(broadcast, round_id)))
+        finals = self.turns(federation, starts, round_id, diagnostics=True)
+        updates = []
+        for client_id in client_ids:
+            if client_id not in finals:
+                continue
+            reply = finals[client_id]
+            update = record_to_message(reply, ClientUpdate)
+            if DIAGNOSTICS_RECORD in reply:  # the server's measurements during this turn
+                update = dataclasses.replace(
+                    update, metrics={**update.metrics, **dict(reply[DIAGNOSTICS_RECORD])}
+                )
+            updates.append(update)
         if len(updates) < self.settings.min_replies:
             raise FlowerRunError(
                 f"round {round_id}: {len(updates)} of {len(client_ids)} sampled clients replied, "
@@ -191,28 +241,31 @@ class FlowerClients:
             )
         return updates
 
-    def personalize(self, run, generator: torch.Generator) -> list[int]:
+    def personalize(self, run) -> list[int]:
         """Every client personalizes from its family's meta-weights and keeps the result; returns
         the ids of clients that did not answer."""
-        missing = []
+        stream_round = personalization_round(run.config.rounds)
+        starts = []
         for client_id, tier in enumerate(run.client_tiers):
             broadcast = Broadcast(-1, tier.family, run.federation.family_weights[tier.family], "round--1")
-            if self.client_turn(run.federation, client_id, "train.personalize", broadcast, generator) is None:
-                missing.append(client_id)
-        return missing
+            starts.append((client_id, "train.personalize", self.turn_start(broadcast, stream_round)))
+        finals = self.turns(run.federation, starts, -1)
+        return [client_id for client_id in range(len(run.client_tiers)) if client_id not in finals]
 
     def evaluate(self, run, client_ids: list[int]) -> tuple[dict[str, dict], list[torch.Tensor]]:
         """Federated evaluation: each client scores its personalized model with the back-end the
-        server sends and reports its metrics (and its replay rows); nothing else comes back."""
+        server sends and reports its metrics (and its replay rows); nothing else comes back. All
+        clients at once (no server step)."""
         content = RecordDict({LINEAGE_RECORD: self.lineage()})
         server = run.federation.server
         if server is not None:
             content[SERVED_RECORD] = tensor_dict_to_record(run.backend.state_dict())
             tokens = json.dumps([t.hex() for t in server.slot_table.tokens])
             content["slots"] = ConfigRecord({"tokens": tokens})
+        finals = self.run_turns(run.federation, [(i, "evaluate.final", content) for i in client_ids], -1)
         reports, replay = {}, []
         for client_id in client_ids:
-            reply = self.ask(client_id, "evaluate.final", content, -1)
+            reply = finals.get(client_id)
             if reply is None:
                 continue
             reports[client_name(client_id)] = json.loads(str(reply.config_records["metrics"]["json"]))

@@ -3,17 +3,17 @@
 Flower's ServerApp speaks and the ClientApp answers; a ClientApp cannot call the server halfway
 through `algorithm.client_round`. So the server drives the turn, one message per split step:
 
-  server -> client   train.round: Broadcast + RNG state            (turn start)
+  server -> client   train.round: Broadcast + stream round         (turn start)
   client -> server   FeatureUpload (+ whether the server updates)   (the turn's first split step)
   server -> client   InterfaceGradients of SplitTrainer.step(upload) (continue)
-  client -> server   next FeatureUpload ... or, at the end, ClientUpdate + RNG state
+  client -> server   next FeatureUpload ... or, at the end, ClientUpdate
 
 The turn runs in a thread of the ClientApp's process (`LiveTurn`) that pauses at each split step
 and continues when the server's answer arrives, if that message reaches the same process (the
 Simulation Engine's actors, a long-lived ClientApp process): S split steps cost S client steps.
 
 A SuperNode may instead run every message in a fresh process (a deployed SuperNode does), where
-no paused thread survives. So the client also keeps the turn's start (broadcast, RNG states) and
+no paused thread survives. So the client also keeps the turn's start (broadcast, stream round) and
 the server's replies so far in Flower's `context.state`, and a fresh process re-runs the turn from
 the start against `ReplayServer`, which answers the recorded steps and pauses at the first new
 one. The turn is deterministic given its start and the replies, which `ReplayServer` checks: a
@@ -97,16 +97,20 @@ class ReplayServer:
 
 class LiveTurn:
     """A client's split turn running in a thread of this process, paused at each new split step
-    until the server's answer comes in the next message (see the module docstring). A process
-    runs one client turn at a time, so it keeps at most one paused turn: starting another ends it.
+    until the server's answer comes in the next message (see the module docstring). One process
+    may serve several nodes whose turns are open at once (a round's clients run concurrently), so
+    paused turns are kept per node, at most `MAX_PAUSED`: beyond that the oldest is ended and its
+    node replays when its answer comes. Only one turn computes at a time (the ClientApp's thread
+    waits for its next event), and each keeps its own torch global random state across pauses.
     The ClientApp calls `start`/`resume`, which return the turn's next event: a SplitStepNeeded
     (the turn is paused) or the turn's result; an error inside the turn is raised from them."""
 
-    current: ClassVar[LiveTurn | None] = None
+    MAX_PAUSED: ClassVar[int] = 64  # each holds a client's models; a round's turns of one process
+    paused: ClassVar[dict[tuple[int, int], LiveTurn]] = {}
 
     def __init__(self, key: tuple[int, int], threads: int, turn: Any = None):
         self.key, self.threads = key, threads
-        self.turn = turn  # what the ClientApp needs when the turn ends (its algorithm, client, RNG)
+        self.turn = turn  # what the ClientApp needs when the turn ends (its algorithm, client, stream)
         self.events: queue.SimpleQueue = queue.SimpleQueue()
         self.answers: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = ""
@@ -114,31 +118,33 @@ class LiveTurn:
     @classmethod
     def waiting_for(cls, key: tuple[int, int], digest: str) -> LiveTurn | None:
         """The paused turn of node `key` whose pending split step has this upload digest, if any."""
-        turn = cls.current
-        return turn if turn is not None and turn.key == key and turn.pending == digest else None
+        turn = cls.paused.get(key)
+        return turn if turn is not None and turn.pending == digest else None
 
     @classmethod
-    def abandon_current(cls) -> None:
-        if cls.current is not None:
-            cls.current.answers.put(None)
-            cls.current = None
+    def abandon(cls, key: tuple[int, int]) -> None:
+        turn = cls.paused.pop(key, None)
+        if turn is not None:
+            turn.answers.put(None)
 
     def start(self, body: Callable[[], Any]):
-        LiveTurn.abandon_current()
-        LiveTurn.current = self
+        LiveTurn.abandon(self.key)  # a node runs one turn at a time: a new start ends its old one
         threading.Thread(target=self._main, args=(body,), daemon=True, name=f"turn-{self.key}").start()
         return self._next_event()
 
     def resume(self, gradients: InterfaceGradients):
+        LiveTurn.paused.pop(self.key, None)
         self.answers.put(gradients)
         return self._next_event()
 
     def pause(self, needed: SplitStepNeeded) -> InterfaceGradients:
         """ReplayServer's `on_new_step`, in the turn's thread: wait for the server's answer."""
+        random_state = torch.get_rng_state()  # other nodes' turns run while this one waits
         self.events.put(("step", needed))
         answer = self.answers.get()
         if answer is None:
             raise TurnAbandonedError(f"turn of node {self.key[1]} abandoned")
+        torch.set_rng_state(random_state)
         return answer
 
     def _main(self, body: Callable[[], Any]) -> None:
@@ -154,9 +160,10 @@ class LiveTurn:
         kind, value = self.events.get()
         if kind == "step":
             self.pending = value.digest
+            LiveTurn.paused[self.key] = self
+            while len(LiveTurn.paused) > LiveTurn.MAX_PAUSED:
+                LiveTurn.abandon(next(iter(LiveTurn.paused)))
             return value
-        if LiveTurn.current is self:
-            LiveTurn.current = None
         if kind == "error":
             raise value
         return value
