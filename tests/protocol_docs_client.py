@@ -289,6 +289,14 @@ class LabelDraws:
         return stored[1]
 
 
+# upload metadata key -> the manifest run key whose number it copies (section 4.4)
+PROTECTIONS = (
+    ("clip_norm", "feature_clip"),
+    ("noise_multiplier", "noise_multiplier"),
+    ("label_dp_epsilon", "label_dp_epsilon"),
+)
+
+
 def upload_plaintext(metadata: dict, features: np.ndarray) -> bytes:
     text = json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     return b"HMUP\x01" + struct.pack("<I", len(text)) + text + hmft(features)
@@ -326,6 +334,7 @@ class Seen:
     tier: str
     exits: int = 0
     asked: int = 0
+    exit_order: list[int] = field(default_factory=list)  # exit output j -> class index
     local_classes: list[int] = field(default_factory=list)  # the exit head's answer, through the exit order
     top_slots: list[int] = field(default_factory=list)
     named_by_server: list[int | None] = field(default_factory=list)
@@ -345,7 +354,7 @@ def run_ten_steps(
     entry = tier_entry(manifest, tier)  # 4
     front_end = FrontEnd(verified_artifact(export_dir, entry), entry)
     names, epoch = manifest["class_names"], manifest["label_epoch"]
-    order = exit_order(federation_secret, epoch, names)
+    order = seen.exit_order = exit_order(federation_secret, epoch, names)
     slot_tables = {device["default_version"]: device["slot_table"]}
     features = []
     for image in normalize(pixels, entry["normalization"]):  # 5
@@ -373,17 +382,18 @@ def run_ten_steps(
     return seen
 
 
-def upload(base, token, device, manifest, entry, batch, secret, seen: Seen) -> None:
+def protected_upload(
+    manifest: dict, entry: dict, batch: np.ndarray, secret: bytes, draws: LabelDraws
+) -> bytes:
+    """The HMUP plaintext of `batch` with the protections the manifest's run turns on (section 4.4);
+    the user confirmed class i % C for row i."""
     run = manifest["run"]
     names, epoch = manifest["class_names"], manifest["label_epoch"]
-    confirmed = [i % len(names) for i in range(len(batch))]  # what the user confirmed
+    confirmed = [i % len(names) for i in range(len(batch))]
     if run.get("label_dp_epsilon") is not None:
-        draws = LabelDraws()
         ids = [hashlib.sha256(np.ascontiguousarray(row, "<f4").tobytes()).hexdigest() for row in batch]
-        confirmed = [
-            draws.drawn(i, c, run["label_dp_epsilon"], len(names))
-            for i, c in zip(ids, confirmed, strict=True)
-        ]
+        epsilon = run["label_dp_epsilon"]
+        confirmed = [draws.drawn(i, c, epsilon, len(names)) for i, c in zip(ids, confirmed, strict=True)]
     rows = clip_and_noise(batch, run.get("feature_clip"), run.get("noise_multiplier"))
     metadata = {
         "label_tokens": [label_token(secret, epoch, names[c]).hex() for c in confirmed],
@@ -392,45 +402,44 @@ def upload(base, token, device, manifest, entry, batch, secret, seen: Seen) -> N
         "tier": entry["name"],
         "model_version": manifest["model_version"],
     }
-    for key, run_key in (
-        ("clip_norm", "feature_clip"),
-        ("noise_multiplier", "noise_multiplier"),
-        ("label_dp_epsilon", "label_dp_epsilon"),
-    ):
+    for key, run_key in PROTECTIONS:
         if run.get(run_key) is not None:
             metadata[key] = run[run_key]
+    return upload_plaintext(metadata, rows)
+
+
+def sealed_body(device: dict, label_epoch: str, plaintext: bytes) -> bytes:
+    """The JSON body of POST /v1/uploads under a fresh message id: what a phone queues and resends."""
     message_id = uuid.uuid4()
-    ad = associated_data(device["device_id"], epoch, message_id)
-    envelope = seal(base64.b64decode(device["server_public_key"]), upload_plaintext(metadata, rows), ad)
-    body = json.dumps(
-        {
-            "label_epoch": epoch,
-            "message_id": str(message_id),
-            "envelope": base64.b64encode(envelope).decode(),
-        },
-        separators=(",", ":"),
-    ).encode()
+    ad = associated_data(device["device_id"], label_epoch, message_id)
+    envelope = seal(base64.b64decode(device["server_public_key"]), plaintext, ad)
+    body = {
+        "label_epoch": label_epoch,
+        "message_id": str(message_id),
+        "envelope": base64.b64encode(envelope).decode(),
+    }
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def upload(
+    base: str, token: str, device: dict, manifest: dict, entry: dict, batch, secret, seen: Seen
+) -> None:
+    epoch = manifest["label_epoch"]
+    body = sealed_body(device, epoch, protected_upload(manifest, entry, batch, secret, LabelDraws()))
     headers = {
         "Authorization": f"Bearer {token}",
-        "Content-Type": "application/json",
+        "Content-Type": "application/json; charset=utf-8",  # as OkHttp labels JSON
         "Content-Encoding": "gzip",
     }
     compressed = gzip.compress(body)
     for _ in range(2):  # the second send is a retry after a lost answer: the same bytes
         response = httpx.post(f"{base}/v1/uploads", content=compressed, headers=headers)
         seen.receipts.append(expect(response, 200, 201).json())
-    wrong = {**metadata, "split_depths": [entry["split_depth"] + 98] * len(rows)}
-    other_id = uuid.uuid4()
-    envelope = seal(
-        base64.b64decode(device["server_public_key"]),
-        upload_plaintext(wrong, rows),
-        associated_data(device["device_id"], epoch, other_id),
+    wrong_tier = {**entry, "split_depth": entry["split_depth"] + 98}
+    plaintext = protected_upload(manifest, wrong_tier, batch, secret, LabelDraws())
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    response = httpx.post(
+        f"{base}/v1/uploads", content=sealed_body(device, epoch, plaintext), headers=headers
     )
-    body = {
-        "label_epoch": epoch,
-        "message_id": str(other_id),
-        "envelope": base64.b64encode(envelope).decode(),
-    }
-    response = httpx.post(f"{base}/v1/uploads", json=body, headers={"Authorization": f"Bearer {token}"})
     if response.status_code == 422:
         seen.refused.append(error_sentence(response))

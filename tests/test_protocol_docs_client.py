@@ -15,6 +15,7 @@ import torch
 from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_create_signing_key
 from harmony_mobile.export.pipeline import export_run
 
+from harmony_mobile.protocol.label_tokens import epoch_key, exit_order, slot_classes
 from harmony_mobile.run_dir import RunInfo, write_run_info
 from tests import protocol_docs_client
 from tests.export_fixtures import FIXTURE_SECRET, make_run_dir
@@ -79,10 +80,12 @@ def test_a_client_from_the_document_alone_runs_the_ten_steps(export_dir, tmp_pat
     pixels = np.random.default_rng(0).integers(0, 256, (3, 1, 28, 28)).astype(np.uint8)
     with serve(tmp_path / "data", export_dir) as base:
         seen = protocol_docs_client.run_ten_steps(base, ADMIN_TOKEN, export_dir, FIXTURE_SECRET, TIER, pixels)
-    slots = len(manifest["slot_table"])
-    assert seen.asked == 3 and all(0 <= s < slots for s in seen.top_slots)
-    # the shipped slot table holds every class: each slot names one
-    assert all(c is not None for c in seen.named_by_server)
+    names, key = manifest["class_names"], epoch_key(FIXTURE_SECRET, manifest["label_epoch"])
+    assert [names[i] for i in seen.exit_order] == exit_order(key, names)  # the reference's order
+    assert seen.asked == 3
+    table = [bytes.fromhex(token) for token in manifest["slot_table"]]  # the served back-end's
+    reference = slot_classes(key, names, table)
+    assert [names[c] for c in seen.named_by_server] == [reference[s] for s in seen.top_slots]
     assert seen.extension_top_slots == seen.top_slots  # the same rows, the other request form
     first, retry = seen.receipts
     assert first["rows"] == 3 and first["duplicate"] is False
