@@ -4,33 +4,42 @@ What each app reads, and where this module writes it (paths relative to the repo
 
     android   android_demo/app/src/main/assets/export/   manifest.json, both signatures and keys, the
                                                          tiers' XNNPACK .pte files
-              android_demo/harmony.properties            harmony.pinnedManifestKey (the P-256 key,
-                                                         signing_key_p256.pub) and harmony.serverUrl
-              android_demo/app/src/main/assets/provisioning.local.json   the run's federation secret
+              android_demo/harmony.properties            harmony.pinnedManifestKey (the P-256 key
+                                                         the app pins) and harmony.serverUrl
     ios       ios_demo/HarmonyDemo/Export/               manifest.json, both signatures and keys, the
                                                          tiers' Core ML packages and .pte files
               ios_demo/HarmonyDemo/HarmonyDemo/Resources/pinned_signing_key.pub   (Ed25519)
               ios_demo/HarmonyDemo/HarmonyDemo/Resources/server_url.txt
-              ios_demo/HarmonyDemo/HarmonyDemo/Resources/provisioning.local.json
 
-The export is verified first (signatures and every file's digest), so an app never gets a copy
-that would fail its own check. The federation secret comes from the training run (`federation_secret`
-in the run directory): a phone needs it to token its labels and to decode the server's slots. It goes
-to `provisioning.local.json` (owner-only, git-ignored), never into the tracked `provisioning.json`,
-which holds a placeholder secret the apps fall back to so that a fresh checkout builds: a secret
-must not end up in a commit.
+The pinned key is the one you pass (`--pinned-key`, the platform's public key file from your key
+directory) or the one the app already pins, never the export's own: an export re-signed with
+another key is refused, because whoever can replace an export can replace the key file beside it.
+The export is verified against that key first (signature and every file's digest).
+
+The federation secret is never written into an app (anything under assets/ or Resources/ is
+packaged, and anyone who unzips the app could decode every phone's labels): export-app refuses to
+run without the run's secret, checks that it is the secret of this export (its class tokens are
+the manifest's slot table), removes any provisioning file an older version left in the app, and
+writes the provisioning payload (export/provisioning.py) owner-only to a path outside the app
+trees, for `harmony provision`-style delivery to the phone (QR code, deep link, managed config).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from harmony_mobile.export.keys import P256_PUBLIC_KEY_FILE, PUBLIC_KEY_FILE
+from harmony_mobile.export.keys import (
+    P256_PUBLIC_KEY_FILE,
+    PUBLIC_KEY_FILE,
+    SigningKeyError,
+    decode_p256_public_key,
+    decode_public_key,
+    encode_p256_public_key,
+    encode_public_key,
+)
 from harmony_mobile.export.manifest import (
     MANIFEST_FILE,
     P256_SIGNATURE_FILE,
@@ -38,11 +47,16 @@ from harmony_mobile.export.manifest import (
     Manifest,
     verify_manifest,
 )
+from harmony_mobile.export.provisioning import Provisioning, payload_uri, write_payload
+
+from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 
 Platform = Literal["android", "ios"]
 PLATFORMS: tuple[str, ...] = ("android", "ios")
 SECRET_FILE = "clients/federation_secret"  # in a run directory: its client part (harmony_mobile/run_dir.py)
-LOCAL_PROVISIONING_FILE = "provisioning.local.json"  # git-ignored; the apps prefer it to provisioning.json
+# Provisioning files older versions wrote into the apps (which packaged them): removed on sight.
+STALE_PROVISIONING_FILES = ("provisioning.local.json", "provisioning.json")
+PAYLOAD_FILE = "provisioning-{platform}.txt"  # beside the export directory, outside the app trees
 DEFAULT_SERVER_URLS = {
     # the host machine as the Android emulator and the iOS simulator see it
     "android": "http://10.0.2.2:8000",
@@ -64,8 +78,9 @@ class AppInstall:
     model_version: str
     copied: list[str] = field(default_factory=list)
     written: list[Path] = field(default_factory=list)
+    removed: list[Path] = field(default_factory=list)
     server_url: str = ""
-    provisioned: bool = False
+    payload: Path | None = None  # the provisioning payload, outside the app
 
 
 def find_repository(start: Path | None = None) -> Path:
@@ -92,30 +107,81 @@ def install(
     *,
     server_url: str | None = None,
     run_dir: Path | None = None,
+    pinned_key: Path | None = None,
+    payload_out: Path | None = None,
 ) -> AppInstall:
-    """Verify `export_dir` and copy it, its pinned key, a server URL and the run's secret into the app."""
+    """Verify `export_dir` against the pinned key and copy it, that key and a server URL into the app;
+    write the run's provisioning payload to `payload_out` (default: beside the export), never into
+    the app."""
     if platform not in PLATFORMS:
         raise ExportAppError(f"platform must be one of {', '.join(PLATFORMS)}, got {platform!r}")
     export_dir = Path(export_dir)
-    manifest = verify_manifest(export_dir)  # ManifestError names every problem
-    key_file = P256_PUBLIC_KEY_FILE if platform == "android" else PUBLIC_KEY_FILE
-    if platform == "android" and manifest.signature.p256 is None:
-        raise ExportAppError(
-            f"{export_dir} has no ECDSA P-256 signature ({P256_SIGNATURE_FILE}), which the Android app "
-            "verifies; re-export it with this version of `harmony export`"
-        )
+    secret = _federation_secret(run_dir if run_dir is not None else default_run_dir(export_dir), export_dir)
+    key_text = _pinned_key_text(platform, repo, pinned_key)
+    if platform == "android":
+        manifest = verify_manifest(export_dir, p256_public_key=key_text)  # ManifestError names every problem
+        if manifest.signature.p256 is None:
+            raise ExportAppError(
+                f"{export_dir} has no ECDSA P-256 signature ({P256_SIGNATURE_FILE}), which the Android app "
+                "verifies; re-export it with this version of `harmony export`"
+            )
+    else:
+        manifest = verify_manifest(export_dir, public_key=key_text)
+    _check_secret_matches(manifest, secret)
     result = AppInstall(platform, export_dir, manifest.model_version)
     result.server_url = _check_url(server_url or DEFAULT_SERVER_URLS[platform])
-    pinned_key = (export_dir / key_file).read_text(encoding="ascii").strip()
     if platform == "android":
-        _install_android(result, manifest, repo, pinned_key)
+        _install_android(result, manifest, repo, key_text)
     else:
-        _install_ios(result, manifest, repo, pinned_key)
-    secret = _federation_secret(run_dir if run_dir is not None else default_run_dir(export_dir))
-    if secret is not None:
-        result.written.append(_write_provisioning(repo, platform, secret))
-        result.provisioned = True
+        _install_ios(result, manifest, repo, key_text)
+    result.removed = _remove_stale_provisioning(repo)
+    payload = payload_uri(Provisioning(secret, result.server_url))
+    target = (
+        payload_out if payload_out is not None else export_dir.parent / PAYLOAD_FILE.format(platform=platform)
+    )
+    result.payload = write_payload(target, payload, app_roots(repo))
     return result
+
+
+def app_roots(repo: Path) -> list[Path]:
+    """The folders whose content ends up in an app: nothing secret may be written under them."""
+    return [repo / "android_demo", repo / "ios_demo"]
+
+
+def _pinned_key_text(platform: str, repo: Path, pinned_key: Path | None) -> str:
+    """The key the app pins: the file passed, else the one the app already pins; never the export's."""
+    file_name = P256_PUBLIC_KEY_FILE if platform == "android" else PUBLIC_KEY_FILE
+    if pinned_key is not None:
+        try:
+            text = Path(pinned_key).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise ExportAppError(f"cannot read --pinned-key {pinned_key}: {error}") from None
+    else:
+        text = _app_pinned_key(platform, repo)
+        if not text:
+            raise ExportAppError(
+                f"the {platform} app pins no manifest key yet: pass --pinned-key with the {file_name} "
+                "of the key directory that signs your exports (`harmony export --key-dir`, default "
+                "~/.config/harmony-mobile/keys)"
+            )
+    try:  # normalized, so a stray newline or a wrong kind of key is caught here, not on the phone
+        if platform == "android":
+            return encode_p256_public_key(
+                decode_p256_public_key(text, str(pinned_key or "pinned key"))
+            ).decode()
+        return encode_public_key(decode_public_key(text, str(pinned_key or "pinned key"))).decode()
+    except SigningKeyError as error:
+        raise ExportAppError(f"{error} (the {platform} app pins a {file_name} key)") from None
+
+
+def _app_pinned_key(platform: str, repo: Path) -> str:
+    if platform == "android":
+        properties = repo / "android_demo" / "harmony.properties"
+        lines = properties.read_text(encoding="utf-8").splitlines() if properties.is_file() else []
+        values = [line.split("=", 1)[1] for line in lines if line.startswith("harmony.pinnedManifestKey=")]
+        return values[-1].strip() if values else ""
+    key_file = repo / "ios_demo" / "HarmonyDemo" / "HarmonyDemo" / "Resources" / "pinned_signing_key.pub"
+    return key_file.read_text(encoding="ascii").strip() if key_file.is_file() else ""
 
 
 def _check_url(url: str) -> str:
@@ -170,9 +236,13 @@ def _install_ios(result: AppInstall, manifest: Manifest, repo: Path, pinned_key:
     result.written += [resources / "pinned_signing_key.pub", resources / "server_url.txt"]
 
 
-def _federation_secret(run_dir: Path | None) -> bytes | None:
+def _federation_secret(run_dir: Path | None, export_dir: Path) -> bytes:
     if run_dir is None:
-        return None
+        raise ExportAppError(
+            f"no training run beside {export_dir} (pass --run RUN_DIR): phones need the run's federation "
+            "secret, provisioned at run time, to token labels and decode slots; without it the app "
+            "would decode nothing"
+        )
     path = Path(run_dir) / SECRET_FILE
     if not path.is_file():
         raise ExportAppError(
@@ -184,23 +254,25 @@ def _federation_secret(run_dir: Path | None) -> bytes | None:
     return secret
 
 
-def _write_provisioning(repo: Path, platform: str, secret: bytes) -> Path:
-    folder = (
-        repo / "android_demo" / "app" / "src" / "main" / "assets"
-        if platform == "android"
-        else repo / "ios_demo" / "HarmonyDemo" / "HarmonyDemo" / "Resources"
-    )
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCAL_PROVISIONING_FILE
-    document = {
-        "comment": "Written by `harmony export-app` from the exported run; git-ignored. The app prefers "
-        "this file to provisioning.json (a placeholder). A real fleet provisions the secret through "
-        "MDM / managed app configuration (docs/PROTOCOL.md section 2).",
-        "federation_secret_hex": secret.hex(),
-    }
-    # owner-only from the first byte: the secret decodes every phone's labels
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(descriptor, 0o600)  # an older file may have been created with wider permissions
-    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-        handle.write(json.dumps(document, indent=2, ensure_ascii=False) + "\n")
-    return path
+def _check_secret_matches(manifest: Manifest, secret: bytes) -> None:
+    """The secret's class tokens under the manifest's label epoch must be its back-end's slot table."""
+    tokens = {t.hex() for t in class_tokens(epoch_key(secret, manifest.label_epoch), manifest.class_names)}
+    if tokens != set(manifest.slot_table):
+        raise ExportAppError(
+            "the run's federation secret is not this export's: its class tokens are not the manifest's "
+            "slot table (pass --run with the run the export was made from)"
+        )
+
+
+def _remove_stale_provisioning(repo: Path) -> list[Path]:
+    """Delete provisioning files that older versions put into the apps (they would be packaged)."""
+    folders = [
+        repo / "android_demo" / "app" / "src" / "main" / "assets",
+        repo / "ios_demo" / "HarmonyDemo" / "HarmonyDemo" / "Resources",
+    ]
+    removed = []
+    for path in (folder / name for folder in folders for name in STALE_PROVISIONING_FILES):
+        if path.is_file():
+            path.unlink()
+            removed.append(path)
+    return removed

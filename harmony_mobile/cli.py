@@ -482,13 +482,31 @@ def export_app_command(
             "--run", help="training run whose federation secret the phones need (default: EXPORT/../run)"
         ),
     ] = None,
+    pinned_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--pinned-key",
+            help="the public key the app pins (android: signing_key_p256.pub, ios: signing_key.pub of "
+            "your key directory); default: the key the app already pins. Never the export's own.",
+        ),
+    ] = None,
+    payload_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--payload-out",
+            help="where to write the provisioning payload, owner-only, outside the app trees "
+            "(default: EXPORT/../provisioning-<platform>.txt)",
+        ),
+    ] = None,
     repo: Annotated[
         Path | None, typer.Option(help="repository checkout (default: found from the working directory)")
     ] = None,
 ) -> None:
-    """Copy a verified export, its pinned key, a server URL and the run's secret into a demo app."""
+    """Copy a verified export, the pinned key and a server URL into a demo app; the run's secret
+    goes into a provisioning payload outside the app, never into it."""
     from harmony_mobile.export.apps import ExportAppError, find_repository, install
     from harmony_mobile.export.manifest import ManifestError
+    from harmony_mobile.export.provisioning import ProvisioningError
 
     try:
         result = install(
@@ -497,8 +515,10 @@ def export_app_command(
             repo if repo is not None else find_repository(),
             server_url=server_url,
             run_dir=run_dir,
+            pinned_key=pinned_key,
+            payload_out=payload_out,
         )
-    except (ExportAppError, ManifestError, OSError) as error:
+    except (ExportAppError, ManifestError, ProvisioningError, OSError) as error:
         fail(str(error))
     console.print(
         f"[green]{platform}[/green]: model {result.model_version}, {len(result.copied)} files from "
@@ -507,11 +527,84 @@ def export_app_command(
     )
     for path in result.written:
         console.print(f"  wrote {path}", soft_wrap=True)
-    if not result.provisioned:
-        console.print(
-            "[yellow]no training run found (--run): the app keeps its provisioning.json secret, so it "
-            "cannot decode the server's slots of this model[/yellow]"
-        )
+    for path in result.removed:
+        console.print(f"  removed {path} (a secret must not ship in the app)", soft_wrap=True)
+    console.print(
+        f"provisioning payload (owner-only; deliver it to the phone as a QR code, deep link or managed "
+        f"config, docs/PROVISIONING.md): {result.payload}",
+        soft_wrap=True,
+    )
+
+
+@app.command("provision")
+def provision_command(
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="file to write the payload to (owner-only, outside the apps); - prints it"
+        ),
+    ],
+    run_dir: Annotated[
+        Path, typer.Option("--run", help="training run whose federation secret the phones get")
+    ] = Path("demo-output/run"),
+    server_url: Annotated[str | None, typer.Option(help="fallback server URL to include")] = None,
+    admin_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            help="enrol a device first (POST /v1/devices on --server-url) with this admin token file"
+        ),
+    ] = None,
+    tier: Annotated[
+        str | None, typer.Option(help="the enrolled device's tier (with --admin-token-file)")
+    ] = None,
+    name: Annotated[str | None, typer.Option(help="the enrolled device's name")] = None,
+) -> None:
+    """Write a provisioning payload: the run's federation secret (and, with --admin-token-file, a
+    device enrolment) for one phone, as the deep link its QR code carries."""
+    from harmony_mobile.export.provisioning import (
+        Provisioning,
+        ProvisioningError,
+        payload_uri,
+        provisioned_device,
+        write_payload,
+    )
+
+    secret_path = run_dir / "clients" / "federation_secret"
+    try:
+        device = None
+        if admin_token_file is not None:
+            device = _enrol_for_payload(server_url, admin_token_file, tier, name, provisioned_device)
+        payload = payload_uri(Provisioning(secret_path.read_bytes(), server_url, device))
+        if str(out) == "-":
+            print(payload)
+            return
+        repo = _repository_or_none()
+        written = write_payload(out, payload, [repo / "android_demo", repo / "ios_demo"] if repo else [])
+    except (ProvisioningError, OSError) as error:
+        fail(str(error))
+    console.print(f"wrote {written} (owner-only: it holds the federation secret)", soft_wrap=True)
+
+
+def _enrol_for_payload(server_url, admin_token_file: Path, tier, name, provisioned_device):
+    from harmony_mobile.device.errors import DeviceError
+    from harmony_mobile.device.server import enrol
+
+    if server_url is None or tier is None:
+        fail("--admin-token-file enrols a device: pass --server-url and --tier too")
+    try:
+        response = enrol(server_url.rstrip("/"), admin_token_file.read_text().strip(), tier, name)
+    except (DeviceError, OSError) as error:
+        fail(f"could not enrol a device at {server_url}: {error}")
+    return provisioned_device(response)
+
+
+def _repository_or_none() -> Path | None:
+    from harmony_mobile.export.apps import ExportAppError, find_repository
+
+    try:
+        return find_repository()
+    except ExportAppError:
+        return None
 
 
 def _serve_settings(explicit: dict[str, Any]) -> Settings:

@@ -37,6 +37,7 @@ from tests.helpers.manifest import Artifact, digits_tier_entry, write_files
 
 FIXTURE_SECRET = b"fixture-federation-secret-32byte"
 FIXTURE_EPOCH = "e-fixture"
+CLASS_NAMES = tuple(str(i) for i in range(10))
 FAKE_FILES = {
     "entry-android/front_fp32.pte": b"PTE fp32 " * 40,
     "entry-android/front_int8.pte": b"PTE int8 " * 20,
@@ -87,9 +88,10 @@ def fake_export_dir(directory: Path, key_dir: Path) -> Path:
         directory,
         model_version="test-v1",
         run={"dataset": "digits", "algorithm": "test", "seed": 0},
-        class_names=[str(i) for i in range(10)],
+        class_names=list(CLASS_NAMES),
         label_epoch="e-test",
-        slot_table=[f"{i:016x}" for i in range(10)],
+        # the tokens of the class names under FIXTURE_SECRET: this export belongs to that secret
+        slot_table=[t.hex() for t in class_tokens(epoch_key(FIXTURE_SECRET, "e-test"), CLASS_NAMES)],
         interface_shape=[64, 8, 8],
         backend=backend,
         tiers=tiers,
