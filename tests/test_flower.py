@@ -321,17 +321,55 @@ def test_no_flower_message_carries_the_secret_a_client_state_or_a_personalized_m
             )
 
 
-def test_the_server_app_never_loads_a_data_set(tmp_path, monkeypatch):
-    """The ServerApp's code path (training.start_run without clients) must not load images or
-    labels; the ClientApps load their own (flower/client_app.py imports its own loader)."""
-    from harmony_mobile import training
+def test_the_server_app_never_loads_data_a_client_or_the_secret_and_a_client_only_its_rows(
+    tmp_path, monkeypatch
+):
+    """Every data load and every Client built during a Flower run comes from a ClientApp (the
+    loopback Grid runs both apps in this process, so the stack tells them apart; the secret's
+    reads: test_the_server_app_never_opens_the_federation_secret), nobody loads the whole data
+    set, and a node holds the images of its own rows only."""
+    import inspect
+
+    from harmony_mobile.data import datasets
+    from harmony_mobile.federation import client as client_module
+    from harmony_mobile.flower import client_app
+
+    callers: list[tuple[str, set[str]]] = []
+
+    def audited(name, function):
+        def call(*args, **kwargs):
+            callers.append((name, {frame.filename for frame in inspect.stack(0)}))
+            return function(*args, **kwargs)
+
+        return call
 
     def refuse(*args, **kwargs):
-        raise AssertionError("the ServerApp loaded a data set")
+        raise AssertionError("a Flower run loaded the whole data set")
 
-    monkeypatch.setattr(training, "load_dataset", refuse)
-    results, _ = run_on_loopback(tmp_path, tiny_config("fedavg", rounds=1))
+    config = tiny_config("fedavg", rounds=1)
+    whole = datasets.load_dataset(config.dataset, limit=config.dataset_limit)
+    monkeypatch.setattr(datasets, "load_dataset", refuse)
+    monkeypatch.setattr("harmony_mobile.training.load_dataset", refuse)
+    for name in ("load_rows", "load_labels"):
+        monkeypatch.setattr(client_app, name, audited(name, getattr(client_app, name)))
+    monkeypatch.setattr(client_module.Client, "__init__", audited("Client", client_module.Client.__init__))
+    client_app._client_data.cache_clear()
+    client_app._partition.cache_clear()
+    results, run_path = run_on_loopback(tmp_path, config)
     assert results["summary"]["accuracy_with_ood"] > 0
+    assert {name for name, _ in callers} == {"load_rows", "load_labels", "Client"}
+    for name, files in callers:
+        assert any(f.endswith("flower/client_app.py") for f in files), (name, sorted(files)[-5:])
+    secret = (run_path / SECRET_FILE).read_bytes()
+    for partition_id in range(client_count(config)):
+        data = client_app._client_data(config.model_dump_json(), partition_id, secret)
+        split = data.split
+        held = set(data.rows.local_of)
+        assert len(data.rows.images) == len(held) < config.dataset_limit // 2
+        assert set(split.train) | set(split.val) | set(split.test) <= held
+        assert torch.equal(
+            data.rows[split.test], whole.images[split.test]
+        )  # the same pixels, by global index
 
 
 def test_a_nodes_state_keeps_no_finished_split_turn(tmp_path):

@@ -8,6 +8,8 @@ from harmony_mobile.data.datasets import (
     dataset_info,
     find_available,
     load_dataset,
+    load_labels,
+    load_rows,
 )
 from harmony_mobile.data.partition import (
     SCHEMES,
@@ -33,6 +35,8 @@ __all__ = [
     "family_partition",
     "find_available",
     "load_dataset",
+    "load_labels",
+    "load_rows",
     "make_partition",
     "ood_test_indices",
     "shard_partition",

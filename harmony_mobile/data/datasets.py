@@ -23,7 +23,7 @@ import pickle
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -141,6 +141,50 @@ def load_dataset(name: str, data_root: str | Path | None = None, limit: int | No
         mean=source.mean,
         std=source.std,
     )
+
+
+def load_labels(name: str, data_root: str | Path | None = None, limit: int | None = None) -> np.ndarray:
+    """The labels of `load_dataset(name, data_root, limit)` without holding its images: what a
+    process needs to find its partition's rows before it loads them (`load_rows`). IDX data sets
+    read their label files only."""
+    if name in IDX_FOLDERS:
+        files = _locate(name, data_root)
+        labels = np.concatenate(
+            [_read_idx(files[f"{s}-labels-idx1-ubyte"], ndim=1) for s in ("train", "t10k")]
+        )
+    else:
+        labels = _source(name).read(_locate(name, data_root))[1]
+    return labels[:limit].astype(np.int64)
+
+
+def load_rows(
+    name: str, data_root: str | Path | None, rows: np.ndarray, limit: int | None = None
+) -> ImageDataset:
+    """Only the samples at `rows` (indices into `load_dataset(name, data_root, limit)`), normalized:
+    one client's partition. The file is read whole (gzip has no random access) but only these
+    rows are converted to float and returned; the file's raw pixels (uint8 for the IDX sets,
+    55 MB for Fashion-MNIST) stay cached in this process, so a process serving many clients (a
+    simulation's actor) reads the file once."""
+    source = _source(name)
+    pixels, labels, class_names = _stored_pixels(name, None if data_root is None else str(data_root))
+    pixels, labels = pixels[:limit], labels[:limit]
+    rows = np.asarray(rows, dtype=np.int64)
+    if len(rows) and (rows.min() < 0 or rows.max() >= len(labels)):
+        raise ValueError(f"rows outside 0..{len(labels) - 1} of {name}")
+    return ImageDataset(
+        name=name,
+        images=_normalize(pixels[rows], source.mean, source.std),
+        labels=torch.from_numpy(labels[rows].astype(np.int64)),
+        class_names=class_names,
+        mean=source.mean,
+        std=source.std,
+    )
+
+
+@lru_cache(maxsize=1)
+def _stored_pixels(name: str, data_root: str | None) -> tuple[np.ndarray, np.ndarray, tuple[str, ...]]:
+    pixels, labels, class_names = _source(name).read(_locate(name, data_root))
+    return _read_only(pixels), _read_only(labels), class_names
 
 
 @dataclass(frozen=True)

@@ -32,13 +32,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from harmony_mobile.algorithms.registry import build_algorithm
-from harmony_mobile.data import load_dataset
-from harmony_mobile.evaluation import ServedBackend, evaluate_client_at
+from harmony_mobile.data import DatasetInfo, dataset_info, load_labels, load_rows, ood_test_indices
+from harmony_mobile.evaluation import OOD_FRACTIONS, ServedBackend, evaluate_client_at
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import client_replay
 from harmony_mobile.federation.rounds import seed_turn
@@ -71,19 +72,67 @@ class NodeConfigError(ValueError):
     """The SuperNode's node config does not describe a client of this run."""
 
 
-@lru_cache(maxsize=4)
-def _client_data(config_json: str, partition_id: int, federation_secret: bytes):
-    """Data split and tier of one client: training.client_partition's split and tier order, so
-    partition p here is client p of `harmony train`. Cached per process: a ClientApp process may
-    serve many messages of one run."""
+@dataclass(frozen=True)
+class PartitionRows:
+    """The images of one client's rows only, indexed by their indices in the whole data set (what
+    evaluation asks for: its test split and the OOD samples drawn for it); other rows are absent."""
+
+    images: torch.Tensor
+    local_of: dict[int, int]
+
+    def __getitem__(self, index) -> torch.Tensor:
+        rows = torch.as_tensor(index).reshape(-1).tolist()
+        return self.images[[self.local_of[row] for row in rows]]
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """What a node holds of the data set: its own rows' images, every label (the partition is a
+    function of them), its split, tier and the run's partition (indices only)."""
+
+    rows: PartitionRows
+    labels: torch.Tensor
+    info: DatasetInfo
+    tier: Any
+    split: Any
+    partition: Any
+
+
+@lru_cache(maxsize=2)
+def _partition(config_json: str, federation_secret: bytes):
+    """The run's partition from the labels alone (no image loaded): training.client_partition's
+    split, so partition p here is client p of `harmony train`."""
     config = TrainConfig.model_validate_json(config_json)
-    dataset = load_dataset(config.dataset, config.data_root, limit=config.dataset_limit)
-    tiers = load_tiers(config.tiers_file).with_input_shape(dataset.input_shape)
+    labels = torch.from_numpy(load_labels(config.dataset, config.data_root, limit=config.dataset_limit))
+    info = dataset_info(config.dataset, config.data_root)
+    tiers = load_tiers(config.tiers_file).with_input_shape(info.input_shape)
+    partition = client_partition(config, tiers, LabelsOnly(labels), federation_secret)
+    return labels, info, tiers, partition
+
+
+@dataclass(frozen=True)
+class LabelsOnly:
+    labels: torch.Tensor  # what client_partition reads of a data set
+
+
+@lru_cache(maxsize=4)
+def _client_data(config_json: str, partition_id: int, federation_secret: bytes) -> ClientData:
+    """One client's rows (train, validation, test and the OOD samples its evaluation draws),
+    loaded alone: a node never holds the other clients' images. Cached per process: a ClientApp
+    process may serve many messages of one run, and several nodes (a virtual SuperNode's actor)."""
+    config = TrainConfig.model_validate_json(config_json)
+    labels, info, tiers, partition = _partition(config_json, federation_secret)
     tier_of_client = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
     if not 0 <= partition_id < len(tier_of_client):
         raise NodeConfigError(f"partition-id {partition_id} outside 0..{len(tier_of_client) - 1}")
-    partition = client_partition(config, tiers, dataset, federation_secret)
-    return dataset, tier_of_client[partition_id], partition.clients[partition_id], partition
+    split = partition.clients[partition_id]
+    evaluated = [
+        ood_test_indices(split, labels.numpy(), partition.ood_pool, p, config.seed)[0] for p in OOD_FRACTIONS
+    ]
+    wanted = np.unique(np.concatenate([split.train, split.val, split.test, *evaluated]))
+    loaded = load_rows(config.dataset, config.data_root, wanted, limit=config.dataset_limit)
+    rows = PartitionRows(loaded.images, {int(row): i for i, row in enumerate(wanted)})
+    return ClientData(rows, labels, info, tier_of_client[partition_id], split, partition)
 
 
 def client_count(config: TrainConfig) -> int:
@@ -115,21 +164,24 @@ def federation_secret(context: Context, settings: FlowerSettings) -> bytes:
 def build_client(context: Context, settings: FlowerSettings, label_epoch: str) -> Client:
     config = settings.train_config
     secret = federation_secret(context, settings)
-    dataset, tier, split, _ = _client_data(config.model_dump_json(), partition_of(context, config), secret)
-    channels, size, _ = dataset.input_shape
+    data = _client_data(config.model_dump_json(), partition_of(context, config), secret)
+    channels, size, _ = data.info.input_shape
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
+    split = data.split
     return Client(
         client_id=split.client_id,
-        tier=tier,
+        tier=data.tier,
         classes=split.classes,
-        model=FamilyModel(tier.family, channels, size, dataset.num_classes, tier.width, interface),
-        train_x=dataset.images[split.train],
-        train_y=dataset.labels[split.train],
-        val_x=dataset.images[split.val],
-        val_y=dataset.labels[split.val],
+        model=FamilyModel(
+            data.tier.family, channels, size, data.info.num_classes, data.tier.width, interface
+        ),
+        train_x=data.rows[split.train],
+        train_y=data.labels[split.train],
+        val_x=data.rows[split.val],
+        val_y=data.labels[split.val],
         federation_secret=secret,
         label_epoch=label_epoch,
-        class_names=tuple(dataset.class_names),
+        class_names=tuple(data.info.class_names),
         privacy=upload_privacy(config),
     )
 
@@ -252,15 +304,13 @@ def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettin
     client.load_private_state(record_to_tensor_dict(context.state.array_records[CLIENT_STATE]))
     client.model.load_state_dict(record_to_tensor_dict(context.state.array_records[PERSONALIZED]))
     client.threshold = float(context.state.config_records[PERSONALIZED_THRESHOLD]["threshold"])
-    dataset, _, split, partition = _client_data(
-        config.model_dump_json(), partition_of(context, config), client.federation_secret
-    )
+    data = _client_data(config.model_dump_json(), partition_of(context, config), client.federation_secret)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
-    served = served_backend(content, dataset.num_classes, config) if SERVED_RECORD in content else None
+    served = served_backend(content, data.info.num_classes, config) if SERVED_RECORD in content else None
     metrics = evaluate_client_at(
-        client, served, dataset.images, dataset.labels, partition, config.seed, algorithm.exit_rule
+        client, served, data.rows, data.labels, data.partition, config.seed, algorithm.exit_rule
     )
-    save_client(client_dir(context, settings), client_artifact(client, split))
+    save_client(client_dir(context, settings), client_artifact(client, data.split))
     report = {**metrics, "threshold": client.threshold}
     reply = RecordDict({"metrics": ConfigRecord({"json": json.dumps(report)})})
     if served is not None:
@@ -270,6 +320,8 @@ def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettin
         )
     reply[RELEASES_RECORD] = ConfigRecord({"max-releases": client.max_releases})
     context.state[CLIENT_STATE] = tensor_dict_to_record(client.private_state())
+    for key in (PERSONALIZED, PERSONALIZED_THRESHOLD):  # saved in the client dir: the node state shrinks
+        del context.state[key]
     return reply
 
 
