@@ -16,7 +16,11 @@ What a phone does:
 
   * `load_manifest`: verify manifest.sig over the exact bytes of manifest.json with the *pinned*
     Ed25519 key, then parse it; `load_front_end` checks the artifact's sha256 and size against the
-    manifest before handing the .pte to the ExecuTorch runtime.
+    manifest before handing the .pte to the ExecuTorch runtime. `choose_artifact` takes a variant
+    that passed the export's checks first (the manifest's verdicts).
+  * `ModelStore`: updates. A newer signed manifest (`fetch_signed_manifest`) and its artifact are
+    installed only when the manifest_version is higher than the installed one (older or reused:
+    RollbackError), verified, then switched to with one atomic rename.
   * `Phone.classify`: normalize the pixels as the manifest says, run the .pte, answer locally when
     max softmax(exit_logits) >= the exit threshold (the manifest's tier threshold, or the one the
     phone recalibrated after personalizing its front-end on device: `Phone.use_local_front_end`),
@@ -45,8 +49,12 @@ from harmony_mobile.device.manifest import (
     MANIFEST_FILE,
     PUBLIC_KEY_FILE,
     SIGNATURE_FILE,
+    RollbackError,
+    choose_artifact,
     decode_public_key,
+    is_update,
     load_manifest,
+    manifest_version,
     normalize,
     pte_artifact,
     read_verified_artifact,
@@ -54,6 +62,7 @@ from harmony_mobile.device.manifest import (
     upload_privacy,
     verify_manifest_bytes,
 )
+from harmony_mobile.device.model_store import InstalledModel, ModelStore, fetch_signed_manifest
 from harmony_mobile.device.phone import (
     PERMANENT_UPLOAD_STATUSES,
     Classification,
@@ -73,6 +82,13 @@ __all__ = [
     "PUBLIC_KEY_FILE",
     "SIGNATURE_FILE",
     "Classification",
+    "InstalledModel",
+    "ModelStore",
+    "RollbackError",
+    "choose_artifact",
+    "fetch_signed_manifest",
+    "is_update",
+    "manifest_version",
     "DeviceCredentials",
     "DeviceError",
     "FederationKey",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from harmony_mobile.device.manifest import pte_artifact, read_verified_artifact, tier_entry
+from harmony_mobile.device.manifest import choose_artifact, pte_artifact, read_verified_artifact, tier_entry
 from harmony_mobile.logs import native_stderr_to_log_file
 
 
@@ -46,8 +46,10 @@ class FrontEndProgram:
 
 
 def load_front_end(
-    export_dir: str | Path, manifest: dict, tier: str, quantization: str = "int8"
+    export_dir: str | Path, manifest: dict, tier: str, quantization: str | None = None
 ) -> FrontEndProgram:
-    """The tier's .pte after checking its sha256 and size against the (verified) manifest."""
-    artifact = pte_artifact(tier_entry(manifest, tier), quantization)
+    """The tier's .pte after checking its sha256 and size against the (verified) manifest: the
+    given quantization, or by default the variant `choose_artifact` prefers (a passing one first)."""
+    entry = tier_entry(manifest, tier)
+    artifact = choose_artifact(entry) if quantization is None else pte_artifact(entry, quantization)
     return FrontEndProgram(read_verified_artifact(export_dir, artifact), artifact["path"])

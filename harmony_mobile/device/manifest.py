@@ -57,6 +57,63 @@ def load_manifest(export_dir: str | Path, pinned_key: Ed25519PublicKey | str | b
     return verify_manifest_bytes(manifest, signature, pinned_key)
 
 
+class RollbackError(DeviceError):
+    """A signed manifest older than the installed one (or as old, with other content): refused."""
+
+
+def manifest_version(manifest: dict) -> int:
+    """The monotonic manifest_version (0 for manifests written before it existed)."""
+    version = manifest.get("manifest_version", 0)
+    if type(version) is not int or version < 0:
+        raise DeviceError(f"manifest_version must be a non-negative integer, got {version!r}")
+    return version
+
+
+def is_update(installed: tuple[int, str] | None, candidate: dict, candidate_bytes: bytes) -> bool:
+    """Whether a verified candidate manifest should replace the installed one, given as
+    (manifest_version, sha256 of its bytes): True when newer, False when it is the very same
+    manifest; RollbackError when older, or as old with different bytes (a version is never reused)."""
+    version = manifest_version(candidate)
+    if installed is None:
+        return True
+    installed_version, installed_sha256 = installed
+    if version > installed_version:
+        return True
+    if version == installed_version and hashlib.sha256(candidate_bytes).hexdigest() == installed_sha256:
+        return False
+    what = "older than" if version < installed_version else "as old as, but different from,"
+    raise RollbackError(
+        f"refusing manifest_version {version} ({candidate.get('model_version')}): it is {what} the installed "
+        f"manifest_version {installed_version}"
+    )
+
+
+# The order variants are preferred in: a passing one first, then one nothing checked (Core ML parity
+# runs on a Mac), a failed one only when nothing else is there.
+VERDICT_ORDER = ("pass", "not_checked", "fail")
+PTE_PREFERENCE = ("int8", "fp32")  # smaller and faster first
+
+
+def choose_artifact(
+    entry: dict, backend: str = "xnnpack", preference: tuple[str, ...] = PTE_PREFERENCE
+) -> dict:
+    """The tier's artifact for `backend`: the best verdict first (VERDICT_ORDER), then the preferred
+    quantization; counterparts: harmony-core VariantChooser, HarmonyKit VariantChooser."""
+    candidates = [a for a in entry["artifacts"] if a["backend"] == backend]
+    if not candidates:
+        raise DeviceError(f"tier {entry['name']} has no {backend} artifact")
+
+    def rank(artifact: dict) -> tuple[int, int]:
+        verdict = artifact.get("verdict", "not_checked")
+        quantization = artifact["quantization"]
+        return (
+            VERDICT_ORDER.index(verdict) if verdict in VERDICT_ORDER else len(VERDICT_ORDER),
+            preference.index(quantization) if quantization in preference else len(preference),
+        )
+
+    return min(candidates, key=rank)
+
+
 def tier_entry(manifest: dict, tier: str) -> dict:
     for entry in manifest["tiers"]:
         if entry["name"] == tier:
