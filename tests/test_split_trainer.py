@@ -1,10 +1,16 @@
 """The training server's contrastive term in both of its modes: which earlier rows each mode keeps
-as candidates, and that the term moves the uploaded features only through dL/dz."""
+as candidates, and that the term moves the uploaded features only through dL/dz (or not at all when
+it is kept off the front-ends); and its style mixing across families."""
 
 import pytest
 import torch
 
-from harmony_mobile.federation.split_trainer import ContrastiveTerm, SplitTrainer, SplitTrainerConfig
+from harmony_mobile.federation.split_trainer import (
+    ContrastiveTerm,
+    SplitTrainer,
+    SplitTrainerConfig,
+    StyleMixing,
+)
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
 from harmony_mobile.protocol.messages import FeatureUpload
 
@@ -12,11 +18,18 @@ SPEC = InterfaceSpec(channels=4, size=4)
 TOKENS = [bytes([i]) * 8 for i in range(4)]
 
 
-def trainer(mode: str) -> SplitTrainer:
+def trainer(mode: str, reaches_front_ends: bool = True, style: StyleMixing | None = None) -> SplitTrainer:
     torch.manual_seed(0)
     backend = Backend(SPEC, 4, width=16)
-    term = ContrastiveTerm(weight=1.0, temperature=0.2, bank_size=64, mode=mode, ratio_every=1)
-    config = SplitTrainerConfig(lr=1e-3, restrict_to_client_slots=True, contrastive=term)
+    term = ContrastiveTerm(
+        weight=1.0,
+        temperature=0.2,
+        bank_size=64,
+        mode=mode,
+        ratio_every=1,
+        reaches_front_ends=reaches_front_ends,
+    )
+    config = SplitTrainerConfig(lr=1e-3, restrict_to_client_slots=True, contrastive=term, style_mixing=style)
     return SplitTrainer(backend, ProjectionHead(16, 8), config, "e-test")
 
 
@@ -85,3 +98,43 @@ def test_a_rounds_gradient_ratio_is_the_median_of_its_steps():
     assert expected < 1e9
     assert server.take_diagnostics()["contrastive_grad_ratio"] == expected  # a mean would be over 3e8
     assert server.take_diagnostics() == {}  # the measurements are cleared once taken
+
+
+@pytest.mark.parametrize("mode", ["token", "cross_family"])
+def test_a_term_kept_off_the_front_ends_returns_the_ces_gradient_but_still_trains_g(mode):
+    torch.manual_seed(1)
+    first, second = upload("a", "cnn", [0, 1, 0, 1]), upload("b", "resnet", [0, 1, 1, 0])
+    detached, off = trainer(mode, reaches_front_ends=False), trainer(mode)
+    off.config = off.config.model_copy(update={"contrastive": None})
+    grads = {}
+    for name, server in (("detached", detached), ("off", off)):
+        server.start_round(0)
+        grads[name] = server.step(first).grad_features  # same g, so the same CE gradient at z
+        server.step(second)  # b has positives in either mode: SupCon moves g
+    assert torch.allclose(grads["detached"], grads["off"])
+    moved = [
+        not torch.equal(p, q)
+        for p, q in zip(detached.backend.parameters(), off.backend.parameters(), strict=True)
+    ]
+    assert any(moved)
+
+
+def test_style_mixing_moves_a_rows_channel_statistics_towards_another_familys():
+    style = StyleMixing(probability=1.0, alpha=1.0, bank_size=16)
+    server = trainer("token", style=style)
+    server.start_round(0)
+    cnn = upload("a", "cnn", [0, 1, 0, 1])
+    assert torch.equal(server._mix_styles(cnn.features, 0), cnn.features)  # no other family banked yet
+    resnet = upload("b", "resnet", [0, 1, 1, 0])
+    resnet.features.mul_(0.1).add_(10)  # another family's style: a far larger mean, a smaller spread
+    server._mix_styles(resnet.features, 1)
+    mixed = server._mix_styles(cnn.features, 0)
+    own_mean = cnn.features.mean(dim=(2, 3))
+    mixed_mean = mixed.mean(dim=(2, 3))
+    assert (mixed_mean >= own_mean - 1e-4).all() and (mixed_mean - own_mean).abs().max() > 1.0
+    assert {f: rows.shape[0] for f, rows in server._style_bank.items()} == {0: 8, 1: 4}
+    # the mixing draws follow from the server's state, which a checkpoint carries
+    state = server.state()
+    again = trainer("token", style=style)
+    again.load_state(state)
+    assert torch.equal(again._mix_styles(cnn.features, 0), server._mix_styles(cnn.features, 0))

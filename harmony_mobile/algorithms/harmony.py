@@ -48,6 +48,7 @@ from harmony_mobile.federation.split_trainer import (
     ContrastiveTerm,
     SplitTrainer,
     SplitTrainerConfig,
+    StyleMixing,
     aggregate_by_parameter,
 )
 from harmony_mobile.models import FamilyModel
@@ -110,7 +111,19 @@ class HarmonyConfig(SplitTrainingConfig):
         "other row a negative; cross_family: positives only from other families, negatives only from "
         "the client's own slots (docs/ALGORITHM.md step 6 says how the two were chosen between)",
     )
+    contrastive_to_front_ends: bool = Field(
+        default=True,
+        description="SupCon's gradient reaches the front-ends through dL/dz (False: it trains g and h only)",
+    )
     temperature: float = Field(default=SUPCON_TEMPERATURE, gt=0, description="SupCon temperature")
+    style_mixing: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="share of uploaded rows whose z statistics the server mixes towards another "
+        "family's before g sees them (StyleMixing); 0 = off",
+    )
+    style_alpha: float = Field(default=0.1, gt=0, description="StyleMixing's Beta(alpha, alpha)")
     bank_size: int = Field(
         default=512,
         ge=0,
@@ -155,9 +168,16 @@ class Harmony(SplitMethod):
                 temperature=c.temperature,
                 bank_size=c.bank_size,
                 mode=c.contrastive,
+                reaches_front_ends=c.contrastive_to_front_ends,
             )
+        style = None
+        if c.style_mixing > 0:
+            style = StyleMixing(probability=c.style_mixing, alpha=c.style_alpha, bank_size=c.bank_size)
         return SplitTrainerConfig(
-            lr=c.server_lr, restrict_to_client_slots=c.own_classes_only, contrastive=contrastive
+            lr=c.server_lr,
+            restrict_to_client_slots=c.own_classes_only,
+            contrastive=contrastive,
+            style_mixing=style,
         )
 
     def client_round(

@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Callable
 from typing import Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,12 +45,29 @@ class ContrastiveTerm(BaseModel):
         "its slot from OTHER families, its negatives only rows of slots its own client holds; token: "
         "plain SupCon, every same-token row a positive and every other row a negative",
     )
+    reaches_front_ends: bool = Field(
+        description="the term's gradient flows back into z, hence into the front-ends (False: it trains "
+        "g and h only, and dL/dz returned to a phone is the CE's alone)"
+    )
     # a diagnostic no algorithm config exposes, so its default lives here and only here
     ratio_every: int = Field(
         default=4,
         ge=0,
         description="every n-th contrastive step, measure ||weight * dSupCon/dz|| / ||dCE/dz|| (0 = never)",
     )
+
+
+class StyleMixing(BaseModel):
+    """Family-invariance by feature statistics (MixStyle across families, docs/ALGORITHM.md,
+    "Alignment"): a row of one family's upload trains g with its per-channel mean and std of z
+    mixed towards those of a recent row of another family, so g learns classes independent of which
+    extractor drew them. Class-agnostic: it needs neither labels nor tokens, only the family."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    probability: float = Field(gt=0, le=1, description="share of rows whose statistics are mixed")
+    alpha: float = Field(gt=0, description="mixing weight ~ Beta(alpha, alpha) (MixStyle's 0.1)")
+    bank_size: int = Field(ge=1, description="per family, the statistics of its latest rows kept")
 
 
 class SplitTrainerConfig(BaseModel):
@@ -65,6 +83,7 @@ class SplitTrainerConfig(BaseModel):
         "it does not hold, which is exactly what g must answer for that family's OOD fallbacks",
     )
     contrastive: ContrastiveTerm | None = Field(description="the SupCon term; None = server CE only")
+    style_mixing: StyleMixing | None = Field(default=None, description="None = g sees z as uploaded")
 
 
 class SplitTrainer:
@@ -91,6 +110,9 @@ class SplitTrainer:
         self._family_ids: dict[str, int] = {}
         self._contrastive_steps = 0
         self._grad_ratios: list[float] = []
+        self._style_bank: dict[int, torch.Tensor] = {}  # family -> (rows, 2, C): mean and std of z
+        # the server's own randomness (style mixing); its state is checkpointed with the server
+        self._generator = torch.Generator().manual_seed(0)
         self.upload_listeners: list[Callable[[FeatureUpload], None]] = []  # e.g. the benchmark's byte count
 
     @property
@@ -116,14 +138,18 @@ class SplitTrainer:
         slots = self.slot_table.slots(upload.label_tokens)
         self._client_slots.setdefault(upload.client_id, set()).update(slots.tolist())
         features = upload.features.detach().clone().requires_grad_(True)
-        penultimate = self.backend.features(features)
+        family = self._family_ids.setdefault(upload.family, len(self._family_ids))
+        seen_by_g = self._mix_styles(features, family) if update else features
+        penultimate = self.backend.features(seen_by_g)
         logits = self.backend.classifier(penultimate) + self.softmax_mask(upload.client_id)
         loss = F.cross_entropy(logits, slots)
         embeddings = None
-        family = self._family_ids.setdefault(upload.family, len(self._family_ids))
         term = self.config.contrastive
         if term is not None and update:
-            embeddings = self.projection(penultimate)
+            if term.reaches_front_ends:
+                embeddings = self.projection(penultimate)
+            else:
+                embeddings = self.projection(self.backend.features(seen_by_g.detach()))
             contrastive = term.weight * self._contrastive_loss(embeddings, upload, slots, family)
             self._measure_ratio(loss, contrastive, features)
             loss = loss + contrastive
@@ -133,6 +159,31 @@ class SplitTrainer:
             self.optimizer.step()
             self._remember(embeddings, upload.label_tokens, slots, family)
         return InterfaceGradients(upload.client_id, upload.round_id, features.grad.detach(), loss.item())
+
+    def _mix_styles(self, features: torch.Tensor, family: int) -> torch.Tensor:
+        """z with each chosen row's channel statistics mixed towards another family's (StyleMixing);
+        the row's statistics join its family's bank. Unchanged when off or no other family is banked."""
+        mixing = self.config.style_mixing
+        if mixing is None:
+            return features
+        mean = features.mean(dim=(2, 3), keepdim=True)
+        std = (features.var(dim=(2, 3), keepdim=True) + 1e-5).sqrt()
+        stats = torch.stack([mean.detach().flatten(1), std.detach().flatten(1)], dim=1)
+        others = [bank for f, bank in self._style_bank.items() if f != family]
+        kept = self._style_bank.get(family, stats[:0])
+        self._style_bank[family] = torch.cat([kept, stats])[-mixing.bank_size :]
+        if not others:
+            return features
+        pool = torch.cat(others)
+        n = len(features)
+        picked = pool[torch.randint(len(pool), (n,), generator=self._generator)]
+        lam = _beta(mixing.alpha, n, self._generator)
+        mixed = torch.rand(n, generator=self._generator) < mixing.probability
+        lam = torch.where(mixed, lam, torch.ones_like(lam)).view(n, 1, 1, 1)
+        other_mean, other_std = picked[:, 0].view_as(mean), picked[:, 1].view_as(std)
+        new_mean = lam * mean + (1 - lam) * other_mean
+        new_std = lam * std + (1 - lam) * other_std
+        return (features - mean) / std * new_std + new_mean
 
     def softmax_mask(self, client_id: str) -> torch.Tensor:
         """0 on the slots the CE's softmax runs over, -inf elsewhere (never on a slot without a token)."""
@@ -226,6 +277,8 @@ class SplitTrainer:
             "client_slots": {name: sorted(slots) for name, slots in self._client_slots.items()},
             "family_ids": dict(self._family_ids),
             "family_bank": {family: list(rows) for family, rows in self._family_bank.items()},
+            "style_bank": dict(self._style_bank),
+            "generator": self._generator.get_state(),
         }
 
     def load_state(self, state: dict) -> None:
@@ -236,6 +289,9 @@ class SplitTrainer:
         self._client_slots = {name: set(slots) for name, slots in state["client_slots"].items()}
         self._family_ids = dict(state.get("family_ids", {}))
         self._family_bank = {int(f): tuple(rows) for f, rows in state.get("family_bank", {}).items()}
+        self._style_bank = {int(f): rows for f, rows in state.get("style_bank", {}).items()}
+        if "generator" in state:
+            self._generator.set_state(state["generator"])
 
 
 def aggregate_by_parameter(
@@ -252,3 +308,9 @@ def aggregate_by_parameter(
         total = sum(u.num_samples for u in holders)
         merged[name] = sum(u.weights[name] * (u.num_samples / total) for u in holders)
     return merged
+
+
+def _beta(alpha: float, n: int, generator: torch.Generator) -> torch.Tensor:
+    """n draws of Beta(alpha, alpha) that follow from `generator` (torch.distributions takes none)."""
+    rng = np.random.default_rng(int(torch.randint(2**62, (), generator=generator)))
+    return torch.from_numpy(rng.beta(alpha, alpha, n)).float()

@@ -1,0 +1,42 @@
+"""The gate study's arithmetic (bench/gates.py): curve end points, the oracle, AUROC and the
+prototype score, on hand-made samples whose answers are known."""
+
+import numpy as np
+import pytest
+import torch
+
+from harmony_mobile.bench.gates import FALLBACK_GRID, accuracy_curve, gate_scores, ood_auroc
+
+
+def test_curve_runs_from_exit_only_to_server_only_and_falls_back_lowest_scores_first():
+    exit_correct = np.array([1, 1, 0, 0, 1, 0, 1, 1, 0, 1], dtype=bool)
+    server_correct = np.array([0, 1, 1, 1, 1, 1, 0, 1, 1, 1], dtype=bool)
+    # the samples the exit gets wrong score lowest: falling back 40 % sends exactly them
+    score = np.where(exit_correct, 1.0, 0.0) + np.linspace(0, 0.01, 10)
+    curve = accuracy_curve(score, exit_correct, server_correct)
+    assert curve[0] == pytest.approx(exit_correct.mean())
+    assert curve[-1] == pytest.approx(server_correct.mean())
+    assert curve[FALLBACK_GRID.index(0.4)] == pytest.approx(1.0)
+    # a reversed score falls back the samples the exit gets right first
+    reversed_curve = accuracy_curve(-score, exit_correct, server_correct)
+    assert reversed_curve[FALLBACK_GRID.index(0.4)] < curve[FALLBACK_GRID.index(0.4)]
+
+
+def test_auroc_is_one_for_a_separating_score_zero_reversed_and_half_for_ties():
+    is_ood = np.array([False] * 5 + [True] * 5)
+    score = np.arange(10, 0, -1, dtype=float)
+    assert ood_auroc(score, is_ood) == pytest.approx(1.0)
+    assert ood_auroc(-score, is_ood) == pytest.approx(0.0)
+    assert ood_auroc(np.ones(10), is_ood) == pytest.approx(0.5)
+    assert np.isnan(ood_auroc(score, np.zeros(10, dtype=bool)))
+
+
+def test_scores_rank_a_confident_familiar_sample_above_an_unfamiliar_one():
+    prototypes = torch.nn.functional.normalize(torch.eye(3, 6), dim=1)
+    features = torch.tensor([[5.0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 5.0]])  # near exit 0; near none
+    logits = torch.tensor([[6.0, 0.0, 0.0], [0.4, 0.3, 0.2]])
+    scores = gate_scores(logits, features, prototypes)
+    assert set(scores) == {"max_softmax", "neg_entropy", "energy", "prototype"}
+    for name, value in scores.items():
+        assert value[0] > value[1], name
+    assert scores["prototype"][0] == pytest.approx(1.0) and scores["prototype"][1] == pytest.approx(0.0)
