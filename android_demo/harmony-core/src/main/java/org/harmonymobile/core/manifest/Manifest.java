@@ -12,6 +12,8 @@ import org.harmonymobile.core.util.Immutable;
  * The export manifest (export/manifest.py, format 1). Obtain one only through {@link ManifestVerifier},
  * which checks a signature over the exact bytes before anything is parsed.
  *
+ * @param manifestVersion monotonic; a phone refuses a manifest older than the one it runs (0 in
+ *     manifests written before the field existed)
  * @param p256PublicKeySha256 sha256 of the P-256 key's SPKI DER, or null for an Ed25519-only export
  * @param labelEpoch the label epoch of the shipped back-end (null in exports made before slot tables)
  * @param slotTable the shipped back-end's slot table (null likewise)
@@ -19,6 +21,7 @@ import org.harmonymobile.core.util.Immutable;
 public record Manifest(
         int format,
         String modelVersion,
+        long manifestVersion,
         int numClasses,
         List<String> classNames,
         long[] interfaceShape,
@@ -46,9 +49,14 @@ public record Manifest(
         if (!"Ed25519".equals(signature.getString("algorithm"))) {
             throw new JsonException("unsupported signature algorithm");
         }
+        long manifestVersion = json.has("manifest_version") ? json.getLong("manifest_version") : 0;
+        if (manifestVersion < 0) {
+            throw new JsonException("manifest_version must be >= 0, got " + manifestVersion);
+        }
         return new Manifest(
                 format,
                 json.getString("model_version"),
+                manifestVersion,
                 json.getInt("num_classes"),
                 Immutable.list(json.getStringList("class_names")),
                 json.getLongArray("interface_shape"),

@@ -1,7 +1,7 @@
 package org.harmonymobile.core.manifest;
 
 /** A manifest that failed its signature check, its schema, or a file digest: never load its models. */
-public final class ManifestException extends Exception {
+public class ManifestException extends Exception {
     public ManifestException(String message) {
         super(message);
     }

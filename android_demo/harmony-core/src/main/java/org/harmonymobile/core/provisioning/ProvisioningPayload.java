@@ -64,7 +64,7 @@ public record ProvisioningPayload(byte[] federationSecret, String serverUrl, Dev
 
     /** A deep link / QR code text or a bare JSON document (managed configuration), validated. */
     public static ProvisioningPayload parse(String text) throws ProvisioningException {
-        String trimmed = text == null ? "" : text.strip();
+        String trimmed = text == null ? "" : text.trim();
         String json;
         if (trimmed.startsWith(URI_PREFIX)) {
             json = decodeLink(trimmed.substring(URI_PREFIX.length()));

@@ -12,6 +12,8 @@ import org.harmonymobile.core.crypto.LabelTokens;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.manifest.ManifestVerifier;
+import org.harmonymobile.core.manifest.SignedManifest;
 import org.harmonymobile.core.net.HttpRequest;
 import org.harmonymobile.core.net.HttpResponse;
 import org.harmonymobile.core.net.HttpTransport;
@@ -78,6 +80,23 @@ public final class HarmonyServerClient {
             }
             return table;
         });
+    }
+
+    /**
+     * {@code GET /v1/manifest} and the signature file the verifier reads ({@code /v1/manifest.sig} or
+     * {@code /v1/manifest.p256.sig}): the server's current export, unverified (ModelStore verifies it).
+     */
+    public SignedManifest signedManifest(DeviceCredentials device, String signatureFile) throws IOException, ServerException {
+        byte[] manifest = body(send(HttpRequest.get("/v1/" + ManifestVerifier.MANIFEST_FILE, bearer(device.token()))));
+        byte[] signature = body(send(HttpRequest.get("/v1/" + pathSegment(signatureFile), bearer(device.token()))));
+        return new SignedManifest(manifest, signature);
+    }
+
+    private static byte[] body(HttpResponse response) throws ServerException {
+        if (!response.isSuccess()) {
+            throw error(response);
+        }
+        return response.body();
     }
 
     /** The exact JSON body of {@code POST /v1/uploads}; it is what the upload queue stores and resends. */

@@ -1,0 +1,172 @@
+package org.harmonymobile.core.update;
+
+import static org.junit.jupiter.api.Assertions.assertEquals;
+import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
+import static org.junit.jupiter.api.Assertions.assertTrue;
+
+import java.io.ByteArrayInputStream;
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.security.KeyPair;
+import java.security.KeyPairGenerator;
+import java.security.Signature;
+import java.security.spec.ECGenParameterSpec;
+import java.util.Base64;
+import java.util.HashMap;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.stream.Stream;
+import org.harmonymobile.core.Vectors;
+import org.harmonymobile.core.crypto.Bytes;
+import org.harmonymobile.core.json.Json;
+import org.harmonymobile.core.json.JsonObject;
+import org.harmonymobile.core.manifest.Manifest;
+import org.harmonymobile.core.manifest.ManifestException;
+import org.harmonymobile.core.manifest.ManifestVerifier;
+import org.harmonymobile.core.manifest.SignedManifest;
+import org.harmonymobile.core.manifest.TierEntry;
+import org.harmonymobile.core.manifest.VariantChooser;
+import org.harmonymobile.core.util.Hex;
+import org.junit.jupiter.api.BeforeEach;
+import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
+
+/**
+ * Updates through the model store: a newer manifest signed by the pinned P-256 key installs and
+ * switches; an older one (rollback), a reused version with other content, another key's signature
+ * and a tampered artifact are refused, leaving the installed model as it was.
+ */
+class ModelStoreTest {
+    private static final String TIER = "entry-android";
+
+    @TempDir Path root;
+    private final JsonObject vectors = Vectors.load("manifest_signature.json");
+    private final Map<String, byte[]> published = new HashMap<>();
+    private KeyPair pinned;
+    private ModelStore store;
+
+    @BeforeEach
+    void setUp() throws Exception {
+        for (JsonObject artifact : vectors.getObjectList("artifacts")) {
+            published.put(artifact.getString("path"), artifact.getBase64("content_base64"));
+        }
+        pinned = newP256KeyPair();
+        store = new ModelStore(root, ManifestVerifier.p256(pinned.getPublic().getEncoded()), "xnnpack",
+                VariantChooser.PTE_PREFERENCE);
+    }
+
+    static KeyPair newP256KeyPair() throws Exception {
+        KeyPairGenerator generator = KeyPairGenerator.getInstance("EC");
+        generator.initialize(new ECGenParameterSpec("secp256r1"));
+        return generator.generateKeyPair();
+    }
+
+    /**
+     * The vector's manifest at {@code version} (null: without the field, as manifests written before
+     * it), with {@code modelVersion}, signed by {@code key}.
+     */
+    private SignedManifest signed(Long version, String modelVersion, KeyPair key) throws Exception {
+        Map<String, Object> manifest = new LinkedHashMap<>(Json.parseObject(vectors.getString("manifest_text")).asMap());
+        manifest.remove("manifest_version");
+        if (version != null) {
+            manifest.put("manifest_version", version);
+        }
+        manifest.put("model_version", modelVersion);
+        Map<String, Object> signature = new LinkedHashMap<>(Json.parseObject(Json.write(manifest.get("signature"))).asMap());
+        Map<String, Object> p256 = new LinkedHashMap<>(Json.parseObject(Json.write(signature.get("p256"))).asMap());
+        p256.put("public_key_sha256", Hex.encode(Bytes.sha256(pinned.getPublic().getEncoded())));
+        signature.put("p256", p256);
+        manifest.put("signature", signature);
+        byte[] bytes = Json.write(manifest).getBytes(StandardCharsets.UTF_8);
+        Signature signer = Signature.getInstance("SHA256withECDSA");
+        signer.initSign(key.getPrivate());
+        signer.update(bytes);
+        return new SignedManifest(bytes, Base64.getEncoder().encode(signer.sign()));
+    }
+
+    private SignedManifest signed(long version) throws Exception {
+        return signed((Long) version, "golden-v1", pinned);
+    }
+
+    private ArtifactSource source() {
+        return path -> new ByteArrayInputStream(published.get(path));
+    }
+
+    private static TierEntry tier(Manifest manifest) {
+        return manifest.tier(TIER);
+    }
+
+    private List<String> leftovers() throws IOException {
+        try (Stream<Path> files = Files.list(root)) {
+            return files.map(p -> p.getFileName().toString()).filter(n -> n.startsWith(".")).toList();
+        }
+    }
+
+    @Test
+    void aNewerManifestInstallsAndSwitchesTheSameOneIsANoOp() throws Exception {
+        ModelStore.Installed first = store.install(signed(7), source(), ModelStoreTest::tier).get();
+        assertEquals(7, first.version().manifestVersion());
+        assertEquals("int8", first.artifact().quantization());
+        assertEquals(7, store.current(ModelStoreTest::tier).get().version().manifestVersion());
+        assertFalse(store.install(signed(7), source(), ModelStoreTest::tier).isPresent());
+        ModelStore.Installed second = store.install(signed(8), source(), ModelStoreTest::tier).get();
+        assertEquals(second.file(), store.current(ModelStoreTest::tier).get().file());
+        try (Stream<Path> versions = Files.list(root.resolve(ModelStore.VERSIONS_DIR))) {
+            assertEquals(List.of("8"), versions.map(p -> p.getFileName().toString()).toList());
+        }
+        assertEquals(List.of(), leftovers());
+    }
+
+    @Test
+    void anOlderManifestSignedByThePinnedKeyIsARollback() throws Exception {
+        store.install(signed(9), source(), ModelStoreTest::tier);
+        RollbackException older = assertThrows(RollbackException.class,
+                () -> store.install(signed(8), source(), ModelStoreTest::tier));
+        assertTrue(older.getMessage().contains("manifest_version 8 (golden-v1): it is older than the installed manifest_version 9"));
+        RollbackException reused = assertThrows(RollbackException.class,
+                () -> store.install(signed(9L, "golden-v0", pinned), source(), ModelStoreTest::tier));
+        assertTrue(reused.getMessage().contains("as old as, but different from"));
+        assertEquals(9, store.current(ModelStoreTest::tier).get().version().manifestVersion());
+    }
+
+    @Test
+    void anotherKeysSignatureAndATamperedArtifactAreRefused() throws Exception {
+        store.install(signed(3), source(), ModelStoreTest::tier);
+        KeyPair attacker = newP256KeyPair();
+        ManifestException swapped = assertThrows(ManifestException.class,
+                () -> store.install(signed(4L, "evil", attacker), source(), ModelStoreTest::tier));
+        assertTrue(swapped.getMessage().contains("under the pinned key"));
+        ManifestException tampered = assertThrows(ManifestException.class,
+                () -> store.install(signed(4), path -> new ByteArrayInputStream("evil".getBytes(StandardCharsets.UTF_8)),
+                        ModelStoreTest::tier));
+        assertTrue(tampered.getMessage().contains("size"));
+        assertEquals(3, store.current(ModelStoreTest::tier).get().version().manifestVersion());
+        assertEquals(List.of(), leftovers());
+    }
+
+    @Test
+    void aManifestWithoutAVersionIsOlderThanAnyInstalledOne() throws Exception {
+        store.install(signed(1), source(), ModelStoreTest::tier);
+        SignedManifest unversioned = signed(null, "golden-v1", pinned);
+        Manifest parsed = ManifestVerifier.p256(pinned.getPublic().getEncoded())
+                .verify(unversioned.manifest(), unversioned.signature());
+        assertEquals(0, parsed.manifestVersion());
+        assertThrows(RollbackException.class,
+                () -> store.install(unversioned, source(), ModelStoreTest::tier));
+        assertTrue(ManifestUpdate.isUpdate(null, parsed, unversioned.manifest()));
+    }
+
+    @Test
+    void aDamagedInstalledArtifactIsNoticedAndStillBarsOlderVersions() throws Exception {
+        ModelStore.Installed installed = store.install(signed(5), source(), ModelStoreTest::tier).get();
+        Files.write(installed.file(), "bit rot".getBytes(StandardCharsets.UTF_8));
+        assertThrows(ManifestException.class, () -> store.current(ModelStoreTest::tier));
+        assertThrows(RollbackException.class, () -> store.install(signed(4), source(), ModelStoreTest::tier));
+        store.install(signed(6), source(), ModelStoreTest::tier);
+        assertEquals(6, store.current(ModelStoreTest::tier).get().version().manifestVersion());
+    }
+}
