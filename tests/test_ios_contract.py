@@ -440,12 +440,33 @@ def test_manifest_codable_keys_exist_in_the_schema(swift_type, python_model):
         assert optionals[prop] or not nullable, f"{swift_type}.{prop} must be Optional: {key} can be null"
 
 
-def test_quantization_preferences_name_exported_variants():
-    app = (APP / "HarmonyDemo" / "ModelStore.swift").read_text(encoding="utf-8")
-    coreml = json.loads(re.search(r"coreMLPreference = (\[[^\]]*\])", app).group(1))
-    executorch = json.loads(re.search(r"executorchPreference = (\[[^\]]*\])", app).group(1))
-    assert set(coreml) == set(TIERS["COREML_QUANTIZATIONS"])
-    assert set(executorch) == set(TIERS["XNNPACK_QUANTIZATIONS"])
+def test_variant_choice_and_updates_follow_the_python_rules():
+    """VariantChooser ranks verdicts as manifest.py lists them and names only exported variants; the
+    model store's pointer file and the provisioning constants are the Python ones."""
+    assert swift("VariantChooser", "verdictOrder") == list(MANIFEST["VERDICTS"])
+    device_manifest = _module_constants(ROOT / "harmony_mobile" / "device" / "manifest.py")
+    assert swift("VariantChooser", "verdictOrder") == list(device_manifest["VERDICT_ORDER"])
+    assert swift("VariantChooser", "pteQuantizations") == list(device_manifest["PTE_PREFERENCE"])
+    assert set(swift("VariantChooser", "coreMLQuantizations")) == set(TIERS["COREML_QUANTIZATIONS"])
+    assert set(swift("VariantChooser", "pteQuantizations")) == set(TIERS["XNNPACK_QUANTIZATIONS"])
+    store = _module_constants(ROOT / "harmony_mobile" / "device" / "model_store.py")
+    assert swift("ModelStore", "currentFile") == store["CURRENT_FILE"]
+    assert swift("ModelStore", "versionsDirectory") == store["VERSIONS_DIR"]
+    provisioning = _module_constants(ROOT / "export" / "provisioning.py")
+    for swift_name, python_name in [
+        ("uriPrefix", "URI_PREFIX"),
+        ("managedConfigKey", "MANAGED_CONFIG_KEY"),
+        ("kind", "PAYLOAD_KIND"),
+        ("format", "PAYLOAD_FORMAT"),
+        ("minSecretBytes", "MIN_SECRET_BYTES"),
+        ("maxSecretBytes", "MAX_SECRET_BYTES"),
+        ("serverKeyBytes", "SERVER_KEY_BYTES"),
+    ]:
+        assert swift("ProvisioningPayload", swift_name) == provisioning[python_name], swift_name
+    assert swift("ProvisioningPayload", "placeholderSecret") == provisioning["PLACEHOLDER_SECRET"]
+    updates = _swift_text(TESTS / "ModelUpdateTests.swift")
+    for case in ("RollbackError", "P256.Signing.PrivateKey()", "tampered: true", "VariantChooser.choose"):
+        assert case in updates, case
 
 
 # --------------------------------------------------------------------------- HTTP

@@ -9,6 +9,9 @@ public struct Manifest: Codable, Sendable, Equatable {
     public let format: Int
     public let kind: String
     public let modelVersion: String
+    /// Monotonic: a phone refuses a manifest older than the one it runs (nil in manifests written
+    /// before the field existed, which count as 0: `version`).
+    public let manifestVersion: Int?
     public let createdAt: String
     public let numClasses: Int
     public let classNames: [String]
@@ -26,6 +29,7 @@ public struct Manifest: Codable, Sendable, Equatable {
         case format
         case kind
         case modelVersion = "model_version"
+        case manifestVersion = "manifest_version"
         case createdAt = "created_at"
         case numClasses = "num_classes"
         case classNames = "class_names"
@@ -37,6 +41,9 @@ public struct Manifest: Codable, Sendable, Equatable {
         case labelEpoch = "label_epoch"
         case slotTable = "slot_table"
     }
+
+    /// The manifest_version, 0 for a manifest written before it existed.
+    public var version: Int { manifestVersion ?? 0 }
 
     public func tier(named name: String) -> TierEntry? {
         tiers.first { $0.name == name }
@@ -121,6 +128,11 @@ public struct Artifact: Codable, Sendable, Equatable {
     /// (min, max) batch the artifact accepts.
     public let batch: [Int]
     public let parameters: Int?
+    /// Whether the variant met the export's quality checks: "pass", "fail" or "not_checked" (nil in
+    /// exports made before verdicts, read as "not_checked"); see `VariantChooser`.
+    public let verdict: String?
+    /// The checks it missed (verification.json names them).
+    public let failedChecks: [String]?
 
     enum CodingKeys: String, CodingKey {
         case backend
@@ -131,6 +143,8 @@ public struct Artifact: Codable, Sendable, Equatable {
         case size
         case batch
         case parameters
+        case verdict
+        case failedChecks = "failed_checks"
     }
 }
 
