@@ -31,6 +31,9 @@ android {
         versionName = "0.1.0"
         buildConfigField("String", "PINNED_MANIFEST_KEY", quoted(setting("harmony.pinnedManifestKey", "")))
         buildConfigField("String", "DEFAULT_SERVER_URL", quoted(setting("harmony.serverUrl", "http://10.0.2.2:8000")))
+        // Where newer exports' artifacts are published (an update's manifest comes from the server);
+        // empty: <server URL>/export.
+        buildConfigField("String", "ARTIFACT_BASE_URL", quoted(setting("harmony.artifactBaseUrl", "")))
         ndk {
             // ExecuTorch ships arm64-v8a and x86_64 (emulator) native libraries.
             abiFilters += listOf("arm64-v8a", "x86_64")
@@ -78,6 +81,7 @@ dependencies {
     implementation("androidx.appcompat:appcompat:1.7.0")
     implementation("androidx.activity:activity-ktx:1.10.1")
     implementation("androidx.lifecycle:lifecycle-runtime-ktx:2.8.7")
+    implementation("androidx.lifecycle:lifecycle-viewmodel-ktx:2.8.7")
     implementation("com.google.android.material:material:1.12.0")
     implementation("org.jetbrains.kotlinx:kotlinx-coroutines-android:1.10.1")
 }

@@ -9,12 +9,16 @@ import javax.crypto.Cipher
 import javax.crypto.KeyGenerator
 import javax.crypto.SecretKey
 import javax.crypto.spec.GCMParameterSpec
+import org.harmonymobile.core.FederationKey
+import org.harmonymobile.core.provisioning.ProvisioningPayload
 import org.harmonymobile.core.server.DeviceCredentials
 
 /**
- * Keeps the enrolment result. The bearer token is encrypted with an AES-256-GCM key that lives in the
- * Android Keystore (non-exportable); only that ciphertext, the device id and the pinned server X25519
- * key are in the app's private preferences.
+ * Keeps what the phone was provisioned with and the enrolment result. The federation secret and the
+ * bearer token are encrypted with an AES-256-GCM key that lives in the Android Keystore
+ * (non-exportable); only those ciphertexts, the device id and the pinned server X25519 key are in the
+ * app's private preferences (excluded from backups: allowBackup="false"). Nothing secret ships in the
+ * APK: the secret arrives through [applyProvisioning] (docs/PROVISIONING.md).
  */
 class CredentialStore(context: Context) {
     private val prefs = context.getSharedPreferences("harmony_device", Context.MODE_PRIVATE)
@@ -33,6 +37,35 @@ class CredentialStore(context: Context) {
             .putString(KEY_SERVER_PUBLIC, encode(credentials.serverPublicKey()))
             .commit()
     }
+
+    /** Stores a verified provisioning payload: the secret, and the server URL and enrolment it names. */
+    fun applyProvisioning(payload: ProvisioningPayload) {
+        val (iv, sealed) = seal(payload.federationSecret())
+        prefs.edit().putString(KEY_SECRET_IV, encode(iv)).putString(KEY_SECRET, encode(sealed)).commit()
+        payload.serverUrl()?.let { serverUrl = it }
+        payload.device()?.let { save(it) }
+    }
+
+    /** The provisioned label-token key, or null: the app then tokenizes and decodes nothing. */
+    fun federationKey(): FederationKey? {
+        val iv = decode(prefs.getString(KEY_SECRET_IV, null) ?: return null)
+        val sealed = decode(prefs.getString(KEY_SECRET, null) ?: return null)
+        return FederationKey(open(iv, sealed))
+    }
+
+    fun forgetProvisioning() {
+        prefs.edit().remove(KEY_SECRET).remove(KEY_SECRET_IV).apply()
+    }
+
+    private fun seal(plaintext: ByteArray): Pair<ByteArray, ByteArray> {
+        val cipher = Cipher.getInstance(TRANSFORMATION).apply { init(Cipher.ENCRYPT_MODE, keystoreKey()) }
+        return cipher.iv to cipher.doFinal(plaintext)
+    }
+
+    private fun open(iv: ByteArray, sealed: ByteArray): ByteArray =
+        Cipher.getInstance(TRANSFORMATION)
+            .apply { init(Cipher.DECRYPT_MODE, keystoreKey(), GCMParameterSpec(128, iv)) }
+            .doFinal(sealed)
 
     fun load(): DeviceCredentials? {
         val deviceId = prefs.getString(KEY_DEVICE_ID, null) ?: return null
@@ -72,6 +105,8 @@ class CredentialStore(context: Context) {
         const val KEY_TOKEN = "token_sealed"
         const val KEY_TOKEN_IV = "token_iv"
         const val KEY_SERVER_PUBLIC = "server_public_key"
+        const val KEY_SECRET = "federation_secret_sealed"
+        const val KEY_SECRET_IV = "federation_secret_iv"
 
         fun encode(bytes: ByteArray): String = Base64.encodeToString(bytes, Base64.NO_WRAP)
         fun decode(text: String): ByteArray = Base64.decode(text, Base64.NO_WRAP)

@@ -12,15 +12,14 @@ import org.harmonymobile.core.HarmonyClient
 import org.harmonymobile.core.SlotDecoder
 import org.harmonymobile.core.engine.SerializedEngine
 import org.harmonymobile.core.exit.ExitPolicy
-import org.harmonymobile.core.json.Json
 import org.harmonymobile.core.net.RetryPolicy
 import org.harmonymobile.core.net.RetryingTransport
 import org.harmonymobile.core.net.UrlConnectionTransport
+import org.harmonymobile.core.provisioning.SecretCheck
 import org.harmonymobile.core.queue.UploadQueue
 import org.harmonymobile.core.server.DeviceCredentials
 import org.harmonymobile.core.server.Enrollment
 import org.harmonymobile.core.server.HarmonyServerClient
-import org.harmonymobile.core.util.Hex
 import org.harmonymobile.core.wire.FeatureTensor
 
 /**
@@ -30,15 +29,22 @@ import org.harmonymobile.core.wire.FeatureTensor
  * upload queue. All methods block; call them off the main thread.
  * [close] may come from the main thread while an inference runs: the engine is a [SerializedEngine],
  * so the close waits for it instead of destroying a module mid-forward.
+ *
+ * The federation secret is the provisioned one ([CredentialStore.federationKey]); there is no fallback:
+ * a secret that is not this model's (its class tokens are not the manifest's slot table) stops the
+ * session before anything is tokenized or decoded.
  */
 class DemoSession(
     context: Context,
     val model: ModelInstaller.InstalledModel,
     private val serverUrl: String,
     credentials: DeviceCredentials?,
+    private val federation: FederationKey,
 ) : AutoCloseable {
 
-    private val federation: FederationKey = federationKey(context)
+    init {
+        SecretCheck.requireMatches(federation, model.manifest)
+    }
 
     /** The exit head's outputs are in token order under the manifest's label epoch (before the engine loads). */
     private val exits = ExitDecoder(
@@ -102,21 +108,5 @@ class DemoSession(
             ).enroll(adminToken, deviceName, tier)
 
         const val MAX_QUEUE_BYTES = 32L * 1024 * 1024
-
-        /**
-         * The label-token key (docs/PROTOCOL.md 3): provisioned out of band, here from
-         * assets/provisioning.local.json (written by `harmony export-app`, git-ignored) or else the
-         * placeholder assets/provisioning.json.
-         */
-        fun federationKey(context: Context): FederationKey {
-            val name = if ("provisioning.local.json" in context.assets.list("").orEmpty()) {
-                "provisioning.local.json"
-            } else {
-                "provisioning.json"
-            }
-            val text = context.assets.open(name).use { it.readBytes().toString(Charsets.UTF_8) }
-            val provisioning = Json.parseObject(text)
-            return FederationKey(Hex.decode(provisioning.getString("federation_secret_hex")))
-        }
     }
 }

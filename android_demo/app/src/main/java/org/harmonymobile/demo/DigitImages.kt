@@ -3,6 +3,7 @@ package org.harmonymobile.demo
 import android.content.Context
 import android.graphics.Bitmap
 import android.graphics.Color
+import org.harmonymobile.core.image.PixelImages
 import org.harmonymobile.core.json.Json
 import org.harmonymobile.core.manifest.TierEntry
 
@@ -16,6 +17,13 @@ class PixelImage(val channels: Int, val height: Int, val width: Int, val pixels:
             "image is ${channels}x${height}x$width; tier ${tier.name()} takes ${shape.drop(1)}"
         }
         return tier.normalization().apply(pixels, channels)
+    }
+
+    /** This image at the tier's input shape (C, H, W): resized, gray replicated to RGB or RGB to gray. */
+    fun fitTo(tier: TierEntry): PixelImage {
+        val shape = tier.input().shape() // (batch, C, H, W)
+        val (c, h, w) = Triple(shape[1].toInt(), shape[2].toInt(), shape[3].toInt())
+        return PixelImage(c, h, w, PixelImages.fit(pixels, channels, height, width, c, h, w))
     }
 
     /** A displayable bitmap (grayscale for one channel, RGB for three). */
@@ -80,9 +88,4 @@ object SampleDigits {
             SampleDigit(sample.getInt("label"), PixelImage(1, height, width, pixels))
         }
     }
-
-    /** Three-channel tiers get the gray digit replicated into R, G and B. */
-    fun asChannels(image: PixelImage, channels: Int): PixelImage =
-        if (channels == image.channels) image
-        else PixelImage(channels, image.height, image.width, ByteArray(channels * image.pixels.size) { image.pixels[it % image.pixels.size] })
 }

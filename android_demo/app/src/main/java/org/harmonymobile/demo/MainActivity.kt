@@ -1,33 +1,41 @@
 package org.harmonymobile.demo
 
+import android.content.Context
+import android.content.Intent
+import android.content.RestrictionsManager
 import android.graphics.Bitmap
-import android.os.Build
 import android.os.Bundle
 import android.widget.ArrayAdapter
 import androidx.activity.result.contract.ActivityResultContracts
+import androidx.activity.viewModels
 import androidx.appcompat.app.AppCompatActivity
+import androidx.lifecycle.Lifecycle
 import androidx.lifecycle.lifecycleScope
+import androidx.lifecycle.repeatOnLifecycle
 import java.util.Locale
 import kotlinx.coroutines.Dispatchers
 import kotlinx.coroutines.launch
 import kotlinx.coroutines.withContext
 import org.harmonymobile.core.Classification
-import org.harmonymobile.core.manifest.ManifestVerifier
+import org.harmonymobile.core.provisioning.ProvisioningPayload
 import org.harmonymobile.core.queue.QueueFullException
 import org.harmonymobile.demo.databinding.ActivityMainBinding
 
 /**
  * The demo screen: the phone's tier, bundled sample digits and camera pictures classified on the phone
  * (early exit) or by the fallback server, local vs server answers with latency, and uploads of
- * user-confirmed labels through the sealed, durable queue.
+ * user-confirmed labels through the sealed, durable queue. The loaded model lives in [DemoViewModel],
+ * so a rotation does not reload it. The federation secret comes from provisioning only: a
+ * `harmony-mobile://provision/v1#...` deep link (a QR code the camera app opens) or managed
+ * configuration (`provisioning_payload`, res/xml/app_restrictions.xml); until then the screen says so.
  */
 class MainActivity : AppCompatActivity() {
     private lateinit var binding: ActivityMainBinding
-    private lateinit var credentials: CredentialStore
-    private var session: DemoSession? = null
-    private var samples: List<SampleDigit> = emptyList()
+    private val model: DemoViewModel by viewModels()
     private var nextSample = 0
     private var lastResult: Classification? = null
+
+    private val session: DemoSession? get() = (model.state.value as? DemoViewModel.State.Ready)?.session
 
     private val takePicture = registerForActivityResult(ActivityResultContracts.TakePicturePreview()) { bitmap: Bitmap? ->
         val current = session ?: return@registerForActivityResult
@@ -41,48 +49,61 @@ class MainActivity : AppCompatActivity() {
         super.onCreate(savedInstanceState)
         binding = ActivityMainBinding.inflate(layoutInflater)
         setContentView(binding.root)
-        credentials = CredentialStore(this)
-        binding.serverUrlEdit.setText(credentials.serverUrl ?: BuildConfig.DEFAULT_SERVER_URL)
+        binding.serverUrlEdit.setText(model.credentials.serverUrl ?: BuildConfig.DEFAULT_SERVER_URL)
 
         binding.nextSampleButton.setOnClickListener { classifyNextSample() }
         binding.cameraButton.setOnClickListener { takePicture.launch(null) }
         binding.confirmButton.setOnClickListener { confirmLabel() }
         binding.flushButton.setOnClickListener { flushUploads() }
         binding.enrollButton.setOnClickListener { enroll() }
-        setButtonsEnabled(false)
-        startSession()
-    }
-
-    override fun onDestroy() {
-        // A classification may still be running on Dispatchers.Default: the session's engine is a
-        // SerializedEngine, so this waits for it (one forward pass) instead of destroying the module under it.
-        session?.close()
-        session = null
-        super.onDestroy()
-    }
-
-    /** Verify and install the model, then wire the session (enrolled or local-only). */
-    private fun startSession() {
-        val url = binding.serverUrlEdit.text.toString().trim()
+        binding.updateButton.setOnClickListener { model.checkForUpdate() }
+        if (savedInstanceState == null) {
+            provisionFrom(intent)
+            managedProvisioning()?.let { model.provision(it) }
+        }
         lifecycleScope.launch {
-            val result = withContext(Dispatchers.IO) {
-                runCatching {
-                    val digits = SampleDigits.load(this@MainActivity)
-                    val device = DeviceProfiler.capabilities(this@MainActivity)
-                    val model = ModelInstaller(this@MainActivity).install(device, BuildConfig.PINNED_MANIFEST_KEY)
-                    digits to DemoSession(this@MainActivity, model, url, credentials.load())
-                }
+            repeatOnLifecycle(Lifecycle.State.STARTED) {
+                launch { model.state.collect { render(it) } }
+                launch { model.notice.collect { notice -> notice?.let { binding.statusText.text = it } } }
             }
-            result.onSuccess { (digits, started) ->
-                session?.close()
-                samples = digits
-                session = started
-                showTier(started)
-                setButtonsEnabled(true)
-                refreshQueue()
-            }.onFailure { error ->
+        }
+    }
+
+    override fun onNewIntent(intent: Intent) {
+        super.onNewIntent(intent)
+        provisionFrom(intent)
+    }
+
+    /** A provisioning deep link (the payload is in the fragment, which is never sent anywhere). */
+    private fun provisionFrom(intent: Intent?) {
+        val link = intent?.dataString ?: return
+        if (link.startsWith(ProvisioningPayload.URI_PREFIX)) {
+            model.provision(link)
+            intent.data = null // not again on a configuration change
+        }
+    }
+
+    /** Android managed configuration (an MDM / EMM sets it): the same payload as the deep link. */
+    private fun managedProvisioning(): String? {
+        val restrictions = (getSystemService(Context.RESTRICTIONS_SERVICE) as? RestrictionsManager)?.applicationRestrictions
+        return restrictions?.getString(ProvisioningPayload.MANAGED_CONFIG_KEY)?.takeIf { it.trim().isNotEmpty() }
+    }
+
+    private fun render(state: DemoViewModel.State) {
+        setButtonsEnabled(state is DemoViewModel.State.Ready)
+        when (state) {
+            DemoViewModel.State.NotProvisioned -> {
+                binding.tierText.text = getString(R.string.not_provisioned)
+                binding.statusText.text = getString(R.string.not_provisioned_detail)
+            }
+            DemoViewModel.State.Loading -> binding.tierText.text = getString(R.string.loading)
+            is DemoViewModel.State.Failed -> {
                 binding.tierText.text = getString(R.string.no_model)
-                binding.statusText.text = "Model not loaded: ${error.message}"
+                binding.statusText.text = state.message
+            }
+            is DemoViewModel.State.Ready -> {
+                showTier(state.session)
+                refreshQueue()
             }
         }
     }
@@ -91,9 +112,10 @@ class MainActivity : AppCompatActivity() {
         val tier = current.model.tier
         binding.tierText.text = String.format(
             Locale.ROOT,
-            "Tier %s (%s, split depth %d, %s) for a %s phone, exit threshold %.3f, model %s",
-            tier.name(), tier.family(), tier.splitDepth(), current.model.artifact.quantization(),
+            "Tier %s (%s, split depth %d, %s, %s) for a %s phone, exit threshold %.3f, model %s (manifest %d)",
+            tier.name(), tier.family(), tier.splitDepth(), current.model.artifact.quantization(), current.model.artifact.verdict(),
             current.model.deviceClass.name.lowercase(Locale.ROOT), tier.threshold(), current.model.manifest.modelVersion(),
+            current.model.manifest.manifestVersion(),
         )
         binding.labelSpinner.adapter =
             ArrayAdapter(this, android.R.layout.simple_spinner_dropdown_item, tier.classNames())
@@ -105,10 +127,11 @@ class MainActivity : AppCompatActivity() {
     }
 
     private fun classifyNextSample() {
-        if (samples.isEmpty()) return
-        val sample = samples[nextSample++ % samples.size]
-        val channels = session?.model?.tier?.input()?.shape()?.get(1)?.toInt() ?: 1
-        classify(SampleDigits.asChannels(sample.image, channels), trueLabel = sample.label)
+        val ready = model.state.value as? DemoViewModel.State.Ready ?: return
+        if (ready.samples.isEmpty()) return
+        val sample = ready.samples[nextSample++ % ready.samples.size]
+        // 28x28 gray digits feed any tier: resized and given the tier's channels
+        classify(sample.image.fitTo(ready.session.model.tier), trueLabel = sample.label)
     }
 
     private fun classify(image: PixelImage, trueLabel: Int?) {
@@ -193,41 +216,18 @@ class MainActivity : AppCompatActivity() {
 
     /**
      * Demo convenience: enrolment needs the admin token, which a real fleet keeps in its provisioning
-     * service, not on phones. The result (device id, token in the Keystore, server key) is kept.
+     * service (a provisioning payload can carry the enrolment instead). The result is kept in the Keystore.
      */
     private fun enroll() {
-        val current = session ?: return
         val url = binding.serverUrlEdit.text.toString().trim()
         val adminToken = binding.adminTokenEdit.text.toString().trim()
-        lifecycleScope.launch {
-            val outcome = withContext(Dispatchers.IO) {
-                runCatching {
-                    credentials.serverUrl = url
-                    val enrollment = DemoSession.enroll(url, adminToken, "${Build.MANUFACTURER} ${Build.MODEL}", current.model.tier.name())
-                    // The server's manifest must verify under the same pinned key as the bundled one.
-                    enrollment.manifestBytes()?.let { bytes ->
-                        val signature = enrollment.manifestP256SignatureFile()
-                            ?: throw IllegalStateException("the server's manifest has no P-256 signature (manifest.p256.sig)")
-                        ManifestVerifier.forP256PublicKeyFile(BuildConfig.PINNED_MANIFEST_KEY).verify(bytes, signature)
-                    }
-                    credentials.save(enrollment.credentials())
-                    if (enrollment.defaultVersion() == null) {
-                        "${enrollment.deviceId()} (the server has no back-end yet: answers stay on the phone)"
-                    } else {
-                        enrollment.deviceId()
-                    }
-                }
-            }
-            binding.adminTokenEdit.text.clear()
-            outcome.onSuccess { deviceId ->
-                binding.statusText.text = "Enrolled as $deviceId"
-                startSession()
-            }.onFailure { binding.statusText.text = "Enrolment failed: ${it.message}" }
-        }
+        binding.adminTokenEdit.text.clear()
+        model.enroll(url, adminToken)
     }
 
     private fun setButtonsEnabled(enabled: Boolean) {
-        listOf(binding.nextSampleButton, binding.cameraButton, binding.confirmButton, binding.flushButton, binding.enrollButton)
+        listOf(binding.nextSampleButton, binding.cameraButton, binding.confirmButton, binding.flushButton, binding.enrollButton,
+            binding.updateButton)
             .forEach { it.isEnabled = enabled }
     }
 }

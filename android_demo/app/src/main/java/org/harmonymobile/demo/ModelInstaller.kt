@@ -2,23 +2,37 @@ package org.harmonymobile.demo
 
 import android.content.Context
 import java.io.File
+import java.net.URI
+import java.time.Duration
 import org.harmonymobile.core.manifest.Artifact
 import org.harmonymobile.core.manifest.Manifest
 import org.harmonymobile.core.manifest.ManifestException
 import org.harmonymobile.core.manifest.ManifestVerifier
+import org.harmonymobile.core.manifest.SignedManifest
 import org.harmonymobile.core.manifest.TierEntry
+import org.harmonymobile.core.manifest.VariantChooser
+import org.harmonymobile.core.net.RetryPolicy
+import org.harmonymobile.core.net.RetryingTransport
+import org.harmonymobile.core.net.UrlConnectionTransport
+import org.harmonymobile.core.server.DeviceCredentials
+import org.harmonymobile.core.server.HarmonyServerClient
 import org.harmonymobile.core.tier.DeviceCapabilities
 import org.harmonymobile.core.tier.DeviceClass
 import org.harmonymobile.core.tier.TierSelector
+import org.harmonymobile.core.update.ArtifactSource
+import org.harmonymobile.core.update.ModelStore
+import org.harmonymobile.core.update.RollbackException
 
 /**
- * Installs the model this phone runs from the export bundled under `assets/export/`:
- * verify the manifest's ECDSA P-256 signature (manifest.p256.sig) with the pinned P-256 key, pick the
- * tier for this device, copy its `.pte`
- * out of the APK into internal storage (ExecuTorch loads from a file path, not from an asset), and
- * check the copy's sha256 and size against the manifest before anything loads it.
+ * The model this phone runs, kept in a harmony-core [ModelStore] under filesDir/model-store: the export
+ * bundled under `assets/export/` on first start, then newer signed exports from the server. Every
+ * install verifies the manifest's ECDSA P-256 signature (manifest.p256.sig) with the pinned P-256 key,
+ * refuses a manifest older than the installed one (a rollback), picks the tier for this device and a
+ * variant that passed the export's checks ([VariantChooser]), checks the artifact's sha256 and size,
+ * and only then switches, atomically. A bundled export older than an installed update is refused the
+ * same way, so an app update cannot take the phone back either.
  */
-class ModelInstaller(private val context: Context) {
+class ModelInstaller(private val context: Context, pinnedKeyBase64: String) {
 
     data class InstalledModel(
         val manifest: Manifest,
@@ -28,55 +42,54 @@ class ModelInstaller(private val context: Context) {
         val deviceClass: DeviceClass,
     )
 
-    /**
-     * @param pinnedKeyBase64 the export's signing_key_p256.pub: P-256, because `SHA256withECDSA` is in the
-     *   JCA of every Android release while Ed25519 is missing on many Android 13-15 phones
-     */
-    fun install(device: DeviceCapabilities, pinnedKeyBase64: String): InstalledModel {
-        if (pinnedKeyBase64.isBlank()) {
+    private val verifier: ManifestVerifier = run {
+        if (pinnedKeyBase64.trim().isEmpty()) {
             throw ManifestException(
-                "no pinned manifest key: run `harmony export-app android` or set harmony.pinnedManifestKey in gradle.properties")
+                "no pinned manifest key: run `harmony export-app android --pinned-key ...` or set harmony.pinnedManifestKey")
         }
-        val manifest = ManifestVerifier.forP256PublicKeyFile(pinnedKeyBase64)
-            .verify(readAsset(MANIFEST), readAsset(SIGNATURE))
-        val tier = TierSelector.select(manifest.tiers(), device)
-        val artifact = PREFERRED_QUANTIZATIONS.firstNotNullOfOrNull { tier.artifact("xnnpack", it).orElse(null) }
-            ?: throw ManifestException("tier ${tier.name()} has no XNNPACK .pte")
-        val file = copyVerified(artifact)
-        return InstalledModel(manifest, tier, artifact, file, DeviceClass.of(device))
+        // P-256: `SHA256withECDSA` is in the JCA of every Android release; Ed25519 is missing on many 13-15 phones
+        ManifestVerifier.forP256PublicKeyFile(pinnedKeyBase64)
+    }
+    private val store = ModelStore(
+        File(context.filesDir, "model-store").toPath(), verifier, "xnnpack", VariantChooser.PTE_PREFERENCE)
+
+    /** Installs the bundled export unless a newer one is installed, then returns the installed model. */
+    fun install(device: DeviceCapabilities): InstalledModel {
+        val bundled = SignedManifest(readAsset(ManifestVerifier.MANIFEST_FILE), readAsset(verifier.signatureFile()))
+        try {
+            store.install(bundled, ArtifactSource { path -> context.assets.open("$EXPORT_DIR/$path") }) { tierFor(it, device) }
+        } catch (older: RollbackException) {
+            // The installed model is newer than the one in the APK: keep it.
+        }
+        return current(device)
     }
 
-    /** Content-addressed copy in filesDir/models; re-verified on every start, since files can be damaged. */
-    private fun copyVerified(artifact: Artifact): File {
-        val directory = File(context.filesDir, "models").apply { mkdirs() }
-        val target = File(directory, "${artifact.sha256()}.pte")
-        if (!target.isFile) {
-            val temp = File(directory, "${artifact.sha256()}.part")
-            context.assets.open("$EXPORT_DIR/${artifact.path()}").use { input ->
-                temp.outputStream().use { output ->
-                    input.copyTo(output)
-                    output.fd.sync()
-                }
-            }
-            ManifestVerifier.verifyFile(artifact, temp.toPath())
-            if (!temp.renameTo(target)) {
-                throw ManifestException("could not move the verified model into place: $target")
-            }
-        }
-        ManifestVerifier.verifyFile(artifact, target.toPath())
-        directory.listFiles()?.filter { it != target }?.forEach { it.delete() } // models of older exports
-        return target
+    /**
+     * Fetches the server's manifest; when it is newer, downloads its artifact from [artifactBaseUrl]
+     * (where the export directory is published) and switches to it. Returns the installed model and
+     * whether it changed. A rollback or a bad signature or artifact throws and changes nothing.
+     */
+    fun update(device: DeviceCapabilities, serverUrl: String, credentials: DeviceCredentials, artifactBaseUrl: String): Pair<InstalledModel, Boolean> {
+        val client = HarmonyServerClient(
+            RetryingTransport(UrlConnectionTransport(serverUrl, Duration.ofSeconds(5), Duration.ofSeconds(30)), RetryPolicy.defaults()))
+        val signed = client.signedManifest(credentials, verifier.signatureFile())
+        val base = URI(artifactBaseUrl.trimEnd('/') + "/")
+        val changed = store.install(signed, ArtifactSource { path -> base.resolve(path).toURL().openStream() }) { tierFor(it, device) }
+        return current(device) to changed.isPresent
     }
+
+    private fun current(device: DeviceCapabilities): InstalledModel {
+        val installed = store.current { tierFor(it, device) }
+            .orElseThrow { ManifestException("no model installed") }
+        return InstalledModel(installed.manifest(), installed.tier(), installed.artifact(), installed.file().toFile(), DeviceClass.of(device))
+    }
+
+    private fun tierFor(manifest: Manifest, device: DeviceCapabilities): TierEntry = TierSelector.select(manifest.tiers(), device)
 
     private fun readAsset(name: String): ByteArray =
         context.assets.open("$EXPORT_DIR/$name").use { it.readBytes() }
 
     private companion object {
         const val EXPORT_DIR = "export"
-        const val MANIFEST = ManifestVerifier.MANIFEST_FILE
-        const val SIGNATURE = ManifestVerifier.P256_SIGNATURE_FILE
-
-        /** int8 first: smaller and faster on phones; fp32 when a tier was exported without int8. */
-        val PREFERRED_QUANTIZATIONS = listOf("int8", "fp32")
     }
 }
