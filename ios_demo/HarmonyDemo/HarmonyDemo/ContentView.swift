@@ -46,6 +46,9 @@ struct ContentView: View {
     private var modelSection: some View {
         Section("Model") {
             Text(model.status).font(.footnote).foregroundStyle(.secondary)
+            if !model.provisioned {
+                Label("Not provisioned: no federation secret", systemImage: "key.slash").foregroundStyle(.red)
+            }
             if !model.runnableTiers.isEmpty {
                 Picker("Tier", selection: Binding(
                     get: { model.selectedTier },
@@ -69,6 +72,10 @@ struct ContentView: View {
                 if !model.engineDescription.isEmpty {
                     Text(model.engineDescription).font(.caption).foregroundStyle(.secondary)
                 }
+                Button("Check for a model update") {
+                    Task { await model.checkForUpdate() }
+                }
+                .disabled(model.credentials == nil)
             }
         }
     }

@@ -25,12 +25,19 @@ final class DemoModel: ObservableObject {
     @Published private(set) var busy = false
     /// The simulator reaches `harmony serve` on the Mac as localhost; a phone needs the Mac's address
     /// (`harmony export-app ios --server-url` writes it to Resources/server_url.txt).
-    @Published var serverURL = UserDefaults.standard.string(forKey: "serverURL") ?? ModelStore.bundledServerURL {
+    @Published var serverURL = UserDefaults.standard.string(forKey: "serverURL") ?? ModelFiles.bundledServerURL {
         didSet { UserDefaults.standard.set(serverURL, forKey: "serverURL") }
     }
 
+    /// False until the phone got its federation secret (deep link, QR code or managed app config).
+    @Published private(set) var provisioned = false
+
     private var client: HarmonyClient?
     private var uploads: ConfirmedUploads?
+    /// One queue for the app's lifetime: a second actor on the same directory would race the first.
+    private var uploadQueue: UploadQueue?
+    private var federationKey: FederationKey?
+    private var installed: ModelStore.Installed?
     private let device = DeviceProfile.current()
 
     var tier: TierEntry? { runnableTiers.first { $0.name == selectedTier } }
@@ -46,18 +53,73 @@ final class DemoModel: ObservableObject {
     func start() async {
         samples = SampleDigit.loadBundled()
         credentials = CredentialStore.load()
+        if let payload = ProvisioningStore.managedPayload, ProvisioningStore.federationKey() == nil {
+            await provision(link: payload)
+            return
+        }
+        federationKey = ProvisioningStore.federationKey()
+        provisioned = federationKey != nil
+        guard let federationKey else {
+            status = "Not provisioned: scan the provisioning QR code (`harmony provision`), open its "
+                + "harmony-mobile://provision link, or install managed app config. Nothing is tokenized or decoded until then."
+            return
+        }
         do {
-            let manifest = try await Task.detached { try ModelStore.loadManifest() }.value
-            self.manifest = manifest
-            runnableTiers = TierSelector.runnableTiers(manifest.tiers, on: device)
-            let recommended = try TierSelector.select(from: manifest.tiers, for: device)
-            recommendedTier = recommended.name
-            deviceClass = DeviceClass.of(device)
-            selectedTier = recommended.name
-            selectedBackend = backends.first ?? Artifact.backendXNNPACK
+            let installed = try await Task.detached { try ModelFiles.installBundled() }.value
+            try SecretCheck.requireMatches(federationKey, manifest: installed.manifest)
+            show(installed)
             await loadEngine()
         } catch {
             status = "Model not loaded: \(error)"
+        }
+    }
+
+    /// A provisioning link or managed-config payload: parsed, stored in the Keychain, then the app restarts its model.
+    func provision(link: String) async {
+        do {
+            try ProvisioningStore.apply(try ProvisioningPayload.parse(link))
+        } catch {
+            status = "Provisioning refused: \(error)"
+            return
+        }
+        await start()
+    }
+
+    /// The server's signed manifest; a newer one (never an older one) is installed and switched to.
+    func checkForUpdate() async {
+        guard let credentials, let server = URL(string: serverURL) else {
+            status = "Enrol first: the manifest endpoints need a device token"
+            return
+        }
+        busy = true
+        defer { busy = false }
+        do {
+            let base = server.appendingPathComponent("export") // where the demo publishes the export
+            guard let updated = try await ModelFiles.update(server: server, device: credentials, artifactBase: base) else {
+                status = "Model \(manifest?.modelVersion ?? "?") is current"
+                return
+            }
+            if let federationKey { try SecretCheck.requireMatches(federationKey, manifest: updated.manifest) }
+            show(updated)
+            await loadEngine()
+            status = "Updated to model \(updated.manifest.modelVersion) (manifest \(updated.manifest.version))"
+        } catch {
+            status = "Update refused: \(error)"
+        }
+    }
+
+    private func show(_ installed: ModelStore.Installed) {
+        self.installed = installed
+        manifest = installed.manifest
+        runnableTiers = TierSelector.runnableTiers(installed.manifest.tiers, on: device)
+        let recommended = try? TierSelector.select(from: installed.manifest.tiers, for: device)
+        recommendedTier = recommended?.name
+        deviceClass = DeviceClass.of(device)
+        if !runnableTiers.contains(where: { $0.name == selectedTier }) {
+            selectedTier = recommended?.name ?? runnableTiers.first?.name ?? ""
+        }
+        if !backends.contains(selectedBackend) {
+            selectedBackend = backends.first ?? Artifact.backendXNNPACK
         }
     }
 
@@ -79,7 +141,7 @@ final class DemoModel: ObservableObject {
 
     /// (Re)builds the engine for the selected tier and backend.
     func loadEngine() async {
-        guard let tier, let artifact = ModelStore.artifact(of: tier, backend: selectedBackend) else {
+        guard let tier, let installed, let artifact = ModelFiles.artifact(of: tier, backend: selectedBackend) else {
             status = "Tier \(selectedTier) has no \(selectedBackend) artifact"
             return
         }
@@ -87,7 +149,10 @@ final class DemoModel: ObservableObject {
         defer { busy = false }
         status = "Verifying and loading \(artifact.path)…"
         do {
-            let engine = try await Task.detached { try await ModelStore.makeEngine(tier: tier, artifact: artifact) }.value
+            let directory = installed.directory
+            let engine = try await Task.detached {
+                try await ModelFiles.makeEngine(tier: tier, artifact: artifact, in: directory)
+            }.value
             let server = try makeFallback(for: tier)
             if let server, let manifest, let epoch = manifest.labelEpoch, let table = manifest.slotTable {
                 try await server.slots.remember(
@@ -97,7 +162,8 @@ final class DemoModel: ObservableObject {
                 engine: engine, exitPolicy: try ExitPolicy(threshold: tier.threshold), exits: try makeExits(),
                 fallback: server?.server, slots: server?.slots)
             uploads = try makeUploads(for: tier)
-            engineDescription = "\(artifact.path) (\(artifact.quantization), threshold \(tier.threshold))"
+            engineDescription = "\(artifact.path) (\(artifact.quantization), \(artifact.verdict ?? "not_checked"), "
+                + "threshold \(tier.threshold), manifest \(installed.manifest.version))"
             status = "Ready"
             await refreshQueue()
         } catch {
@@ -124,11 +190,11 @@ final class DemoModel: ObservableObject {
 
     private func classify(_ picture: PixelImage, label: Int?) async {
         guard let client, let tier else { return }
-        let image = picture.withChannels(tier.input.shape[1])
-        self.image = image
-        imageLabel = label
-        confirmedLabel = label ?? result?.predictedClass ?? 0
         do {
+            let image = try picture.fitted(to: tier) // the 28x28 gray samples feed a 3x32x32 tier too
+            self.image = image
+            imageLabel = label
+            confirmedLabel = label ?? result?.predictedClass ?? 0
             let input = try image.modelInput(for: tier)
             result = try await client.classify(input)
             if label == nil, let answer = result?.predictedClass, answer >= 0 {
@@ -155,7 +221,7 @@ final class DemoModel: ObservableObject {
             var notice: String?
             if let text = enrollment.manifest, let signature = enrollment.manifestSignature, let manifest {
                 // The server's manifest must be signed by the pinned key too; say so if it is another export.
-                let served = try ModelStore.pinnedVerifier().verify(
+                let served = try ModelFiles.pinnedVerifier().verify(
                     manifestBytes: Data(text.utf8), signatureFile: Data(signature.utf8))
                 if served.modelVersion != manifest.modelVersion {
                     notice = "the server serves model \(served.modelVersion), this app has \(manifest.modelVersion)"
@@ -208,6 +274,14 @@ final class DemoModel: ObservableObject {
         queued = (try? await uploads?.pendingCount()) ?? 0
     }
 
+    /// The provisioned secret; there is no fallback secret.
+    private func requireFederationKey() throws -> FederationKey {
+        guard let federationKey else {
+            throw HarmonyFormatError("not provisioned: this phone has no federation secret")
+        }
+        return federationKey
+    }
+
     /// The exit head's outputs are in token order under the manifest's label epoch: named with the
     /// federation secret (an export without a label epoch cannot be decoded).
     private func makeExits() throws -> ExitDecoder {
@@ -216,7 +290,7 @@ final class DemoModel: ObservableObject {
             throw HarmonyFormatError("this export names no label epoch, so its exit head cannot be decoded: re-export it")
         }
         return try ExitDecoder(
-            federationKey: Provisioning.federationKey(), labelEpoch: labelEpoch, classNames: manifest.classNames)
+            federationKey: requireFederationKey(), labelEpoch: labelEpoch, classNames: manifest.classNames)
     }
 
     /// The server and the decoder of its slots (seeded with the manifest's own slot table, so only
@@ -226,7 +300,7 @@ final class DemoModel: ObservableObject {
         // Interactive: short timeouts, one quick retry, then the local answer stands.
         let client = HarmonyHTTPClient(baseURL: url, policy: .interactive, requestTimeout: 3, resourceTimeout: 10)
         let slots = SlotDecoder(
-            federationKey: try Provisioning.federationKey(), classNames: manifest.classNames,
+            federationKey: try requireFederationKey(), classNames: manifest.classNames,
             source: HTTPSlotTableSource(client: client, device: credentials))
         return (HTTPFallbackServer(client: client, device: credentials, tier: tier.name), slots)
     }
@@ -238,9 +312,11 @@ final class DemoModel: ObservableObject {
         let directory = try FileManager.default.url(
             for: .applicationSupportDirectory, in: .userDomainMask, appropriateFor: nil, create: true
         ).appendingPathComponent("upload-queue", isDirectory: true)
+        let queue = try uploadQueue ?? UploadQueue(directory: directory, maxEntries: 512, maxBytes: 32 * 1024 * 1024)
+        uploadQueue = queue
         return try ConfirmedUploads(
-            queue: UploadQueue(directory: directory, maxEntries: 512, maxBytes: 32 * 1024 * 1024),
-            client: HarmonyHTTPClient(baseURL: url), device: credentials, federationKey: Provisioning.federationKey(),
+            queue: queue,
+            client: HarmonyHTTPClient(baseURL: url), device: credentials, federationKey: requireFederationKey(),
             labelEpoch: labelEpoch, classNames: manifest.classNames, family: tier.family, tier: tier.name,
             splitDepth: tier.splitDepth, modelVersion: manifest.modelVersion)
     }

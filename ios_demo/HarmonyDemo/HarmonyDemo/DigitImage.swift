@@ -19,11 +19,15 @@ struct PixelImage: Equatable {
         return try tier.normalization.apply(pixels: pixels, channels: channels)
     }
 
-    /// The same picture with `count` channels (a gray digit replicated into R, G and B).
-    func withChannels(_ count: Int) -> PixelImage {
-        guard count != channels, channels == 1 else { return self }
-        return PixelImage(channels: count, height: height, width: width,
-                          pixels: Array([[UInt8]](repeating: pixels, count: count).joined()))
+    /// The same picture at the tier's input shape: resized, a gray digit replicated into R, G and B
+    /// (the bundled digits are 28x28 gray; a CIFAR tier takes 3x32x32).
+    func fitted(to tier: TierEntry) throws -> PixelImage {
+        let shape = tier.input.shape // (1, C, H, W)
+        guard shape.count == 4 else { throw InferenceError("tier \(tier.name) has input shape \(shape)") }
+        let fitted = try PixelImages.fit(
+            pixels, channels: channels, height: height, width: width,
+            toChannels: shape[1], toHeight: shape[2], toWidth: shape[3])
+        return PixelImage(channels: shape[1], height: shape[2], width: shape[3], pixels: fitted)
     }
 
     /// For display (gray for one channel, RGB for three).

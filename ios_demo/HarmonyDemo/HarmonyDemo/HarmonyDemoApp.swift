@@ -8,6 +8,8 @@ struct HarmonyDemoApp: App {
         WindowGroup {
             ContentView(model: model)
                 .task { await model.start() }
+                // harmony-mobile://provision/v1#<payload>: the provisioning link (a QR code the camera app opens)
+                .onOpenURL { url in Task { await model.provision(link: url.absoluteString) } }
         }
     }
 }

@@ -1,14 +1,17 @@
 import Foundation
 import HarmonyKit
 import HarmonyKitExecuTorch
+import Security
 
-/// The export bundled with the app (the `Export` folder reference: manifest.json, manifest.sig and
-/// the tiers' .pte / .mlpackage files, copied verbatim) and the key that must have signed it
-/// (`Resources/pinned_signing_key.pub`, the export's signing_key.pub).
-enum ModelStore {
-    static let coreMLPreference = ["coreml-fp16", "coreml-int8", "coreml-palette4"]
-    /// int8 first: smaller and faster on phones; fp32 when a tier was exported without int8.
-    static let executorchPreference = ["int8", "fp32"]
+/// The export this phone runs, kept in HarmonyKit's `ModelStore` (Application Support/model-store):
+/// the export bundled with the app (the `Export` folder reference) on first start, then newer signed
+/// exports from the server. Every install verifies the manifest with the pinned key
+/// (`Resources/pinned_signing_key.pub`, written by `harmony export-app ios --pinned-key`), refuses a
+/// manifest older than the installed one (a rollback: a bundled export older than an update too),
+/// checks every artifact, and switches atomically.
+enum ModelFiles {
+    /// The backends this app runs, and the artifacts an install copies for each runnable tier.
+    static let backends = [Artifact.backendCoreML, Artifact.backendXNNPACK]
 
     /// Resources/server_url.txt (written by `harmony export-app ios`), else the simulator's view of the Mac.
     static var bundledServerURL: String {
@@ -18,44 +21,88 @@ enum ModelStore {
         return text.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
-    static var exportDirectory: URL? {
+    static var bundledExport: URL? {
         Bundle.main.url(forResource: "Export", withExtension: nil)
-    }
-
-    /// Verifies the bundled manifest with the pinned key (signature over the exact bytes, key hash).
-    static func loadManifest() throws -> Manifest {
-        let verifier = try pinnedVerifier()
-        guard let directory = exportDirectory,
-              FileManager.default.fileExists(atPath: directory.appendingPathComponent(ManifestVerifier.manifestFile).path)
-        else {
-            throw ManifestError("no export bundled: copy `harmony export` output into ios_demo/HarmonyDemo/Export/")
-        }
-        return try verifier.verifyDirectory(directory)
     }
 
     /// The verifier for the key pinned in the app bundle.
     static func pinnedVerifier() throws -> ManifestVerifier {
         guard let keyURL = Bundle.main.url(forResource: "pinned_signing_key", withExtension: "pub") else {
-            throw ManifestError(
-                "no pinned key: copy the export's signing_key.pub to HarmonyDemo/Resources/pinned_signing_key.pub")
+            throw ManifestError("no pinned key: run `harmony export-app ios --pinned-key <your signing_key.pub>`")
         }
         return try ManifestVerifier(publicKeyFile: String(decoding: Data(contentsOf: keyURL), as: UTF8.self))
     }
 
-    /// The artifact a tier runs on a backend, preferring the smaller variants.
-    static func artifact(of tier: TierEntry, backend: String) -> Artifact? {
-        let order = backend == Artifact.backendCoreML ? coreMLPreference : executorchPreference
-        for quantization in order {
-            if let artifact = tier.artifact(backend: backend, quantization: quantization) {
-                return artifact
-            }
+    static func store() throws -> ModelStore {
+        let root = try FileManager.default.url(
+            for: .applicationSupportDirectory, in: .userDomainMask, appropriateFor: nil, create: true
+        ).appendingPathComponent("model-store", isDirectory: true)
+        return ModelStore(root: root, verifier: try pinnedVerifier())
+    }
+
+    /// Every artifact this app can run, of every tier (the user may pick another tier).
+    static func wanted(_ manifest: Manifest) -> [Artifact] {
+        manifest.tiers.flatMap { tier in tier.artifacts.filter { backends.contains($0.backend) } }
+    }
+
+    /// Installs the bundled export unless a newer one is installed; returns the installed export.
+    static func installBundled() throws -> ModelStore.Installed {
+        let store = try store()
+        guard let bundled = bundledExport,
+              FileManager.default.fileExists(atPath: bundled.appendingPathComponent(ManifestVerifier.manifestFile).path)
+        else {
+            throw ManifestError("no export bundled: run `harmony export-app ios` (ios_demo/HarmonyDemo/Export/)")
         }
-        return tier.artifacts.first { $0.backend == backend }
+        do {
+            _ = try store.install(
+                manifestBytes: Data(contentsOf: bundled.appendingPathComponent(ManifestVerifier.manifestFile)),
+                signatureFile: Data(contentsOf: bundled.appendingPathComponent(store.verifier.signatureFileName)),
+                source: { artifact, _, destination in
+                    try FileManager.default.copyItem(at: bundled.appendingPathComponent(artifact.path), to: destination)
+                },
+                wanted: wanted)
+        } catch is RollbackError {
+            // The installed export is newer than the one in the app bundle: keep it.
+        }
+        guard let installed = try store.current() else { throw ManifestError("no export installed") }
+        return installed
+    }
+
+    /// The server's signed manifest; when newer, its artifacts from `artifactBase` (where the export
+    /// directory is published), verified, then switched to. nil: the installed export is current.
+    static func update(server: URL, device: DeviceCredentials, artifactBase: URL) async throws -> ModelStore.Installed? {
+        let (manifest, signature) = try await HarmonyHTTPClient(baseURL: server).manifest(device: device)
+        return try await Task.detached {
+            try store().install(
+                manifestBytes: manifest, signatureFile: signature,
+                source: { artifact, manifest, destination in
+                    try download(artifact, of: manifest, from: artifactBase, to: destination)
+                },
+                wanted: wanted)
+        }.value
+    }
+
+    /// A .pte file, or an .mlpackage directory file by file (the manifest lists each of its files).
+    private static func download(_ artifact: Artifact, of manifest: Manifest, from base: URL, to destination: URL) throws {
+        guard artifact.format == Artifact.formatMLPackage else {
+            try Data(contentsOf: base.appendingPathComponent(artifact.path)).write(to: destination)
+            return
+        }
+        for file in manifest.files where file.path.hasPrefix(artifact.path + "/") {
+            let target = destination.appendingPathComponent(String(file.path.dropFirst(artifact.path.count + 1)))
+            try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try Data(contentsOf: base.appendingPathComponent(file.path)).write(to: target)
+        }
+    }
+
+    /// The variant a tier runs on a backend: one that passed the export's checks first.
+    static func artifact(of tier: TierEntry, backend: String) -> Artifact? {
+        let preference = backend == Artifact.backendCoreML ? VariantChooser.coreMLQuantizations : VariantChooser.pteQuantizations
+        return VariantChooser.choose(tier, backend: backend, preference: preference)
     }
 
     /// Verifies the artifact's digest and size, then loads it with the right engine. Call off the main thread.
-    static func makeEngine(tier: TierEntry, artifact: Artifact) async throws -> any InferenceEngine {
-        guard let directory = exportDirectory else { throw ManifestError("no export bundled") }
+    static func makeEngine(tier: TierEntry, artifact: Artifact, in directory: URL) async throws -> any InferenceEngine {
         try ManifestVerifier.verifyArtifact(artifact, in: directory)
         let url = directory.appendingPathComponent(artifact.path)
         switch artifact.backend {
@@ -72,21 +119,58 @@ enum ModelStore {
     }
 }
 
-/// Demo provisioning of the label-token key: Resources/provisioning.local.json (written by
-/// `harmony export-app`, git-ignored) or else the placeholder Resources/provisioning.json. A real
-/// deployment gets it from MDM / managed app configuration; the server never holds it
-/// (docs/PROTOCOL.md 2-3).
-enum Provisioning {
-    static func federationKey() throws -> FederationKey {
-        struct File: Decodable {
-            let federation_secret_hex: String
+/// The label-token key, provisioned at run time and kept in the Keychain: from a
+/// `harmony-mobile://provision/v1#...` link (a QR code the camera app opens) or managed app config
+/// (`provisioning_payload` in `com.apple.configuration.managed`), docs/PROVISIONING.md. Nothing
+/// secret ships in the app; without a provisioned secret the app tokenizes and decodes nothing.
+enum ProvisioningStore {
+    private static let service = "org.harmonymobile.demo"
+    private static let account = "federation-secret"
+
+    /// The payload an MDM set as managed app config, if any.
+    static var managedPayload: String? {
+        let managed = UserDefaults.standard.dictionary(forKey: "com.apple.configuration.managed")
+        return (managed?[ProvisioningPayload.managedConfigKey] as? String).flatMap { $0.isEmpty ? nil : $0 }
+    }
+
+    static func federationKey() -> FederationKey? {
+        let query: [String: Any] = [
+            kSecClass as String: kSecClassGenericPassword,
+            kSecAttrService as String: service,
+            kSecAttrAccount as String: account,
+            kSecReturnData as String: true,
+            kSecMatchLimit as String: kSecMatchLimitOne,
+        ]
+        var item: CFTypeRef?
+        guard SecItemCopyMatching(query as CFDictionary, &item) == errSecSuccess, let secret = item as? Data else {
+            return nil
         }
-        guard let url = Bundle.main.url(forResource: "provisioning.local", withExtension: "json")
-            ?? Bundle.main.url(forResource: "provisioning", withExtension: "json")
-        else {
-            throw HarmonyFormatError("provisioning.json is missing from the app bundle")
+        return try? FederationKey(secret: secret)
+    }
+
+    /// Stores a parsed payload's secret (and its enrolment, if it carries one).
+    static func apply(_ payload: ProvisioningPayload) throws {
+        delete()
+        let attributes: [String: Any] = [
+            kSecClass as String: kSecClassGenericPassword,
+            kSecAttrService as String: service,
+            kSecAttrAccount as String: account,
+            kSecAttrAccessible as String: kSecAttrAccessibleAfterFirstUnlockThisDeviceOnly,
+            kSecValueData as String: payload.federationSecret,
+        ]
+        let status = SecItemAdd(attributes as CFDictionary, nil)
+        guard status == errSecSuccess else { throw NSError(domain: NSOSStatusErrorDomain, code: Int(status)) }
+        if let device = payload.device {
+            try CredentialStore.save(device)
         }
-        let file = try JSONDecoder().decode(File.self, from: Data(contentsOf: url))
-        return try FederationKey(secret: Hex.decode(file.federation_secret_hex))
+    }
+
+    static func delete() {
+        let query: [String: Any] = [
+            kSecClass as String: kSecClassGenericPassword,
+            kSecAttrService as String: service,
+            kSecAttrAccount as String: account,
+        ]
+        SecItemDelete(query as CFDictionary)
     }
 }

@@ -45,7 +45,7 @@ final class ModelUpdateTests: XCTestCase {
         let published = self.published
         return try store.install(
             manifestBytes: signed.0, signatureFile: signed.1,
-            source: { artifact, destination in
+            source: { artifact, _, destination in
                 try (tampered ? Data("evil".utf8) : published[artifact.path] ?? Data()).write(to: destination)
             },
             wanted: { manifest in manifest.tier(named: "entry-android")?.artifacts ?? [] })

@@ -16,8 +16,10 @@ public struct ModelStore: Sendable {
     public static let currentFile = "current.json"
     public static let versionsDirectory = "versions"
 
-    /// Where artifacts come from: the app bundle's export, or the host an export is published on.
-    public typealias ArtifactSource = @Sendable (_ artifact: Artifact, _ destination: URL) throws -> Void
+    /// Where artifacts come from: the app bundle's export, or the host an export is published on. It
+    /// writes `artifact` (a file, or an .mlpackage directory whose files the verified `manifest` lists)
+    /// to `destination`.
+    public typealias ArtifactSource = @Sendable (_ artifact: Artifact, _ manifest: Manifest, _ destination: URL) throws -> Void
 
     public struct Installed: Sendable {
         public let manifest: Manifest
@@ -91,7 +93,7 @@ public struct ModelStore: Sendable {
                 }
                 let destination = staging.appendingPathComponent(artifact.path)
                 try files.createDirectory(at: destination.deletingLastPathComponent(), withIntermediateDirectories: true)
-                try source(artifact, destination)
+                try source(artifact, manifest, destination)
                 try ManifestVerifier.verifyArtifact(artifact, in: staging)
             }
             try? files.removeItem(at: target) // a half-installed copy of this same version
