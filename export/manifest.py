@@ -66,7 +66,7 @@ from harmony_mobile.export.keys import (
     p256_key_fingerprint,
     p256_public_key_der,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
 
@@ -132,6 +132,42 @@ class Artifact(_Strict):
     failed_checks: list[str] = Field([], description="the checks this variant missed (verification.json)")
 
 
+class ProgramFile(_Strict):
+    path: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class Personalization(_Strict):
+    """A tier's on-device training (export/personalization.py): the phone runs `frozen_program`
+    (XNNPACK) once per own sample, trains the exit classifier through `training_program` (ExecuTorch
+    TrainingModule + SGD, method `method`, batches of exactly `batch`, labels = exit positions), then
+    answers with `frozen_program` + `head_program` fed its trained parameters and recalibrates its
+    exit threshold on its own validation samples."""
+
+    scope: Literal["exit_classifier"] = "exit_classifier"
+    frozen_program: ProgramFile = Field(description="image -> (exit_hidden, features), XNNPACK fp32")
+    training_program: ProgramFile = Field(
+        description="(exit_hidden, exit_positions int64) -> (loss, exit_logits), forward-backward graph"
+    )
+    head_program: ProgramFile = Field(description="(exit_hidden, *parameters) -> exit_logits")
+    method: str = "forward"
+    batch: int = Field(ge=1, description="rows of every training step")
+    hidden: int = Field(ge=1, description="exit_hidden width")
+    parameter_names: list[str] = Field(description="trained parameters, in the head program's input order")
+    parameter_shapes: list[list[int]]
+    labels: Literal["exit_positions"] = "exit_positions"
+    loss: Literal["cross_entropy"] = "cross_entropy"
+    optimizer: Literal["sgd"] = "sgd"
+    learning_rate: float = Field(gt=0)
+    calibration_target: float | None = Field(
+        None, description="local-exit accuracy the recalibrated threshold must reach on validation samples"
+    )
+
+    def programs(self) -> list[ProgramFile]:
+        return [self.frozen_program, self.training_program, self.head_program]
+
+
 class TierEntry(_Strict):
     name: str
     family: str
@@ -150,6 +186,17 @@ class TierEntry(_Strict):
     backends: list[str]
     latency_budget_ms: float
     artifacts: list[Artifact]
+    personalization: Personalization | None = Field(
+        None, description="on-device training programs (absent from the JSON when the tier has none)"
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_personalization(self, handler):
+        # absent, not null: manifests of exports without personalization keep their exact bytes
+        data = handler(self)
+        if data.get("personalization") is None:
+            data.pop("personalization", None)
+        return data
 
 
 class BackendEntry(_Strict):
@@ -548,6 +595,12 @@ def _referenced_file_problems(directory: Path, manifest: Manifest, listed: dict[
     """Every path a tier artifact, the back-end or the reports name must exist and be listed; a tier
     artifact's digest and size (a tree digest for an .mlpackage) must match its entry."""
     referenced = [(f"tier {t.name}", a.path, a.sha256, a.size) for t in manifest.tiers for a in t.artifacts]
+    referenced += [
+        (f"tier {t.name} personalization", p.path, p.sha256, p.size)
+        for t in manifest.tiers
+        if t.personalization is not None
+        for p in t.personalization.programs()
+    ]
     referenced += [("backend", manifest.backend.state_dict_file, None, None)]
     referenced += [("backend", manifest.backend.exported_program_file, None, None)]
     referenced += [("reports", r, None, None) for r in manifest.reports]

@@ -12,6 +12,7 @@ Output directory layout:
       tiers/<tier>/front_coreml-fp16.mlpackage/       ML Program, iOS 16+ (coreml tiers)
       tiers/<tier>/front_coreml-int8.mlpackage/       int8 weights
       tiers/<tier>/front_coreml-palette4.mlpackage/   4-bit k-means palettized weights
+      tiers/<tier>/personalize_{frozen,train,head}.pte  on-device training (personalization.py)
 
 Everything is written into a temporary directory beside OUT and renamed into place only after
 the manifest was signed and verified, so a failure never leaves a half-written OUT. An existing
@@ -21,6 +22,7 @@ OUT is replaced only if it is an export directory (has manifest.json) or empty.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -34,7 +36,7 @@ import torch
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from harmony_mobile.export import coreml as coreml_steps
-from harmony_mobile.export import steps, verify
+from harmony_mobile.export import personalization, steps, verify
 from harmony_mobile.export.keys import load_or_create_p256_signing_key, load_or_create_signing_key
 from harmony_mobile.export.manifest import (
     MANIFEST_FILE,
@@ -171,7 +173,7 @@ class _Progress:
 def tier_steps(tier: Tier) -> int:
     xnn = [q for q in tier.quantization if q in ("fp32", "int8")]
     cml = [q for q in tier.quantization if q.startswith("coreml-")]
-    return 1 + 2 * len(xnn) + (1 if cml else 0)
+    return 2 + 2 * len(xnn) + (1 if cml else 0)  # + 1: the personalization programs
 
 
 def verification_indices(
@@ -330,6 +332,27 @@ def export_coreml_variants(
     return artifacts, rows
 
 
+def export_personalization(run: RunDir, tier: Tier, inputs: TierInputs, directory: Path, max_batch: int):
+    """The tier's on-device training programs (export/personalization.py), checked against eager
+    PyTorch: (manifest entry, report row)."""
+    front_end = inputs.module.front_end
+    build = personalization.build_personalization(
+        front_end, tuple(tier.input_shape), run.info.num_classes, max_batch, inputs.calibration
+    )
+    target = personalization.calibration_target(
+        run.info.algorithm, run.info.train_config.get("algorithm_config")
+    )
+    entry = personalization.write_personalization(build, directory, f"{TIERS_DIR}/{tier.name}", target)
+    row = {
+        "scope": entry.scope,
+        "files": [p.path for p in entry.programs()],
+        "trained_parameters": sum(math.prod(s) for s in entry.parameter_shapes),
+        "loss_vs_eager_max_abs": build.loss_difference,
+        "head_logits_vs_eager_max_abs": build.logit_difference,
+    }
+    return entry, row
+
+
 def tier_entry(run: RunDir, tier: Tier, inputs: TierInputs, artifacts: list) -> TierEntry:
     """The tier's manifest entry."""
     info = run.info
@@ -398,6 +421,11 @@ def export_tier(
     coreml_artifacts, coreml_rows = export_coreml_variants(tier, inputs, directory, progress)
     entry = tier_entry(run, tier, inputs, pte_artifacts + coreml_artifacts)
     report = tier_report(tier, inputs, pte_rows, coreml_rows)
+    progress("personalization: training programs")
+    entry.personalization, report["personalization"] = export_personalization(
+        run, tier, inputs, directory, max_batch
+    )
+    progress("", 1)
     verdicts = verify.variant_verdicts(report)
     for artifact in entry.artifacts:
         artifact.verdict, artifact.failed_checks = verdicts.get(artifact.quantization, ("not_checked", []))

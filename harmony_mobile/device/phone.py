@@ -179,6 +179,16 @@ class Phone:
         key = epoch_key(self.federation_key.secret, label_epoch)
         return [self.class_names.index(name) for name in exit_order(key, self.class_names)]
 
+    def exit_positions(self, class_ids) -> torch.Tensor:
+        """The exit output of each class id (through the secret): what on-device training is fed."""
+        position = {class_index: output for output, class_index in enumerate(self._exit_classes)}
+        try:
+            return torch.tensor([position[int(c)] for c in class_ids], dtype=torch.int64)
+        except KeyError as error:
+            raise ValueError(
+                f"class id {error.args[0]} is not one of the {len(self.class_names)} classes"
+            ) from None
+
     def would_exit(self, pixels) -> bool:
         """Whether the phone answers this image locally (without asking the server)."""
         return self.exit_answer(self.run_front_end(pixels)[0])[0] >= self.threshold
