@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 
 import pytest
@@ -95,11 +96,50 @@ def test_a_record_of_another_type_or_with_extra_fields_is_refused():
         message_to_record(object())
 
 
-def test_settings_travel_as_flat_run_config_and_missing_keys_are_named():
+def test_settings_travel_as_flat_run_config_keys_each_overridable():
     settings = FlowerSettings(train_config=tiny_config(), run_dir="runs/x", min_replies=2)
-    assert FlowerSettings.from_run_config(settings.to_run_config()) == settings
+    flat = settings.to_run_config()
+    assert FlowerSettings.from_run_config(flat) == settings
+    assert all(isinstance(v, str | int | float | bool) for v in flat.values())
+    # what `flwr run --run-config "rounds=7 data-root='/data' dataset-limit=''"` gives the apps
+    changed = FlowerSettings.from_run_config({**flat, "rounds": 7, "data-root": "/data", "dataset-limit": ""})
+    assert (changed.train_config.rounds, changed.train_config.data_root) == (7, "/data")
+    assert changed.train_config.dataset_limit is None
+    assert changed.train_config.algorithm_config == tiny_config().algorithm_config
     with pytest.raises(ValueError, match="lacks \\['run-dir'\\]"):
-        FlowerSettings.from_run_config({"train-config": "{}"})
+        FlowerSettings.from_run_config({"rounds": 3})
+    with pytest.raises(ValueError, match="unknown keys \\['train-config'\\]"):
+        FlowerSettings.from_run_config({**flat, "train-config": "{}"})
+
+
+def test_the_app_bundle_lists_every_setting_at_the_one_default():
+    """Flower overrides only keys the app's pyproject.toml lists; its table is settings.py's."""
+    import tomllib
+
+    from harmony_mobile.flower.deployment import APP_DIR
+    from harmony_mobile.flower.settings import app_config_defaults
+
+    table = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert table == app_config_defaults()
+    assert table["reply-timeout"] == FlowerSettings.model_fields["reply_timeout"].default
+
+
+def test_a_run_for_other_code_is_refused_by_the_server_app_and_every_client_app(tmp_path):
+    from flwr.app import Message, RecordDict
+
+    from harmony_mobile.flower.settings import CodeVersionError, code_version
+
+    settings = FlowerSettings(
+        train_config=tiny_config(), run_dir=str(tmp_path / "run"), code_version="0.0.1+other"
+    )
+    with pytest.raises(CodeVersionError, match=f"this process runs '{re.escape(code_version())}'"):
+        train_on_grid(None, settings)
+    assert not (tmp_path / "run").exists()
+    grid = LoopbackGrid(make_client_app(), 4)  # the ClientApp reads its settings from the run config
+    for context in grid.contexts.values():
+        context.run_config = {**settings.to_run_config(), "code-version": ""}
+    with pytest.raises(CodeVersionError, match="pins code-version ''"):
+        grid.push_messages([Message(RecordDict(), dst_node_id=101, message_type="query.hello")])
 
 
 def test_centralized_is_refused_with_the_reason():
@@ -382,3 +422,12 @@ def test_a_nodes_state_keeps_no_finished_split_turn(tmp_path):
     train_on_grid(grid, settings)
     for context in grid.contexts.values():
         assert not [key for key in context.state if key.startswith(split.TURN_PREFIX)], list(context.state)
+
+
+def test_a_client_holding_every_class_is_evaluated_without_ood_rows(tmp_path):
+    """A Dirichlet split can give a client every class: evaluation then scores it at p=0 only
+    (evaluation.evaluate_client), and the ClientApp loads no OOD rows for it."""
+    config = tiny_config(rounds=1).model_copy(update={"partition": "dirichlet", "alpha": 100.0})
+    results, _ = run_on_loopback(tmp_path, config)
+    assert results["clients_without_evaluation"] == []
+    assert results["summary"]["accuracy_without_ood"] > 0

@@ -126,13 +126,24 @@ def _client_data(config_json: str, partition_id: int, federation_secret: bytes) 
     if not 0 <= partition_id < len(tier_of_client):
         raise NodeConfigError(f"partition-id {partition_id} outside 0..{len(tier_of_client) - 1}")
     split = partition.clients[partition_id]
+    # evaluation.evaluate_client's draws (a client holding every class gets no OOD rows)
+    pool = labels.numpy()[partition.ood_pool]
+    has_ood = bool(np.isin(pool, split.classes, invert=True).any())
+    fractions = [p for p in OOD_FRACTIONS if p == 0 or has_ood]
     evaluated = [
-        ood_test_indices(split, labels.numpy(), partition.ood_pool, p, config.seed)[0] for p in OOD_FRACTIONS
+        ood_test_indices(split, labels.numpy(), partition.ood_pool, p, config.seed)[0] for p in fractions
     ]
     wanted = np.unique(np.concatenate([split.train, split.val, split.test, *evaluated]))
     loaded = load_rows(config.dataset, config.data_root, wanted, limit=config.dataset_limit)
     rows = PartitionRows(loaded.images, {int(row): i for i, row in enumerate(wanted)})
     return ClientData(rows, labels, info, tier_of_client[partition_id], split, partition)
+
+
+def settings_of(context: Context, settings: FlowerSettings | None) -> FlowerSettings:
+    """This run's settings (the run config, unless given), refused when they pin other code."""
+    settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+    settings.check_code_version()
+    return settings
 
 
 def client_count(config: TrainConfig) -> int:
@@ -245,7 +256,7 @@ def run_turn(
     from the turn's start; returns the reply's content: the next split-step request, or `work`'s
     result. A split turn continues its paused thread when this
     process holds it (and `keep_turns`), else replays from the turn's start (split.py)."""
-    run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+    run_settings = settings_of(context, settings)
     config = run_settings.train_config
     torch.set_num_threads(config.threads)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
@@ -344,7 +355,7 @@ def make_client_app(settings: FlowerSettings | None = None, keep_turns: bool = T
 
     @app.query("hello")
     def hello(message: Message, context: Context) -> Message:
-        config = (settings or FlowerSettings.from_run_config(dict(context.run_config))).train_config
+        config = settings_of(context, settings).train_config
         reply = ConfigRecord({"partition-id": partition_of(context, config)})
         return Message(RecordDict({"node": reply}), reply_to=message)
 
@@ -362,7 +373,7 @@ def make_client_app(settings: FlowerSettings | None = None, keep_turns: bool = T
 
     @app.evaluate("final")
     def final_evaluation(message: Message, context: Context) -> Message:
-        run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
+        run_settings = settings_of(context, settings)
         return Message(evaluate_final(context, message.content, run_settings), reply_to=message)
 
     return app

@@ -8,20 +8,24 @@ certificates and enables SuperNode authentication (README: Training on Flower).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import tomli_w
 
-from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.flower.settings import FlowerSettings, app_config_defaults, code_version
 
 APP_DIR = Path(__file__).resolve().parents[2] / "flower_app"
 CONNECTION = "harmony-local"
@@ -29,6 +33,77 @@ CONNECTION = "harmony-local"
 
 class DeploymentError(RuntimeError):
     """A Flower process did not start or a run did not finish."""
+
+
+STARTED = re.compile(r"Successfully started run (\d+)")
+COMPLETED = "finished:completed"
+
+
+@dataclass
+class FlowerRun:
+    """How a `flwr run` ended: its exit code, its output and the SuperLink's status of the run.
+    `flwr run --stream` exits 0 even when the ServerApp failed or the run was stopped; the
+    status (`flwr ls`) tells: finished:completed, finished:failed or finished:stopped."""
+
+    returncode: int
+    output: str
+    run_id: int | None
+    status: str
+
+    @property
+    def completed(self) -> bool:
+        return self.returncode == 0 and self.status == COMPLETED
+
+    def describe(self) -> str:
+        return f"run {self.run_id} ended {self.status or 'without a status'} (flwr exit {self.returncode})"
+
+
+def run_status(connection: str, run_id: int, env: dict | None = None, cwd: Path | None = None) -> str:
+    """The SuperLink's status of a run (`flwr ls --run-id ... --format json`), "" if unknown."""
+    listing = subprocess.run(
+        [flower_bin("flwr"), "ls", connection, "--run-id", str(run_id), "--format", "json"],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        runs = json.loads(listing.stdout).get("runs", [])
+    except json.JSONDecodeError:
+        return ""
+    return str(runs[0].get("status", "")) if runs else ""
+
+
+def run_and_check(
+    flwr_run_args: list[str],
+    env: dict | None = None,
+    cwd: Path | None = None,
+    timeout: float | None = None,
+    echo: bool = False,
+) -> FlowerRun:
+    """`flwr run <args> --stream`, then the run's status from the SuperLink (args[1] is the
+    connection). With `echo` the output is also printed as it comes."""
+    args = [flower_bin("flwr"), "run", *flwr_run_args, "--stream"]
+    process = subprocess.Popen(
+        args, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    lines = []
+    timer = threading.Timer(timeout, process.kill) if timeout is not None else None
+    if timer is not None:
+        timer.start()
+    for line in process.stdout:
+        lines.append(line)
+        if echo:
+            print(line, end="", flush=True)
+    if timer is not None:
+        timer.cancel()
+    returncode = process.wait()
+    output = "".join(lines)
+    started = STARTED.search(output)
+    run_id = int(started.group(1)) if started else None
+    status = run_status(flwr_run_args[1], run_id, env, cwd) if run_id is not None else ""
+    return FlowerRun(returncode, output, run_id, status)
 
 
 def free_port() -> int:
@@ -133,27 +208,16 @@ class LocalDeployment:
             time.sleep(0.2)
         raise DeploymentError(f"{name} did not listen on 127.0.0.1:{port}: see {self.work_dir}")
 
-    def run(self, settings: FlowerSettings, timeout: float = 600.0) -> subprocess.CompletedProcess:
+    def run(self, settings: FlowerSettings, timeout: float = 600.0) -> FlowerRun:
         """`flwr run flower_app/ <connection> --stream` with the settings as run config; waits for
-        the run to end (the ServerApp writes the run dir)."""
+        the run to end (the ServerApp writes the run dir) and raises unless it completed."""
         overrides = self.work_dir / "run_config.toml"
         overrides.write_text(tomli_w.dumps(settings.to_run_config()))
-        args = [
-            flower_bin("flwr"),
-            "run",
-            str(APP_DIR),
-            CONNECTION,
-            "--run-config",
-            str(overrides),
-            "--stream",
-        ]
-        result = subprocess.run(
-            args, env=self.environment(), cwd=self.work_dir, capture_output=True, text=True, timeout=timeout
-        )
-        if result.returncode != 0 or not (Path(settings.run_dir) / "final_metrics.json").is_file():
+        args = [str(APP_DIR), CONNECTION, "--run-config", str(overrides)]
+        result = run_and_check(args, env=self.environment(), cwd=self.work_dir, timeout=timeout)
+        if not result.completed or not (Path(settings.run_dir) / "final_metrics.json").is_file():
             raise DeploymentError(
-                f"flwr run failed (exit {result.returncode}); logs in {self.work_dir}\n{result.stdout[-3000:]}"
-                f"\n{result.stderr[-3000:]}"
+                f"flwr run: {result.describe()}; logs in {self.work_dir}\n{result.output[-3000:]}"
             )
         return result
 
@@ -180,3 +244,37 @@ class LocalDeployment:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def app_config_toml() -> str:
+    """flower_app/pyproject.toml's [tool.flwr.app.config] table (settings.app_config_defaults)."""
+    return tomli_w.dumps({"tool": {"flwr": {"app": {"config": app_config_defaults()}}}})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harmony_mobile.flower.deployment")
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser(
+        "code-version", help="print this installation's code version (run config code-version)"
+    )
+    commands.add_parser("app-config", help="print flower_app/pyproject.toml's [tool.flwr.app.config] table")
+    run = commands.add_parser(
+        "run", help="flwr run ... --stream, exiting 1 unless the SuperLink reports the run finished:completed"
+    )
+    run.add_argument("flwr_run_args", nargs=argparse.REMAINDER, help="APP CONNECTION [flwr run options]")
+    args = parser.parse_args(argv)
+    if args.command == "code-version":
+        print(code_version())
+        return 0
+    if args.command == "app-config":
+        print(app_config_toml(), end="")
+        return 0
+    if len(args.flwr_run_args) < 2:
+        parser.error("run needs APP and CONNECTION (then any flwr run options)")
+    result = run_and_check(args.flwr_run_args, echo=True)
+    print(f"harmony: {result.describe()}", file=sys.stderr)
+    return 0 if result.completed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

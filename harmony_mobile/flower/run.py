@@ -55,6 +55,7 @@ def check_supported(config: TrainConfig) -> None:
 def train_on_grid(grid, settings: FlowerSettings) -> dict:
     """The ServerApp's whole job; returns the final metrics it also writes to the run dir."""
     check_supported(settings.train_config)
+    settings.check_code_version()
     run = start_run(settings.train_config, Path(settings.run_dir), play_clients=False)
     phases = {"setup": time.perf_counter() - run.started}
     transport = FlowerClients(grid, settings, run)
