@@ -40,3 +40,29 @@ def test_scores_rank_a_confident_familiar_sample_above_an_unfamiliar_one():
     for name, value in scores.items():
         assert value[0] > value[1], name
     assert scores["prototype"][0] == pytest.approx(1.0) and scores["prototype"][1] == pytest.approx(0.0)
+
+
+def fake_run(method: str, seed: int, shift: float, rule: str = "max_softmax") -> dict:
+    curve = [min(1.0, 0.5 + 0.4 * r + shift) for r in FALLBACK_GRID]
+    row = {"curve": {rule: curve}, "auroc": {rule: 0.7}, "oracle": 0.9, "server_only": 0.85, "clients": 4}
+    return {
+        "setting": "s",
+        "method": method,
+        "seed": seed,
+        "gates": {"test": {"p=0.2": row, "p=0.5": row}, "exit_rule": rule},
+    }
+
+
+def test_the_report_compares_curves_at_equal_fallback_rates_paired_by_seed():
+    from harmony_mobile.bench.gate_report import curve_table
+
+    runs = [fake_run("harmony", s, 0.05 + 0.01 * s) for s in range(3)]
+    runs += [fake_run("splitgp", s, 0.0, "neg_entropy") for s in range(3)]
+    runs += [{"setting": "s", "method": "fedavg", "seed": 0}]  # no gate: left out of the table
+    lines = curve_table({"runs": runs}, "s", ["harmony", "splitgp", "fedavg"])
+    text = "\n".join(lines)
+    assert "| harmony | max_softmax | 60.0 | 64.0 | 68.0 | 76.0 |" in text  # 0.5 + 0.4 r + 0.06 on average
+    assert "| splitgp | neg_entropy |" in text and "| fedavg |" not in text
+    gap_row = next(line for line in lines if line.startswith("| splitgp | **+6.0"))
+    assert gap_row.count("**") == 2 * 4  # every compared rate: the interval excludes 0
+    assert curve_table({"runs": runs[-1:]}, "s", ["fedavg"]) == []

@@ -73,6 +73,11 @@ class HarmonyConfig(SplitTrainingConfig):
         gt=0,
         description="inner-loop SGD learning rate (0.05 destabilized the first-order meta-gradient)",
     )
+    inner_optimizer: Literal["sgd", "adam"] = Field(
+        default="sgd",
+        description="optimizer of the inner loop; adam (with lr = inner_lr) is the one the shipped "
+        "personalization uses, so the simulated extractors move as a deployed phone's will",
+    )
     variants: int = Field(default=2, ge=1, description="V: simulated extractors per step")
     beta_max: float = Field(
         default=1.5, gt=1, description="interpolation/extrapolation range on the personalization path"
@@ -265,7 +270,8 @@ class Harmony(SplitMethod):
         """Inner loop: theta' = theta after `inner_steps` SGD steps on the support exit loss."""
         adapted = models.adapted
         reset_to(adapted, client.model)
-        inner = torch.optim.SGD(adapted.parameters(), lr=self.config.inner_lr)
+        optimizer = torch.optim.Adam if self.config.inner_optimizer == "adam" else torch.optim.SGD
+        inner = optimizer([p for p in adapted.parameters() if p.requires_grad], lr=self.config.inner_lr)
         for _ in range(self.config.inner_steps):
             inner.zero_grad()
             exit_loss(adapted, images, labels, client.split_depth).backward()

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from harmony_mobile.algorithms.registry import effective_config
+from harmony_mobile.bench.gate_report import curve_table, plot_gate_curves
 from harmony_mobile.bench.latency import latency_table
 from harmony_mobile.bench.profile import parent_method, repo_relative
 from harmony_mobile.bench.stats import paired_ci
@@ -881,6 +882,7 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     plot_accuracy_vs_ood(results, aggregated, out_dir / "accuracy_vs_ood.png")
     has_unseen = plot_unseen(results, aggregated, out_dir / "unseen_classes.png")
     has_features = plot_features(results.get("projections", {}), out_dir / "features.png")
+    has_gates = plot_gate_curves(results, out_dir / "gate_curves.png", method_colors(methods))
     (out_dir / "results.json").write_text(
         json.dumps(
             _json_safe({**results, "aggregated": aggregated, "gaps": gaps, "targets_evaluated": targets}),
@@ -896,6 +898,7 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         lines += [f"## {setting}", "", markdown_table(aggregated, setting, methods), ""]
         if gaps[setting]["harmony_vs"] or gaps[setting]["ablations"]:
             lines += comparison_lines(gaps[setting], confidence)
+        lines += curve_table(results, setting, methods)
         lines += diagnostic_lines(results, setting, methods)
         lines += latency_lines(results, setting, methods)
     lines += ["## Plots", "", "![accuracy vs OOD fraction](accuracy_vs_ood.png)", ""]
@@ -903,6 +906,8 @@ def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         lines += ["![accuracy on each family's unseen classes](unseen_classes.png)", ""]
     if has_features:
         lines += ["![back-end features](features.png)", ""]
+    if has_gates:
+        lines += ["![accuracy vs fallback rate](gate_curves.png)", ""]
     lines += tuning_lines(results)
     lines += budget_check_lines(results)
     lines += ["## Method configurations", "", "| method | config |", "|---|---|"]

@@ -1,0 +1,136 @@
+"""The benchmark report's exit-gate section: each split method's accuracy against its fallback
+rate (bench/gates.py), at the points the comparison is made, with HARMONY's curve minus each
+baseline's paired by seed, the gate's OOD AUROC, the oracle gate and the server answering
+everything; and the curves as a plot.
+
+Curves are read on test samples at the OOD fractions of bench/gates.py, averaged over them, for the
+score each method exits by (`gate_rule`), so every method is compared at the same fallback rates.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harmony_mobile.bench.gates import FALLBACK_GRID
+from harmony_mobile.bench.stats import paired_ci
+
+COMPARED_RATES = (0.1, 0.2, 0.3, 0.5)
+
+
+def gate_rule(run: dict) -> str:
+    """The score a run's method exits by (what its calibrated threshold is on)."""
+    return (run.get("gates") or {}).get("exit_rule", "max_softmax")
+
+
+def run_curve(run: dict, rule: str | None = None) -> np.ndarray | None:
+    """Mean over the OOD fractions of the run's test curve for `rule` (its own by default)."""
+    study = (run.get("gates") or {}).get("test") or {}
+    rows = [row for key, row in study.items() if key.startswith("p=") and row]
+    if not rows:
+        return None
+    rule = rule or gate_rule(run)
+    return np.mean([row["curve"][rule] for row in rows], axis=0)
+
+
+def _run_extra(run: dict, key: str, rule: str | None = None) -> float:
+    study = (run.get("gates") or {}).get("test") or {}
+    rows = [row for k, row in study.items() if k.startswith("p=") and row]
+    if not rows:
+        return float("nan")
+    if key == "auroc":
+        return float(np.mean([row["auroc"][rule or gate_rule(run)] for row in rows]))
+    return float(np.mean([row[key] for row in rows]))
+
+
+def curve_table(results: dict, setting: str, methods: list[str]) -> list[str]:
+    runs = [r for r in results["runs"] if r["setting"] == setting and run_curve(r) is not None]
+    if not runs:
+        return []
+    index = [FALLBACK_GRID.index(rate) for rate in COMPARED_RATES]
+    header = " | ".join(f"at {rate:.0%} fallback" for rate in COMPARED_RATES)
+    lines = [
+        f"### Accuracy vs fallback rate ({setting})",
+        "",
+        "Test accuracy with OOD (mean of p = 0.2 and 0.5) when each phone sends the given share of its "
+        "samples to the server, lowest gate score first; mean over seeds.",
+        "",
+        f"| method | gate | {header} | OOD AUROC | oracle gate | server only |",
+        "|---|---|" + "---|" * (len(COMPARED_RATES) + 3),
+    ]
+    for method in methods:
+        mine = [r for r in runs if r["method"] == method]
+        if not mine:
+            continue
+        curves = np.array([run_curve(r) for r in mine])
+        cells = [f"{100 * curves[:, i].mean():.1f}" for i in index]
+        extras = [np.nanmean([_run_extra(r, k) for r in mine]) for k in ("auroc", "oracle", "server_only")]
+        lines.append(
+            f"| {method} | {gate_rule(mine[0])} | "
+            + " | ".join(cells)
+            + f" | {extras[0]:.3f} | {100 * extras[1]:.1f} | {100 * extras[2]:.1f} |"
+        )
+    return lines + [""] + curve_gap_lines(runs, methods)
+
+
+def curve_gap_lines(runs: list[dict], methods: list[str]) -> list[str]:
+    """HARMONY's curve minus each other split method's, paired by seed, at each compared rate."""
+    harmony = {r["seed"]: run_curve(r) for r in runs if r["method"] == "harmony"}
+    if not harmony:
+        return []
+    lines = ["| harmony - method | " + " | ".join(f"{r:.0%}" for r in COMPARED_RATES) + " |"]
+    lines.append("|---|" + "---|" * len(COMPARED_RATES))
+    for method in methods:
+        if method == "harmony":
+            continue
+        other = {r["seed"]: run_curve(r) for r in runs if r["method"] == method}
+        seeds = sorted(set(harmony) & set(other))
+        if not seeds:
+            continue
+        cells = []
+        for rate in COMPARED_RATES:
+            i = FALLBACK_GRID.index(rate)
+            gap = paired_ci([100 * (harmony[s][i] - other[s][i]) for s in seeds])
+            mark = "**" if gap["excludes_zero"] else ""
+            cells.append(f"{mark}{gap['mean']:+.1f} [{gap['low']:+.1f}, {gap['high']:+.1f}]{mark}")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    if len(lines) == 2:
+        return []
+    return lines + ["", "Paired by seed, 95 % t interval; bold: the interval excludes 0.", ""]
+
+
+def plot_gate_curves(results: dict, path: Path, colors: dict) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    settings = [s["name"] for s in results["profile"]["settings"]]
+    by_setting = {
+        s: [r for r in results["runs"] if r["setting"] == s and run_curve(r) is not None] for s in settings
+    }
+    settings = [s for s in settings if by_setting[s]]
+    if not settings:
+        return False
+    fig, axes = plt.subplots(1, len(settings), figsize=(5.5 * len(settings), 4.2), squeeze=False)
+    for ax, setting in zip(axes[0], settings, strict=True):
+        for method in results["profile"]["methods"]:
+            curves = [run_curve(r) for r in by_setting[setting] if r["method"] == method]
+            if curves:
+                ax.plot(
+                    FALLBACK_GRID,
+                    100 * np.mean(curves, axis=0),
+                    label=method,
+                    color=colors.get(method),
+                    linewidth=2.5 if method == "harmony" else 1.2,
+                )
+        ax.set_title(setting)
+        ax.set_xlabel("fallback rate (share of samples sent to the server)")
+        ax.set_ylabel("accuracy with OOD (%)")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
