@@ -238,6 +238,7 @@ def _run_java_client(server: dict, work: Path) -> dict:
             FEDERATION_SECRET.hex(),
             str(work / "queue"),
             str(out),
+            str(server["model_dir"]),  # where the export's artifacts are published
         ],
         capture_output=True,
         text=True,
@@ -265,6 +266,15 @@ def test_java_client_against_the_real_server(built_core, live_server, tmp_path):
     assert sent["manifest_model_version"] == "interop-v1"
     assert sent["manifest_p256_model_version"] == "interop-v1"  # what an Android 13-15 phone verifies
     assert sent["manifest_tiers"] == ["mid-android"]
+    # Update: the served manifest (GET /v1/manifest + /v1/manifest.p256.sig) installed through the
+    # model store, its artifact checked; offered again, it changes nothing.
+    served = (live_server["model_dir"] / "manifest.json").read_bytes()
+    update = sent["update"]
+    assert update["manifest_sha256"] == hashlib.sha256(served).hexdigest()
+    assert update["manifest_version"] == json.loads(served)["manifest_version"]
+    artifact = live_server["model_dir"] / update["artifact"]
+    assert update["artifact_file_sha256"] == hashlib.sha256(artifact.read_bytes()).hexdigest()
+    assert update["second_install_changed"] is False
     assert sent["label_epoch"] == LABEL_EPOCH
     key = epoch_key(FEDERATION_SECRET, LABEL_EPOCH)
     assert sent["slot_table"] == [class_token(key, name).hex() for name in SLOT_ORDER]

@@ -87,7 +87,7 @@ public final class HarmonyServerClient {
      * {@code /v1/manifest.p256.sig}): the server's current export, unverified (ModelStore verifies it).
      */
     public SignedManifest signedManifest(DeviceCredentials device, String signatureFile) throws IOException, ServerException {
-        byte[] manifest = body(send(HttpRequest.get("/v1/" + ManifestVerifier.MANIFEST_FILE, bearer(device.token()))));
+        byte[] manifest = body(send(HttpRequest.get("/v1/manifest", bearer(device.token()))));
         byte[] signature = body(send(HttpRequest.get("/v1/" + pathSegment(signatureFile), bearer(device.token()))));
         return new SignedManifest(manifest, signature);
     }

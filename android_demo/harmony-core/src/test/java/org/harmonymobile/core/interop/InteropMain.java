@@ -25,6 +25,8 @@ import org.harmonymobile.core.exit.ExitPolicy;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.manifest.Manifest;
 import org.harmonymobile.core.manifest.ManifestVerifier;
+import org.harmonymobile.core.manifest.SignedManifest;
+import org.harmonymobile.core.manifest.VariantChooser;
 import org.harmonymobile.core.net.RetryPolicy;
 import org.harmonymobile.core.net.RetryingTransport;
 import org.harmonymobile.core.net.UrlConnectionTransport;
@@ -34,6 +36,8 @@ import org.harmonymobile.core.server.DeviceCredentials;
 import org.harmonymobile.core.server.Enrollment;
 import org.harmonymobile.core.server.HarmonyServerClient;
 import org.harmonymobile.core.server.UploadReceipt;
+import org.harmonymobile.core.update.ArtifactSource;
+import org.harmonymobile.core.update.ModelStore;
 import org.harmonymobile.core.util.Hex;
 import org.harmonymobile.core.wire.FeatureTensor;
 
@@ -45,8 +49,11 @@ import org.harmonymobile.core.wire.FeatureTensor;
  *
  * <pre>
  * java -cp target/classes:target/test-classes org.harmonymobile.core.interop.InteropMain \
- *     BASE_URL ADMIN_TOKEN PINNED_MANIFEST_KEY_HEX FEDERATION_SECRET_HEX ROUND_ID QUEUE_DIR OUT_JSON
+ *     BASE_URL ADMIN_TOKEN PINNED_KEY_HEX PINNED_P256_KEY_HEX SECRET_HEX QUEUE_DIR OUT_JSON [EXPORT_DIR]
  * </pre>
+ *
+ * <p>With EXPORT_DIR (where the export is published), it also installs the server's manifest and
+ * P-256 signature through {@link ModelStore}, as the Android app updates, twice (the second is a no-op).
  */
 public final class InteropMain {
     private static final int[] ROW_SHAPE = {1, 64, 8, 8};
@@ -57,9 +64,25 @@ public final class InteropMain {
 
     private InteropMain() {}
 
+    /** The server's signed manifest through the model store (P-256, as Android verifies), installed then re-offered. */
+    private static Map<String, Object> update(HarmonyServerClient server, DeviceCredentials device, byte[] pinnedP256Key,
+            Path exportDir, Path storeDir) throws Exception {
+        ModelStore store = new ModelStore(storeDir, ManifestVerifier.p256(pinnedP256Key), "xnnpack", VariantChooser.PTE_PREFERENCE);
+        ArtifactSource published = path -> Files.newInputStream(exportDir.resolve(path));
+        SignedManifest signed = server.signedManifest(device, ManifestVerifier.P256_SIGNATURE_FILE);
+        ModelStore.Installed installed = store.install(signed, published, m -> m.tier(TIER)).get();
+        Map<String, Object> result = new LinkedHashMap<>();
+        result.put("manifest_version", installed.version().manifestVersion());
+        result.put("manifest_sha256", installed.version().manifestSha256());
+        result.put("artifact", installed.artifact().path());
+        result.put("artifact_file_sha256", Hex.encode(Bytes.sha256(Files.readAllBytes(installed.file()))));
+        result.put("second_install_changed", store.install(signed, published, m -> m.tier(TIER)).isPresent());
+        return result;
+    }
+
     public static void main(String[] args) throws Exception {
-        if (args.length != 7) {
-            System.err.println("usage: InteropMain BASE_URL ADMIN_TOKEN PINNED_KEY_HEX PINNED_P256_KEY_HEX SECRET_HEX QUEUE_DIR OUT_JSON");
+        if (args.length != 7 && args.length != 8) {
+            System.err.println("usage: InteropMain BASE_URL ADMIN_TOKEN PINNED_KEY_HEX PINNED_P256_KEY_HEX SECRET_HEX QUEUE_DIR OUT_JSON [EXPORT_DIR]");
             System.exit(2);
         }
         String baseUrl = args[0];
@@ -93,6 +116,9 @@ public final class InteropMain {
             Manifest manifest = ManifestVerifier.p256(pinnedP256Key)
                     .verify(enrollment.manifestBytes(), enrollment.manifestP256SignatureFile());
             report.put("manifest_p256_model_version", manifest.modelVersion());
+        }
+        if (args.length == 8) {
+            report.put("update", update(server, device, pinnedP256Key, Path.of(args[7]), queueDir.resolveSibling("model-store")));
         }
 
         // Two confirmed-label uploads through the durable queue, sealed to the enrolment key.
