@@ -105,6 +105,29 @@ def test_manifest_verified_with_the_pinned_key(export, tmp_path):
         load_manifest(tampered, pinned)
 
 
+def test_the_servers_manifest_installs_through_the_model_store_and_runs(export, tmp_path, server):
+    """The update path end to end on the real app: GET /v1/manifest + /v1/manifest.sig with the device
+    token, verified under the pinned key, the artifact checked, switched to, loadable; offered again,
+    nothing changes."""
+    from harmony_mobile.device import ModelStore, decode_public_key, fetch_signed_manifest
+
+    export_dir, pinned = export
+    token = enrol(server, tier=TIER)["token"]
+    store = ModelStore(tmp_path / "store", decode_public_key(pinned), TIER)
+    signed = fetch_signed_manifest(server, token)
+    assert signed[0] == (export_dir / "manifest.json").read_bytes()
+    installed = store.install(*signed, lambda path: (export_dir / path).read_bytes())
+    artifact = installed.manifest["tiers"][0]["artifacts"][0]
+    assert artifact["verdict"] == "pass" and store.current().manifest_version == installed.manifest_version
+    program = load_front_end(installed.directory, installed.manifest, TIER)
+    assert program.run(normalize(pixels(2), artifact_normalization(installed.manifest)))[0].shape == (2, 10)
+    assert store.install(*fetch_signed_manifest(server, token), lambda path: b"never fetched") is None
+
+
+def artifact_normalization(manifest: dict) -> dict:
+    return manifest["tiers"][0]["normalization"]
+
+
 def test_pte_checked_against_the_manifest_before_loading(export, tmp_path):
     export_dir, pinned = export
     copy = tmp_path / "copy"
