@@ -1,21 +1,37 @@
 # Two commands: `make demo` and `make test`. Both (re)build .venv when it is missing or older
-# than pyproject.toml. torch is installed first, pinned, so pip takes the CPU wheel from this
-# machine's disk instead of resolving a multi-GB CUDA build through executorch's requirement.
+# than pyproject.toml or requirements.lock. The environment is the lock's exact versions (every
+# extra, `[all]`), then this package without dependencies, so CI and `make demo` resolve the same
+# versions on any machine. torch is installed first, pinned, so pip takes the CPU wheel from this
+# machine's disk instead of resolving a multi-GB CUDA build through executorch's requirement; the
+# lock names that CPU build (2.13.0+cpu): elsewhere it comes from PyTorch's CPU wheel index.
+# `make lock` re-resolves the lock after a change to pyproject.toml, keeping every version it
+# already holds that the ranges still allow.
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 IMPORTS_CHECK := $(CURDIR)/.imports-check
 
-.PHONY: demo test lint lint-imports pytest clean
+.PHONY: demo test lint lint-imports pytest clean lock install-check
 
-$(STAMP): pyproject.toml
+LOCK := requirements.lock
+
+$(STAMP): pyproject.toml $(LOCK)
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -r $(LOCK)
+	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# uv comes with the environment (Flower depends on it). The lock is for Linux x86-64 and
+# Python 3.11; --find-links lets it see the CPU torch wheel on this machine's disk.
+lock: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --extra all --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 --find-links /opt/wheels \
+		--index-strategy unsafe-best-match --annotation-style line \
+		--custom-compile-command "make lock" --quiet -o $(LOCK)
 
 demo: $(STAMP)
 	$(BIN)/harmony demo

@@ -49,6 +49,40 @@ def fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+# What each extra of pyproject.toml lets a command import (an extra that includes another lists
+# its modules too). A command checks its extra first, so a slim install that lacks it stops with
+# one line naming the extra instead of an ImportError deep in a stack.
+EXTRA_MODULES: dict[str, tuple[str, ...]] = {
+    "server": ("fastapi", "uvicorn", "starlette", "pydantic_settings", "prometheus_client", "sqlalchemy"),
+    "train": ("dp_accounting", "sklearn", "mlxtend"),
+    "export": ("executorch", "torchao", "coremltools", "sklearn", "mlxtend"),
+    "flower": ("flwr", "tomli_w", "dp_accounting", "sklearn", "mlxtend"),
+}
+EXTRA_MODULES["bench"] = (
+    "scipy",
+    "matplotlib",
+    "filelock",
+    *EXTRA_MODULES["train"],
+    *EXTRA_MODULES["export"],
+)
+
+
+def require_extras(command: str, *extras: str) -> None:
+    from importlib.util import find_spec
+
+    missing = {extra: [m for m in EXTRA_MODULES[extra] if find_spec(m) is None] for extra in extras}
+    missing = {extra: modules for extra, modules in missing.items() if modules}
+    if not missing:
+        return
+    names = list(missing)
+    said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    modules = sorted({m for ms in missing.values() for m in ms})
+    fail(
+        f"harmony {command} needs the {said} extra{'s' if len(names) > 1 else ''}: "
+        f"pip install 'harmony-mobile[{','.join(names)}]' (not importable: {', '.join(modules)})"
+    )
+
+
 def comma_list(text: str | None, flag: str) -> list[str] | None:
     """The names of a comma-separated flag (spaces around them dropped); None when the flag is not given."""
     if text is None:
@@ -152,6 +186,7 @@ def train(
     values.update({k: v for k, v in flags.items() if v is not None})
     if engine not in ("inprocess", "flower"):
         fail(f"unknown engine {engine!r}: inprocess or flower")
+    require_extras("train", "flower" if engine == "flower" else "train")
     if lineage_from is not None:
         _share_lineage(lineage_from, run_dir)
     train_config, results = _train_with_engine(values, run_dir, engine, min_replies)
@@ -278,6 +313,7 @@ def bench(
     `--resume` continues an interrupted profile: finished runs are read back from their records in
     the work dir, a run killed half-way is redone. `--extend` finishes a long profile a setting at
     a time: run it first with `--settings` naming its tuning settings, then add the others."""
+    require_extras("bench", "bench")
     from pydantic import ValidationError
 
     from harmony_mobile.bench.runner import bench as run_bench
@@ -360,6 +396,7 @@ def export(
     ] = False,
 ) -> None:
     """(default) Export RUN_DIR to --out: fp32/int8 .pte, Core ML packages, back-end, report, signed manifest."""
+    require_extras("export", "export")
     from harmony_mobile.export.pipeline import export_run
     from harmony_mobile.export.steps import ExportError
 
@@ -660,6 +697,7 @@ def serve(
 ) -> None:
     """Run the FastAPI fallback server (protocol in docs/PROTOCOL.md). A flag left out keeps the value
     of its HARMONY_* environment variable (e.g. HARMONY_MAX_BATCH), else the default."""
+    require_extras("serve", "server")
     from harmony_mobile.server.launch import run
 
     explicit = dict(
@@ -704,6 +742,7 @@ def demo(
     ] = False,
 ) -> None:
     """The whole product end to end on bundled data: train, export, serve, simulated phones, drift, alignment."""
+    require_extras("demo", "server", "export", "train")
     from harmony_mobile.demo import DemoConfig, DemoError, run_demo
 
     given = dict(out=out, dataset=dataset, rounds=rounds, drift_steps=drift_steps, seed=seed)
