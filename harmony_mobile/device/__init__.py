@@ -11,6 +11,8 @@ so the demo and the tests exercise the same behaviour as the apps, without the t
   phone       HarmonyClient, ConfirmedUploads, SlotDecoder,     Client/, Exit/
               FederationKey; exit: ExitPolicy
   errors      the per-package exceptions                        HarmonyFormatError, ServerError
+  personalization   harmony-core personalization: Personalizer, TrainingModule, Optimizer,
+                    HeadProgram, ThresholdCalibration; HarmonyKit Personalization/ (contract only)
 
 What a phone does:
 
@@ -38,6 +40,10 @@ What a phone does:
     stored in a bounded file-backed `UploadQueue` and sent when the server answers. An entry is
     deleted only on a 2xx acknowledgement; a resend uses the same bytes and message id, which the
     server stores once (PROTOCOL.md 4.6).
+
+  * `personalization.personalize_phone`: train the exit classifier on the phone's own samples
+    through the export's ExecuTorch training .pte (TrainingModule + SGD; labels are exit positions
+    through the secret), answer with the trained parameters, recalibrate tau on own samples.
 
 The package imports the protocol and privacy layers only: neither `harmony_mobile.export`, nor
 `harmony_mobile.server`, nor the training code (import-linter contracts in pyproject.toml).

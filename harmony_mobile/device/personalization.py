@@ -107,6 +107,27 @@ class TrainingProgram:
         return [named[name].clone() for name in self.parameter_names]
 
 
+class HeadProgram:
+    """The head .pte: (exit_hidden, *trained parameters) -> exit_logits, run `batch` rows at a time."""
+
+    def __init__(self, program: bytes):
+        with native_stderr_to_log_file():
+            from executorch.runtime import Runtime
+
+            self._program = Runtime.get().load_program(program)
+            self.method = self._program.load_method("forward")
+        self.batch = int(self.method.metadata.input_tensor_meta(0).sizes()[0])
+        self.size = len(program)
+
+    def logits(self, hidden: torch.Tensor, parameters: list[torch.Tensor]) -> torch.Tensor:
+        rows = []
+        for start in range(0, len(hidden), self.batch):
+            chunk = hidden[start : start + self.batch].contiguous()
+            padded = torch.cat([chunk, torch.zeros(self.batch - len(chunk), hidden.shape[1])])
+            rows.append(self.method.execute([padded, *parameters])[0][: len(chunk)].clone())
+        return torch.cat(rows)
+
+
 class PersonalizedFrontEnd:
     """The front-end after personalization: frozen program + head program with trained parameters.
     Same interface as FrontEndProgram: normalized images -> (exit_logits, features)."""
@@ -114,28 +135,15 @@ class PersonalizedFrontEnd:
     def __init__(
         self, frozen: FrontEndProgram, head: bytes, parameters: list[torch.Tensor], description: str = ""
     ):
-        with native_stderr_to_log_file():
-            from executorch.runtime import Runtime
-
-            self._program = Runtime.get().load_program(head)
-            self.head = self._program.load_method("forward")
         self.frozen = frozen
+        self.head = HeadProgram(head)
         self.parameters = [p.clone() for p in parameters]
-        self.head_batch = int(self.head.metadata.input_tensor_meta(0).sizes()[0])
         self.description = description
-        self.size = frozen.size + len(head)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        rows = []
-        for start in range(0, len(hidden), self.head_batch):
-            chunk = hidden[start : start + self.head_batch].contiguous()
-            padded = torch.cat([chunk, torch.zeros(self.head_batch - len(chunk), hidden.shape[1])])
-            rows.append(self.head.execute([padded, *self.parameters])[0][: len(chunk)].clone())
-        return torch.cat(rows)
+        self.size = frozen.size + self.head.size
 
     def run(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, features = self.frozen.run(images)
-        return self.logits(hidden), features
+        return self.head.logits(hidden, self.parameters), features
 
 
 @dataclass
