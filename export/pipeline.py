@@ -481,12 +481,8 @@ def export_run(
 ) -> ExportResult:
     """Export the run's personalized front-ends per tier, the back-end, the report and the signed manifest.
 
-    A variant that fails its quality checks (verify.tier_checks) stops the export with a
-    QualityGateError naming each check and its measurement, and nothing is written, unless
-    `allow_failed_variants`: then it ships with verdict "fail" in the manifest (apps prefer a
-    passing variant).
-
-    `tiers`: tier names (default: every tier of the run). `max_batch` > 1 makes every .pte accept a
+    A variant failing its quality checks raises QualityGateError (nothing written) unless
+    `allow_failed_variants`: then it ships with verdict "fail" in the manifest. `tiers`: tier names (default: every tier of the run). `max_batch` > 1 makes every .pte accept a
     dynamic batch 1..max_batch. The signing keys are `private_key` (Ed25519) and
     `p256_private_key` (ECDSA P-256, which Android verifies; without it the manifest carries the
     Ed25519 signature only) if given, else the pair in `key_dir` (default
@@ -566,24 +562,8 @@ def _export(
                 latency_runs=latency_runs,
             )
             backend = _export_backend(run, work, bar.callback("backend", 1))
-        report = {
-            "model_version": run.info.model_version,
-            "run": str(run.path),
-            "dataset": run.info.dataset,
-            "threads": threads,
-            "latency_runs": latency_runs,
-            "max_batch": max_batch,
-            "versions": _versions(),
-            "tiers": tier_reports,
-            "backend": backend,
-            "all_checks_pass": all(ok is not False for t in tier_reports for ok in t["checks"].values()),
-        }
-        failures = failed_variants(tier_reports)
-        if failures and not allow_failed_variants:
-            raise QualityGateError(
-                "a variant failed its quality checks, so nothing was written (pass --allow-failed-variants "
-                "to ship it marked failed in the manifest):\n  " + "\n  ".join(failures)
-            )
+        report = _report(run, tier_reports, backend, threads, latency_runs, max_batch)
+        _check_gate(tier_reports, allow_failed_variants)
         reports = write_report(work, report)
         manifest = _sign_manifest(run, work, entries, backend, reports, *signing_keys, previous=out)
         _move_into_place(work, out)
@@ -592,6 +572,31 @@ def _export(
         _remove_empty(created_parents)
         raise
     return ExportResult(out, manifest, report, key_created, time.perf_counter() - started)
+
+
+def _report(run: RunDir, tier_reports: list[dict], backend: dict, threads, latency_runs, max_batch) -> dict:
+    """verification.json's content."""
+    return {
+        "model_version": run.info.model_version,
+        "run": str(run.path),
+        "dataset": run.info.dataset,
+        "threads": threads,
+        "latency_runs": latency_runs,
+        "max_batch": max_batch,
+        "versions": _versions(),
+        "tiers": tier_reports,
+        "backend": backend,
+        "all_checks_pass": all(ok is not False for t in tier_reports for ok in t["checks"].values()),
+    }
+
+
+def _check_gate(tier_reports: list[dict], allow_failed_variants: bool) -> None:
+    failures = failed_variants(tier_reports)
+    if failures and not allow_failed_variants:
+        raise QualityGateError(
+            "a variant failed its quality checks, so nothing was written (pass --allow-failed-variants "
+            "to ship it marked failed in the manifest):\n  " + "\n  ".join(failures)
+        )
 
 
 def _export_tiers(

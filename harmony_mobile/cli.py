@@ -557,6 +557,10 @@ def export_app_command(
         )
     except (ExportAppError, ManifestError, ProvisioningError, OSError) as error:
         fail(str(error))
+    _print_app_install(platform, result)
+
+
+def _print_app_install(platform: str, result) -> None:
     console.print(
         f"[green]{platform}[/green]: model {result.model_version}, {len(result.copied)} files from "
         f"{result.export_dir}; server {result.server_url}",
