@@ -54,7 +54,13 @@ class DemoViewModel(application: Application) : AndroidViewModel(application) {
 
     /** Verify and install the model, then wire the session (enrolled or local-only). */
     fun start(serverUrl: String? = null) {
-        val federation = credentials.federationKey()
+        val federation = try {
+            credentials.federationKey()
+        } catch (unreadable: java.security.GeneralSecurityException) {
+            // e.g. the Keystore key was invalidated: the phone must be provisioned again
+            credentials.forgetProvisioning()
+            null
+        }
         if (federation == null) {
             replace(State.NotProvisioned)
             return
