@@ -70,6 +70,8 @@ EXTRA_MODULES["bench"] = (
 def require_extras(command: str, *extras: str) -> None:
     from importlib.util import find_spec
 
+    from rich.markup import escape
+
     missing = {extra: [m for m in EXTRA_MODULES[extra] if find_spec(m) is None] for extra in extras}
     missing = {extra: modules for extra, modules in missing.items() if modules}
     if not missing:
@@ -77,9 +79,12 @@ def require_extras(command: str, *extras: str) -> None:
     names = list(missing)
     said = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     modules = sorted({m for ms in missing.values() for m in ms})
+    # escaped: fail() prints rich markup, where [server] would be a style tag
     fail(
-        f"harmony {command} needs the {said} extra{'s' if len(names) > 1 else ''}: "
-        f"pip install 'harmony-mobile[{','.join(names)}]' (not importable: {', '.join(modules)})"
+        escape(
+            f"harmony {command} needs the {said} extra{'s' if len(names) > 1 else ''}: "
+            f"pip install 'harmony-mobile[{','.join(names)}]' (not importable: {', '.join(modules)})"
+        )
     )
 
 
