@@ -9,6 +9,7 @@ import json
 import httpx
 import numpy as np
 import pytest
+import torch
 import yaml
 from rich.console import Console
 
@@ -17,6 +18,7 @@ from harmony_mobile.demo import PHASES, DemoConfig, recovery_rows, run_demo, to_
 from harmony_mobile.demo.phones import PhoneData
 from harmony_mobile.demo.run import outage_sample
 from harmony_mobile.device import FrontEndProgram, normalize
+from harmony_mobile.device.personalization import PersonalizedFrontEnd
 from harmony_mobile.run_dir import RunDir
 
 TIERS = {
@@ -76,14 +78,31 @@ def test_outage_answered_locally_and_lost_no_upload(demo):
         assert report["uploads"][tier]["drifted"]["duplicates"] == 0
 
 
-def test_drift_moved_the_features(demo):
-    _, report, _ = demo
+def test_drift_trained_through_the_executorch_training_program(demo):
+    config, report, _ = demo
     for tier, drift in report["drift"].items():
-        assert drift["feature_shift"] > 0.01, tier
+        assert drift["trained_through"] == f"tiers/{tier}/personalize_train.pte", tier
+        assert drift["steps"] == config.drift_steps and drift["steps_per_second_pte"] > 0
+        assert drift["loss_max_abs_vs_eager"] < 1e-3, (tier, drift)  # same steps as eager PyTorch
+        assert drift["pte_vs_eager_speed"] == pytest.approx(
+            drift["steps_per_second_pte"] / drift["steps_per_second_eager"]
+        )
+    assert "ExecuTorch training program" in (config.out / "demo-report.md").read_text()
+
+
+def personalized_front_end(out, entry) -> PersonalizedFrontEnd:
+    """The phone's front-end after personalization, rebuilt from the export and its saved parameters."""
+    programs = entry["personalization"]
+    saved = np.load(out / "phones" / entry["name"] / "personalized_parameters.npz")
+    return PersonalizedFrontEnd(
+        FrontEndProgram((out / "export" / programs["frozen_program"]["path"]).read_bytes()),
+        (out / "export" / programs["head_program"]["path"]).read_bytes(),
+        [torch.from_numpy(saved[name]) for name in programs["parameter_names"]],
+    )
 
 
 def test_drifted_phone_recalibrated_its_threshold_on_its_val_data(demo):
-    """After drift the phone answers with tau calibrated on its own val split through the drifted .pte
+    """After drift the phone answers with tau calibrated on its own val split through its trained head
     (docs/ALGORITHM.md: Inference), not with the manifest's tau of the front-end it no longer runs."""
     config, report, _ = demo
     run = RunDir(config.out / "run")
@@ -96,7 +115,7 @@ def test_drifted_phone_recalibrated_its_threshold_on_its_val_data(demo):
         assert phases["deployed"]["threshold"] == drift["threshold_deployed"] == entry["threshold"]
         val = list(clients[entry["client_id"]].val_idx)
         pixels = to_pixels(dataset.images[val], info.mean, info.std)
-        program = FrontEndProgram((config.out / "phones" / tier / "front_int8_drifted.pte").read_bytes())
+        program = personalized_front_end(config.out, entry)
         logits, _ = program.run(normalize(pixels, entry["normalization"]))
         correct = logits.argmax(1) == run.exit_labels(dataset.labels[val])  # exit outputs: token order
         expected = calibrate_threshold(logits.softmax(1).amax(1), correct, 0.98)  # training's default target

@@ -7,10 +7,11 @@
                   int8 .pte on the ExecuTorch runtime, local exit or server fallback) classifies its
                   own test data, ID + OOD (p = 0.5); users confirm labels of some local samples:
                   sealed uploads with label tokens
-    5. drift      phones keep personalizing locally (exit loss only, on their own data), re-export
-                  their .pte and recalibrate their exit threshold tau on their own validation samples
-                  with it (same rule and target as training); their features drift away from what the
-                  server back-end was trained on
+    5. drift      phones personalize on device: SGD steps of their exit classifier on their own
+                  data through the export's ExecuTorch training .pte (labels as exit positions), then
+                  they answer with the trained parameters and recalibrate their exit threshold tau on
+                  their own validation samples (same rule and target as training); the same steps in
+                  eager PyTorch give the steps/s ratio
     6. outage     the server stops: phones answer locally and queue sealed uploads of newly confirmed
                   samples durably; after the restart the queues are delivered exactly once
     7. align      the operator starts an alignment round over the admin API and waits for the new
@@ -18,7 +19,7 @@
     8. recover    phones classify again against the aligned back-end
 
 Everything lands in the output directory (default ./demo-output): run/, export/, server/ (data dir
-and log), phones/ (upload queues, drifted .pte), demo-report.md, demo-report.json and plots.
+and log), phones/ (upload queues, personalized parameters), demo-report.md, demo-report.json and plots.
 The server process is stopped on every exit path (normal end, error, Ctrl-C, SIGTERM).
 
 This is a composition root like cli.py: it imports harmony_mobile.export lazily and talks to the
@@ -29,7 +30,7 @@ The package, one module per idea:
     config.py          DemoConfig, DemoError, the phase names
     server_process.py  `harmony serve` in a subprocess (stopped on every exit path)
     phones.py          each phone's data and what it does in a phase (classify, confirm, upload)
-    drift.py           stage 5: local personalization, re-export, tau recalibration
+    drift.py           stage 5: on-device personalization through the training .pte, tau recalibration
     report.py          console tables, demo-report.md/.json, plots
     run.py             run_demo: the stages in order
 """

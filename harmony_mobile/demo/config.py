@@ -38,11 +38,10 @@ class DemoConfig:
     ood_fraction: float = 0.5
     max_test: int | None = None  # cap on ID test samples per phone (the e2e test uses a small one)
     confirmed: int = 128  # confirmed samples each phone uploads per phase (deployed, drifted)
-    # 100 steps at 2e-3 moved the features 31-69 % but did not lower the back-end's accuracy on them
-    # (its training simulated such extractor variation); this drift does, so there is a loss to recover
+    # on-device personalization: SGD steps through the export's training .pte (exit classifier only;
+    # the batch is the program's, from the manifest)
     drift_steps: int = 200
-    drift_lr: float = 1e-2
-    drift_batch: int = 32
+    drift_lr: float = 0.05
     # JSON body of POST /v1/alignment/rounds: empty = the server's defaults (docs/PROTOCOL.md 7).
     # The round distills to the current version on the replay set shipped in backend.pt (features
     # of the clients' training images), not on the uploads it must correct.

@@ -220,16 +220,27 @@ def _md_drift_and_recovery(report: dict) -> list[str]:
         "of the phone (ID and OOD), i.e. the fallback accuracy, whatever the exit threshold; drift loss "
         "and recovery are measured on it. *acc. with OOD* also moves with the recalibrated tau.",
         "",
-        f"Drift: each phone fine-tuned its front-end for {config['drift_steps']} Adam steps (lr "
-        f"{config['drift_lr']}) on its own labelled data with the exit loss only, then re-exported its .pte "
-        "with the same steps as `harmony export` and recalibrated its exit threshold tau on its own "
-        "validation samples run through that .pte: the smallest tau whose local-exit accuracy on them "
+        f"Drift: each phone personalized on device: {config['drift_steps']} SGD steps (lr "
+        f"{config['drift_lr']}) of its exit classifier on its own labelled samples (labels as exit "
+        "positions through its secret), run through the export's ExecuTorch training program ("
+        + ", ".join(f"{t} `{d['trained_through']}`" for t, d in drift.items())
+        + "; TrainingModule + SGD, the frozen stages through the XNNPACK personalize_frozen.pte), "
+        "then it answered with the trained parameters (personalize_head.pte) and recalibrated its exit "
+        "threshold tau on its own validation samples: the smallest tau whose local-exit accuracy on them "
         "reaches training's calibration target ("
         + ", ".join(
             f"{t} {d['calibration_target']:g} on {d['val_samples']} samples" for t, d in drift.items()
         )
-        + "; a threshold fixed by the tier is kept). tau deployed (manifest, calibrated on the fp32 "
-        "model) / of the deployed .pte on the same samples / of the drifted .pte: "
+        + "; a threshold fixed by the tier is kept). Steps/s through the .pte vs the same steps in eager "
+        "PyTorch (same rows, same seed, this machine): "
+        + ", ".join(
+            f"{t} {d['steps_per_second_pte']:.0f} vs {d['steps_per_second_eager']:.0f} "
+            f"({d['pte_vs_eager_speed']:.2f}x eager; loss {d['final_exit_loss']:.4f} vs "
+            f"{d['final_exit_loss_eager']:.4f})"
+            for t, d in drift.items()
+        )
+        + ". tau deployed (manifest, calibrated on the fp32 model) / of the deployed .pte on the same "
+        "samples / after personalization: "
         + ", ".join(
             f"{t} "
             + " / ".join(
@@ -237,7 +248,8 @@ def _md_drift_and_recovery(report: dict) -> list[str]:
             )
             for t, d in drift.items()
         )
-        + ". Relative change of the interface features: "
+        + ". Relative change of the interface features (the trained classifier does not touch them; "
+        "the phone moved from its deployed variant to the fp32 frozen program): "
         + ", ".join(f"{t} {d['feature_shift']:.0%}" for t, d in drift.items())
         + ".",
         "",

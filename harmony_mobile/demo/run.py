@@ -21,27 +21,19 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harmony_mobile.demo.config import DemoConfig, DemoError, ProgressReport
-from harmony_mobile.demo.drift import (
-    calibrate_on_device,
-    calibration_target,
-    drift_front_end,
-    export_drifted,
-    feature_shift,
-)
+from harmony_mobile.demo.drift import calibrate_on_device, calibration_target, personalize_on_device
 from harmony_mobile.demo.phones import PhoneData, classify_all, confirm, deliver, phone_data
 from harmony_mobile.demo.report import show_phase, write_report
 from harmony_mobile.demo.server_process import ServerProcess, terminate_on_sigterm
 from harmony_mobile.device import (
     DeviceCredentials,
     FederationKey,
-    FrontEndProgram,
     Phone,
     UploadQueue,
     decode_public_key,
     enrol,
     load_front_end,
     load_manifest,
-    normalize,
 )
 from harmony_mobile.run_dir import RunDir
 
@@ -276,53 +268,37 @@ def deployed_stage(demo: DemoRun, clock: StageClock) -> None:
 
 
 def drift_phone(demo: DemoRun, tier: str, phone: Phone, target: float, report: ProgressReport) -> dict:
-    """The phone fine-tunes its front-end, re-exports its .pte, recalibrates tau (unless the tier
-    fixed it) and switches to them; what changed."""
+    """The phone trains its exit classifier through the export's training .pte, recalibrates tau
+    (unless the tier fixed it) and switches to them; what changed, and the speed vs eager PyTorch."""
     config, data = demo.config, demo.data[tier]
-    report(0, f"fine-tune {config.drift_steps} steps")
-    front_end, images, loss = drift_front_end(demo.run, data, demo.dataset, config)
-    report(1, f"re-export {config.quantization} .pte")
-    path = config.out / "phones" / tier / f"front_{config.quantization}_drifted.pte"
-    program = FrontEndProgram(
-        export_drifted(front_end, images, demo.info, config.quantization, path), str(path)
-    )
-    report(2, "recalibrate tau on own val data")
-    # a threshold the operator fixed for the tier stays; a calibrated one is recalibrated
-    recalibrate = phone.entry["threshold_source"] == "calibrated"
-    threshold = (
-        calibrate_on_device(program, data, phone.normalization, target, demo.run.exit_labels)
-        if recalibrate
-        else phone.threshold
-    )
-    report(3, "measure")
-    probe = normalize(data.pixels[:64], phone.normalization)
-    drift = {
-        "steps": config.drift_steps,
-        "final_exit_loss": loss,
-        "feature_shift": feature_shift(phone.program, program, probe),
+    report(0, "tau of the deployed .pte")
+    before = {
         "threshold_source": phone.entry["threshold_source"],
         "calibration_target": target,
-        "val_samples": len(data.val_labels),
         "threshold_deployed": phone.threshold,
         # context: tau the deployed .pte itself would get on the same val samples
         # (the manifest's was calibrated on the fp32 training model)
         "threshold_deployed_pte": calibrate_on_device(
             phone.program, data, phone.normalization, target, demo.run.exit_labels
         ),
-        "threshold_drifted": threshold,
     }
-    phone.use_local_front_end(
-        program, threshold=threshold, model_version=f"{demo.manifest['model_version']}+local-1"
-    )
+    report(1, f"train {config.drift_steps} steps through the training .pte")
+    drift = {
+        **before,
+        **personalize_on_device(config.out / "export", demo.run, phone, data, demo.dataset, config, target),
+    }
     report(
-        4,
-        f"features moved {drift['feature_shift']:.0%}, tau {drift['threshold_deployed']:.3f} -> {threshold:.3f}",
+        3,
+        f"{drift['steps_per_second_pte']:.0f} steps/s ({drift['pte_vs_eager_speed']:.2f}x eager), "
+        f"tau {drift['threshold_deployed']:.3f} -> {drift['threshold_drifted']:.3f}",
     )
     return drift
 
 
 def drift_stage(demo: DemoRun, clock: StageClock) -> None:
-    demo.console.rule("[bold]5. drift: phones keep personalizing locally (exit loss only), recalibrate tau")
+    demo.console.rule(
+        "[bold]5. drift: phones personalize on device (ExecuTorch training .pte), recalibrate tau"
+    )
     target = calibration_target(demo.info)
     with progress_bar(demo.console) as progress:
         reports = {tier: progress_report(progress, "drift", tier, 4) for tier in demo.data}
