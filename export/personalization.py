@@ -56,15 +56,19 @@ MAX_LOSS_DIFFERENCE = 1e-4  # .pte loss vs eager loss on the same batch and para
 MAX_LOGIT_DIFFERENCE = 1e-4  # head program vs eager classifier
 
 
-def exit_pooling(exit_head: nn.Module, activation: torch.Tensor) -> torch.Tensor:
-    """The exit head's conv + ReLU + average pooling, flattened: (N, C, H, W) -> (N, flat_features).
-    Pooling is a reshape + mean (the training runtime has no avg_pool2d_backward); same numbers."""
-    pooled = F.relu(exit_head.conv(activation))
+def exit_pooling(conv: nn.Module, pool: int, flat_features: int, activation: torch.Tensor) -> torch.Tensor:
+    """An exit head's conv + ReLU + average pooling (kernel `pool`), flattened: (N, C, H, W) ->
+    (N, flat_features). Pooling is a reshape + mean (the training runtime has no
+    avg_pool2d_backward); same numbers as the head's AvgPool2d."""
+    pooled = F.relu(conv(activation))
     n, c, h, w = pooled.shape
-    k = exit_head.pool.kernel_size
-    k = k if isinstance(k, int) else k[0]
-    pooled = pooled.reshape(n, c, h // k, k, w // k, k).mean(dim=(3, 5))
-    return pooled.reshape(n, exit_head.flat_features)
+    pooled = pooled.reshape(n, c, h // pool, pool, w // pool, pool).mean(dim=(3, 5))
+    return pooled.reshape(n, flat_features)
+
+
+def pool_kernel(exit_head: nn.Module) -> int:
+    kernel = exit_head.pool.kernel_size
+    return kernel if isinstance(kernel, int) else kernel[0]
 
 
 class FrozenPart(nn.Module):
@@ -98,16 +102,16 @@ class TrainedPart(nn.Module):
         if scope not in TRAINABLE_SCOPES:
             raise ExportError(f"unknown trainable scope {scope!r}; known: {', '.join(TRAINABLE_SCOPES)}")
         self.scope = scope
-        head = copy.deepcopy(front_end.exit_head)
-        self.classifier = head.mlp
-        self.exit_head = head if scope != "exit_classifier" else None
+        self.pool, self.flat_features = pool_kernel(front_end.exit_head), front_end.exit_head.flat_features
+        self.classifier = copy.deepcopy(front_end.exit_head.mlp)
+        self.exit_conv = copy.deepcopy(front_end.exit_head.conv) if scope != "exit_classifier" else None
         self.last_stage = copy.deepcopy(front_end.stages[-1]) if scope == "exit_head+last_stage" else None
 
     def logits(self, inputs: torch.Tensor) -> torch.Tensor:
         if self.last_stage is not None:
             inputs = self.last_stage(inputs)
-        if self.exit_head is not None:
-            inputs = exit_pooling(self.exit_head, inputs)
+        if self.exit_conv is not None:
+            inputs = exit_pooling(self.exit_conv, self.pool, self.flat_features, inputs)
         return self.classifier(inputs)
 
     def forward(
@@ -123,7 +127,10 @@ def trained_part_inputs(front_end: FrontEnd, scope: str, images: torch.Tensor) -
         if scope == "exit_head+last_stage":
             return front_end.stages[:-1](images)
         activation = front_end.stages(images)
-        return activation if scope == "exit_head" else exit_pooling(front_end.exit_head, activation)
+        if scope == "exit_head":
+            return activation
+        head = front_end.exit_head
+        return exit_pooling(head.conv, pool_kernel(head), head.flat_features, activation)
 
 
 class ClassifierWithParameters(nn.Module):

@@ -174,3 +174,31 @@ def test_a_phone_trains_on_exit_positions_and_recalibrates_tau(tmp_path, export,
     val = normalize(pixels[100:], phone.normalization)
     expected_tau = device_personalization.recalibrate(phone.program, val, positions[100:], 0.5)
     assert phone.threshold == expected_tau == result.threshold
+
+
+@pytest.mark.parametrize("scope", ["exit_classifier", "exit_head", "exit_head+last_stage"])
+def test_each_trainable_scope_computes_the_front_ends_exit_logits(scope):
+    """The training graphs pool with reshape + mean (the training runtime has no
+    avg_pool2d_backward): the same logits as the front-end's AvgPool2d, and only the scope's
+    parameters are in the module (each reaches the loss)."""
+    from harmony_mobile.export.personalization import trained_part_inputs
+
+    from harmony_mobile.models import FamilyModel, InterfaceSpec
+
+    torch.manual_seed(0)
+    front_end = FamilyModel("mobilenet", 1, 28, 10, 1.0, InterfaceSpec(64, 8)).front_end(2).eval()
+    images = torch.randn(4, 1, 28, 28)
+    part = TrainedPart(front_end, scope)
+    with torch.no_grad():
+        expected, _ = front_end(images)
+        logits = part.logits(trained_part_inputs(front_end, scope, images))
+    assert torch.allclose(logits, expected, atol=1e-5)
+    loss, _ = part(trained_part_inputs(front_end, scope, images), torch.arange(4))
+    loss.backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in part.parameters())
+    trained = {
+        "exit_classifier": 4,
+        "exit_head": 6,
+        "exit_head+last_stage": 6 + len(list(front_end.stages[-1].parameters())),
+    }
+    assert len(list(part.parameters())) == trained[scope]
