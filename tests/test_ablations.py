@@ -16,6 +16,7 @@ ABLATIONS = {
     "harmony-fixed-depth": ("random_split_depth", False),
     "harmony-no-contrastive": ("contrastive_weight", 0.0),
     "harmony-full-softmax": ("own_classes_only", False),
+    "harmony-no-style-mixing": ("style_mixing", 0.0),
 }
 
 
@@ -64,6 +65,7 @@ def one_round(name: str, client_index: int = 3):
         "metrics": update.metrics,
         "client_slots": len(federation.server._client_slots[client.name]),
         "table": len(federation.server.slot_table),
+        "style_rows": sum(len(rows) for rows in federation.server._style_bank.values()),
     }
 
 
@@ -126,6 +128,13 @@ def test_own_classes_only_gates_the_restricted_softmax_and_only_it(harmony_round
     assert harmony_round["open_slots"][-1] == harmony_round["client_slots"]
     assert ablated["open_slots"][-1] == ablated["table"]
     assert ablated["contrastive_calls"] > 0 and ablated["depths"] == {1, 2, 3}
+
+
+def test_style_mixing_gates_the_servers_feature_statistics_and_only_them(harmony_round):
+    ablated = one_round("harmony-no-style-mixing")
+    assert harmony_round["style_rows"] > 0 and ablated["style_rows"] == 0
+    assert ablated["contrastive_calls"] > 0 and ablated["depths"] == {1, 2, 3}
+    assert ablated["inner_calls"] == harmony_round["inner_calls"]
 
 
 def test_the_round_measures_the_diversity_of_the_simulated_extractors(harmony_round):

@@ -11,13 +11,14 @@ One local step of client k, top to bottom:
                   split step in slot space -> the server returns dL_srv/dz_v, L_srv = its CE over
                   slots (softmax over the slots of this client's tokens: `own_classes_only`; the
                   full softmax taught g that a family's features never show the classes it
-                  misses) + SupCon; g_v = gamma * dL_srv/dz_v back-propagated at theta_v
+                  misses) + SupCon, g seeing z with its channel statistics mixed towards another
+                  family's (`style_mixing`); g_v = gamma * dL_srv/dz_v back-propagated at theta_v
   4. update       theta <- Adam(theta, g_exit + mean_v g_v)
 The server computes both terms itself from tokens (`SplitTrainer.step`); only dL/dz comes back.
 
 Each mechanism has one switch, so that an ablation turns off exactly one (algorithms/registry.py):
-`meta` (the inner loop, hence the personalization path), `random_split_depth`, `contrastive_weight`
-and `own_classes_only`. The round's metrics measure how diverse the simulated extractors are:
+`meta` (the inner loop, hence the personalization path), `random_split_depth`, `contrastive_weight`,
+`own_classes_only` and `style_mixing`. The round's metrics measure how diverse the simulated extractors are:
 the path length ||theta' - theta|| next to the weight noise actually drawn, and how far a class's
 mean feature moves across the variants relative to the class's own spread.
 """
@@ -122,7 +123,7 @@ class HarmonyConfig(SplitTrainingConfig):
     )
     temperature: float = Field(default=SUPCON_TEMPERATURE, gt=0, description="SupCon temperature")
     style_mixing: float = Field(
-        default=0.0,
+        default=0.5,
         ge=0,
         le=1,
         description="share of uploaded rows whose z statistics the server mixes towards another "

@@ -22,6 +22,7 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony-no-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # no SupCon on the server
     # ablation: the server CE over every slot instead of the uploading client's slots (federation/split_trainer.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
+    "harmony-no-style-mixing": (Harmony, {"style_mixing": 0.0}),  # g sees z with its own statistics
     # baselines (docs/ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split
