@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from harmony_mobile.export.steps import ExportError, build_pte
+from harmony_mobile.export.verify import FP32_MAX_ABS
 from torch import nn
 
 from harmony_mobile.logs import native_stderr_to_log_file
@@ -54,6 +55,7 @@ FROZEN_FILE, TRAINING_FILE, HEAD_FILE = (
 )
 MAX_LOSS_DIFFERENCE = 1e-4  # .pte loss vs eager loss on the same batch and parameters
 MAX_LOGIT_DIFFERENCE = 1e-4  # head program vs eager classifier
+MAX_FROZEN_DIFFERENCE = FP32_MAX_ABS  # frozen XNNPACK program vs eager: the fp32 inference .pte's bound
 
 
 def exit_pooling(conv: nn.Module, pool: int, flat_features: int, activation: torch.Tensor) -> torch.Tensor:
@@ -189,6 +191,7 @@ class PersonalizationBuild:
     batch: int
     loss_difference: float
     logit_difference: float
+    frozen_difference: float
 
 
 def build_personalization(
@@ -201,6 +204,7 @@ def build_personalization(
     """The three programs of a tier, each checked against eager PyTorch on `samples` (images)."""
     frozen_module = FrozenPart(copy.deepcopy(front_end)).eval()
     frozen = build_pte(frozen_module, input_shape, "fp32", max_batch=max_batch).buffer
+    frozen_difference = _frozen_difference(frozen, frozen_module, samples[:max_batch])
     images = samples[:TRAIN_BATCH]
     images = images.repeat((TRAIN_BATCH + len(images) - 1) // len(images), 1, 1, 1)[:TRAIN_BATCH]
     hidden = trained_part_inputs(front_end, SHIPPED_SCOPE, images)
@@ -217,10 +221,15 @@ def build_personalization(
         part.classifier, [n.removeprefix("classifier.") for n in names], hidden.shape[1], max_batch
     )
     logit_difference = _head_difference(head, part, hidden[:max_batch], [named[n] for n in names])
-    if loss_difference > MAX_LOSS_DIFFERENCE or logit_difference > MAX_LOGIT_DIFFERENCE:
+    if (
+        loss_difference > MAX_LOSS_DIFFERENCE
+        or logit_difference > MAX_LOGIT_DIFFERENCE
+        or frozen_difference > MAX_FROZEN_DIFFERENCE
+    ):
         raise ExportError(
             f"personalization programs differ from eager PyTorch: loss by {loss_difference:.3g} "
-            f"(limit {MAX_LOSS_DIFFERENCE}), head logits by {logit_difference:.3g} (limit {MAX_LOGIT_DIFFERENCE})"
+            f"(limit {MAX_LOSS_DIFFERENCE}), head logits by {logit_difference:.3g} (limit {MAX_LOGIT_DIFFERENCE}), "
+            f"frozen outputs by {frozen_difference:.3g} (limit {MAX_FROZEN_DIFFERENCE})"
         )
     return PersonalizationBuild(
         frozen=frozen,
@@ -232,7 +241,20 @@ def build_personalization(
         batch=TRAIN_BATCH,
         loss_difference=loss_difference,
         logit_difference=logit_difference,
+        frozen_difference=frozen_difference,
     )
+
+
+def _frozen_difference(frozen: bytes, module: FrozenPart, images: torch.Tensor) -> float:
+    from harmony_mobile.export.steps import load_method
+
+    method = load_method(frozen)
+    batch = method.metadata.input_tensor_meta(0).sizes()[0]
+    padded = torch.cat([images, torch.zeros(batch - len(images), *images.shape[1:])])
+    outputs = method.execute([padded])
+    with torch.no_grad():
+        expected = module(images)
+    return max(float((o[: len(images)] - e).abs().max()) for o, e in zip(outputs, expected, strict=True))
 
 
 def _head_difference(head: bytes, part: TrainedPart, hidden: torch.Tensor, parameters: list) -> float:

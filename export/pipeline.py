@@ -349,6 +349,7 @@ def export_personalization(run: RunDir, tier: Tier, inputs: TierInputs, director
         "trained_parameters": sum(math.prod(s) for s in entry.parameter_shapes),
         "loss_vs_eager_max_abs": build.loss_difference,
         "head_logits_vs_eager_max_abs": build.logit_difference,
+        "frozen_outputs_vs_eager_max_abs": build.frozen_difference,
     }
     return entry, row
 
