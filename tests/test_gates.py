@@ -66,3 +66,20 @@ def test_the_report_compares_curves_at_equal_fallback_rates_paired_by_seed():
     gap_row = next(line for line in lines if line.startswith("| splitgp | **+6.0"))
     assert gap_row.count("**") == 2 * 4  # every compared rate: the interval excludes 0
     assert curve_table({"runs": runs[-1:]}, "s", ["fedavg"]) == []
+
+
+def test_logit_norm_makes_the_exit_loss_blind_to_the_logits_scale():
+    from harmony_mobile.algorithms.base import exit_loss
+    from harmony_mobile.models import FamilyModel
+
+    torch.manual_seed(0)
+    model = FamilyModel("cnn", 1, 28, 10)
+    images, labels = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    plain, normed = exit_loss(model, images, labels, 1), exit_loss(model, images, labels, 1, 0.04)
+    with torch.no_grad():
+        last = model.exits["1"].mlp[-1]
+        last.weight.mul_(10)
+        last.bias.mul_(10)
+    # growing the logits changes the plain CE; LogitNorm's loss stays (up to float rounding)
+    assert not torch.isclose(exit_loss(model, images, labels, 1), plain)
+    assert torch.isclose(exit_loss(model, images, labels, 1, 0.04), normed, rtol=1e-4)

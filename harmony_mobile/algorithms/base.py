@@ -100,13 +100,24 @@ class Algorithm(Protocol):
     )
 
 
-def exit_loss(model: FamilyModel, images: torch.Tensor, labels: torch.Tensor, max_depth: int) -> torch.Tensor:
+def exit_loss(
+    model: FamilyModel,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    max_depth: int,
+    logit_norm: float | None = None,
+) -> torch.Tensor:
     """Mean cross-entropy of the exit heads at depths 1..max_depth (one pass through the stages),
-    so a phone can later split at any shallower depth without retraining."""
+    so a phone can later split at any shallower depth without retraining. `logit_norm`: the
+    temperature of LogitNorm (the CE of logits / (t ||logits||)), which keeps the exit from growing
+    confident by growing its logits, so that low confidence is left to what it has not seen."""
     activation, loss = images, 0.0
     for depth in range(1, max_depth + 1):
         activation = model.stages[depth - 1](activation)
-        loss = loss + F.cross_entropy(model.exits[str(depth)](activation), labels)
+        logits = model.exits[str(depth)](activation)
+        if logit_norm is not None:
+            logits = logits / (logit_norm * logits.norm(dim=1, keepdim=True).clamp_min(1e-7))
+        loss = loss + F.cross_entropy(logits, labels)
     return loss / max_depth
 
 
@@ -175,6 +186,7 @@ def personalize_split(
     lr: float,
     gamma: float,
     generator: torch.Generator,
+    logit_norm: float | None = None,
 ) -> None:
     """Final personalization of a split method: exit loss + gamma * server CE against a frozen server."""
     params = client.held_parameters()
@@ -183,7 +195,7 @@ def personalize_split(
     for _ in range(steps):
         images, labels = client.batch(batch_size, generator)
         optimizer.zero_grad()
-        exit_loss(client.model, images, labels, client.split_depth).backward()
+        exit_loss(client.model, images, labels, client.split_depth, logit_norm).backward()
         if gamma > 0:
             _, features = client.model(images, client.split_depth)
             depths = (client.split_depth,) * len(labels)

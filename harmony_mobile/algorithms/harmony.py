@@ -79,6 +79,11 @@ class HarmonyConfig(SplitTrainingConfig):
         description="optimizer of the inner loop; adam (with lr = inner_lr) is the one the shipped "
         "personalization uses, so the simulated extractors move as a deployed phone's will",
     )
+    exit_logit_norm: float | None = Field(
+        default=None,
+        gt=0,
+        description="LogitNorm temperature of the exit loss (e.g. 0.04); None = plain cross-entropy",
+    )
     variants: int = Field(default=2, ge=1, description="V: simulated extractors per step")
     beta_max: float = Field(
         default=1.5, gt=1, description="interpolation/extrapolation range on the personalization path"
@@ -223,11 +228,12 @@ class Harmony(SplitMethod):
                 reset_to(working_copy, client.model)
         return RoundModels(client.model, *copies, client.held_parameters())
 
-    @staticmethod
-    def _meta_gradient(client: Client, models: RoundModels, query_x, query_y) -> float:
+    def _meta_gradient(self, client: Client, models: RoundModels, query_x, query_y) -> float:
         """First-order meta-gradient of the query exit loss, taken at theta', written into theta's grads."""
         models.adapted.zero_grad()
-        query_loss = exit_loss(models.adapted, query_x, query_y, client.split_depth)
+        query_loss = exit_loss(
+            models.adapted, query_x, query_y, client.split_depth, self.config.exit_logit_norm
+        )
         query_loss.backward()
         for name, p in models.held.items():
             grad = models.adapted_params[name].grad  # None for connectors: the exit loss does not reach them
@@ -275,7 +281,7 @@ class Harmony(SplitMethod):
         inner = optimizer([p for p in adapted.parameters() if p.requires_grad], lr=self.config.inner_lr)
         for _ in range(self.config.inner_steps):
             inner.zero_grad()
-            exit_loss(adapted, images, labels, client.split_depth).backward()
+            exit_loss(adapted, images, labels, client.split_depth, self.config.exit_logit_norm).backward()
             inner.step()
 
     def _path_scale(self, models: RoundModels) -> float:
@@ -319,7 +325,14 @@ class Harmony(SplitMethod):
     def personalize(self, client: Client, server: SplitTrainer, generator: torch.Generator) -> None:
         c = self.config
         personalize_split(
-            client, server, c.personalize_epochs, c.personalization_batch_size, c.lr, c.gamma, generator
+            client,
+            server,
+            c.personalize_epochs,
+            c.personalization_batch_size,
+            c.lr,
+            c.gamma,
+            generator,
+            c.exit_logit_norm,
         )
         calibrate_client(client, c.calibration_target, self.exit_rule)
 
