@@ -41,7 +41,7 @@ class DemoConfig:
     # on-device personalization: SGD steps through the export's training .pte (exit classifier only;
     # the batch is the program's, from the manifest)
     drift_steps: int = 200
-    drift_lr: float = 0.05
+    drift_lr: float = 0.01
     # JSON body of POST /v1/alignment/rounds: empty = the server's defaults (docs/PROTOCOL.md 7).
     # The round distills to the current version on the replay set shipped in backend.pt (features
     # of the clients' training images), not on the uploads it must correct.
