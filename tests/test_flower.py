@@ -431,3 +431,37 @@ def test_a_client_holding_every_class_is_evaluated_without_ood_rows(tmp_path):
     results, _ = run_on_loopback(tmp_path, config)
     assert results["clients_without_evaluation"] == []
     assert results["summary"]["accuracy_without_ood"] > 0
+
+
+def test_at_most_max_in_flight_messages_are_outstanding_and_the_numbers_stay(tmp_path, monkeypatch):
+    """Personalizing or evaluating every client sends them max_in_flight at a time (each message
+    holds a copy of a model until answered); the arithmetic does not change."""
+    config = tiny_config("fedavg", rounds=1, clients_per_round=4)
+    train(config, tmp_path / "inprocess", show_progress=False)
+    same_lineage(tmp_path / "inprocess", tmp_path / "flower")
+    settings = FlowerSettings(
+        train_config=config, run_dir=str(tmp_path / "flower"), reply_timeout=0.5, max_in_flight=3
+    )
+    grid = LoopbackGrid(make_client_app(settings), client_count(config))
+    outstanding, most = set(), [0]
+    push, pull = grid.push_messages, grid.pull_messages
+
+    def counted_push(messages):
+        messages = list(messages)
+        ids = push(messages)
+        outstanding.update(
+            i for i, m in zip(ids, messages, strict=True) if m.metadata.message_type != "query.hello"
+        )
+        most[0] = max(most[0], len(outstanding))
+        return ids
+
+    def counted_pull(message_ids):
+        replies = pull(message_ids)
+        outstanding.difference_update(r.metadata.reply_to_message_id for r in replies)
+        return replies
+
+    monkeypatch.setattr(grid, "push_messages", counted_push)
+    monkeypatch.setattr(grid, "pull_messages", counted_pull)
+    train_on_grid(grid, settings)
+    assert most[0] == 3  # 4 clients' turns, 3 at a time (query.hello, without a model, is not counted)
+    assert metric_lines(tmp_path / "flower") == metric_lines(tmp_path / "inprocess")

@@ -18,7 +18,9 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -59,6 +61,10 @@ class FlowerRunError(RuntimeError):
 
 def record_bytes(content: RecordDict) -> int:
     return sum(record.count_bytes() for record in content.values())
+
+
+# a turn to run: (client id, message type, its first message's content, built when it is sent)
+TurnStart = tuple[int, str, Callable[[], RecordDict]]
 
 
 @dataclass
@@ -113,25 +119,28 @@ class FlowerClients:
             raise FlowerRunError(f"two SuperNodes claim partition-id {partition}")
         self.node_of_client[partition] = reply.metadata.src_node_id
 
-    def run_turns(
-        self, federation, starts: list[tuple[int, str, RecordDict]], round_id: int
-    ) -> dict[int, RecordDict]:
-        """Send every (client, message type, content) at once, as Flower's Message-API strategies
-        do, and answer each split-step request with the server's `step` as it comes (split.py).
-        Returns each client's final reply; a client whose message fails or finds no reply within
-        reply_timeout is left out. Polls with a short interval: a deployed Grid's own
-        send_and_receive polls every 3 s, which adds seconds to every split step."""
+    def run_turns(self, federation, starts: list[TurnStart], round_id: int) -> dict[int, RecordDict]:
+        """Send the turns' first messages at once, as Flower's Message-API strategies do (at most
+        max_in_flight outstanding: a message is built when it is sent, so the ServerApp and the
+        SuperLink hold that many copies of a model, not one per client), and answer each
+        split-step request with the server's `step` as it comes (split.py). Returns each client's
+        final reply; a client whose message fails or finds no reply within reply_timeout is left
+        out. Polls with a short interval: a deployed Grid's own send_and_receive polls every 3 s,
+        which adds seconds to every split step."""
+        queued = list(starts)
         waiting: dict[str, tuple[int, str, float]] = {}
         finals: dict[int, RecordDict] = {}
-        self.push(starts, round_id, waiting)
         interval = POLL_START
-        while waiting:
+        while queued or waiting:
+            free = self.settings.max_in_flight - len(waiting)
+            self.push([(c, t, build()) for c, t, build in queued[:free]], round_id, waiting)
+            del queued[: max(free, 0)]
             now = time.monotonic()
             for message_id in [m for m, (_, _, deadline) in waiting.items() if now >= deadline]:
                 client_id, message_type, _ = waiting.pop(message_id)
                 log.warning("client %d, %s: no reply in time", client_id, message_type)
             if not waiting:
-                break
+                continue
             time.sleep(interval)
             pulled = list(self.grid.pull_messages(list(waiting)))
             interval = POLL_START if pulled else min(interval * 2, POLL_MAX)
@@ -140,14 +149,14 @@ class FlowerClients:
                 client_id, message_type, _ = waiting.pop(reply.metadata.reply_to_message_id)
                 if reply.has_error():
                     log.warning("client %d, %s: %s", client_id, message_type, reply.error.reason)
-                    continue
-                self.bytes_received += record_bytes(reply.content)
-                if not split.is_step_request(reply.content):
+                elif split.is_step_request(reply.content):
+                    answer = self.answer_step(federation, client_id, reply.content)
+                    if answer is not None:
+                        follow_ups.append((client_id, message_type, answer))
+                    self.bytes_received += record_bytes(reply.content)
+                else:
                     finals[client_id] = reply.content
-                    continue
-                answer = self.answer_step(federation, client_id, reply.content)
-                if answer is not None:
-                    follow_ups.append((client_id, message_type, answer))
+                    self.bytes_received += record_bytes(reply.content)
             self.push(follow_ups, round_id, waiting)
         return finals
 
@@ -186,16 +195,19 @@ class FlowerClients:
     def lineage(self) -> ConfigRecord:
         return ConfigRecord({"label-epoch": self.run.label_epoch})
 
-    def turn_start(self, broadcast: Broadcast, stream_round: int) -> RecordDict:
-        """A turn's first message: the Broadcast, the label epoch and which round's random stream
-        the client draws from (its own: rounds.seed_turn of the run's seed, that round, itself)."""
-        content = message_to_record(broadcast)
+    def family_turn_start(self, client_id: int, round_id: int, stream_round: int) -> RecordDict:
+        """A turn's first message: the Broadcast of the client's family meta-weights (round -1:
+        personalization), the label epoch and which round's random stream the client draws from
+        (its own: rounds.seed_turn of the run's seed, that round, itself)."""
+        family = self.run.client_tiers[client_id].family
+        weights = self.run.federation.family_weights[family]
+        content = message_to_record(Broadcast(round_id, family, weights, f"round-{round_id}"))
         content[STREAM_RECORD] = ConfigRecord({"round": stream_round})
         content[LINEAGE_RECORD] = self.lineage()
         return content
 
     def turns(
-        self, federation, starts: list[tuple[int, str, RecordDict]], round_id: int, diagnostics: bool = False
+        self, federation, starts: list[TurnStart], round_id: int, diagnostics: bool = False
     ) -> dict[int, RecordDict]:
         """A round's (or personalization's) turns: all at once, except a split method's, which run
         one after another since the server's back-end learns from every upload (rounds.py); then
@@ -216,12 +228,10 @@ class FlowerClients:
         return len(self.run.client_tiers)
 
     def train_round(self, client_ids: list[int], round_id: int, seed: int) -> list[ClientUpdate]:
-        run = self.run
-        federation, starts = run.federation, []
-        for client_id in client_ids:
-            family = run.client_tiers[client_id].family
-            broadcast = Broadcast(round_id, family, federation.family_weights[family], f"round-{round_id}")
-            starts.append((client_id, "train.round", self.turn_start(broadcast, round_id)))
+        federation = self.run.federation
+        starts = [
+            (i, "train.round", partial(self.family_turn_start, i, round_id, round_id)) for i in client_ids
+        ]
         finals = self.turns(federation, starts, round_id, diagnostics=True)
         updates = []
         for client_id in client_ids:
@@ -245,10 +255,10 @@ class FlowerClients:
         """Every client personalizes from its family's meta-weights and keeps the result; returns
         the ids of clients that did not answer."""
         stream_round = personalization_round(run.config.rounds)
-        starts = []
-        for client_id, tier in enumerate(run.client_tiers):
-            broadcast = Broadcast(-1, tier.family, run.federation.family_weights[tier.family], "round--1")
-            starts.append((client_id, "train.personalize", self.turn_start(broadcast, stream_round)))
+        starts = [
+            (i, "train.personalize", partial(self.family_turn_start, i, -1, stream_round))
+            for i in range(len(run.client_tiers))
+        ]
         finals = self.turns(run.federation, starts, -1)
         return [client_id for client_id in range(len(run.client_tiers)) if client_id not in finals]
 
@@ -262,7 +272,9 @@ class FlowerClients:
             content[SERVED_RECORD] = tensor_dict_to_record(run.backend.state_dict())
             tokens = json.dumps([t.hex() for t in server.slot_table.tokens])
             content["slots"] = ConfigRecord({"tokens": tokens})
-        finals = self.run_turns(run.federation, [(i, "evaluate.final", content) for i in client_ids], -1)
+        finals = self.run_turns(
+            run.federation, [(i, "evaluate.final", lambda: content) for i in client_ids], -1
+        )
         reports, replay = {}, []
         for client_id in client_ids:
             reply = finals.get(client_id)

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.training import TrainConfig
 
-SETTINGS_KEYS = ("run-dir", "min-replies", "reply-timeout", "node-wait-timeout", "code-version")
+SETTINGS_KEYS = ("run-dir", "min-replies", "reply-timeout", "node-wait-timeout", "max-in-flight", "code-version")
 JSON_FIELDS = ("algorithm_config",)  # dicts: one JSON string each
 DEFAULT_RUN_DIR = "runs/flower"
 
@@ -68,6 +68,12 @@ class FlowerSettings(BaseModel):
     node_wait_timeout: float = Field(
         default=120.0, gt=0, description="seconds to wait for the SuperNodes to connect before round 0"
     )
+    max_in_flight: int = Field(
+        default=256,
+        ge=1,
+        description="messages outstanding at once: a round's sampled clients up to this many train "
+        "concurrently; each outstanding message holds a copy of a model in the ServerApp and the SuperLink",
+    )
     code_version: str = Field(
         default_factory=code_version, description='the code the run is for (`code_version()`); "" = unpinned'
     )
@@ -87,6 +93,7 @@ class FlowerSettings(BaseModel):
             "min-replies": self.min_replies,
             "reply-timeout": self.reply_timeout,
             "node-wait-timeout": self.node_wait_timeout,
+            "max-in-flight": self.max_in_flight,
             "code-version": self.code_version,
         }
         for name, value in self.train_config.model_dump().items():
