@@ -22,8 +22,8 @@ Three .pte files per tier:
 
 Why only the classifier trains (measured, benchmarks/results/device_training.md): the training
 runtime has no XNNPACK backward, and its portable kernels made a batch-32 step of the exit head
-with its conv 13-108x slower than eager PyTorch, and with the last stage too 30-150x; the
-classifier alone is within 3x (usually faster). The training graphs of those larger scopes still
+with its conv 19-37x slower than eager PyTorch, and with the last stage too 32-147x; the
+classifier alone took 1.3-1.5x. The training graphs of those larger scopes still
 build and run (`TRAINABLE_SCOPES`; the exit head's AvgPool2d becomes reshape + mean there:
 `avg_pool2d_backward` is missing from the training runtime), so the benchmark measures them.
 Labels are exit positions (the head's outputs are in token order); nothing class-ordered is in any
