@@ -80,6 +80,39 @@ final class GoldenVectorTests: XCTestCase {
         XCTAssertEqual(Hex.encode(try UploadPlaintext.encode(metadata: metadata, features: features)), expected)
     }
 
+    // MARK: - feature_clipping.json (z * min(1, C / ||z||) per row, docs/PROTOCOL.md 4.4)
+
+    func testFeatureClippingEqualsPython() throws {
+        let vectors = try Vectors.load("feature_clipping.json", as: FeatureClippingVectors.self)
+        XCTAssertEqual(vectors.cases.count, 5)
+        for vector in vectors.cases {
+            let rowLength = try XCTUnwrap(vector.rows.first).count
+            let features = try FeatureTensor(
+                values: vector.rows.flatMap { $0.map { Float($0) } }, shape: [vector.rows.count, rowLength])
+            let clipped = try FeatureClipping.clipRows(features, clip: vector.clip)
+            XCTAssertEqual(clipped.shape, features.shape, vector.name)
+            let expected = Array(vector.clipped.joined())
+            XCTAssertEqual(clipped.values.count, expected.count, vector.name)
+            // The vector's bound for float64 arithmetic rounded to float32: 1e-6 relative (zeros exact).
+            for (value, python) in zip(clipped.values, expected) {
+                XCTAssertEqual(Double(value), python, accuracy: 1e-6 * abs(python), vector.name)
+            }
+            // Label DP's default sample id hashes the row before clipping (the phones draw no label DP
+            // yet; this pins the bytes an implementation would key its stored draws on).
+            XCTAssertEqual(vector.sampleIds.count, vector.rows.count, vector.name)
+            for (row, sampleID) in zip(vector.rows, vector.sampleIds) {
+                var bytes = Data()
+                for value in row {
+                    bytes.appendLittleEndian(Float(value).bitPattern)
+                }
+                XCTAssertEqual(Hex.encode(SHA256.hash(data: bytes)), sampleID, vector.name)
+            }
+        }
+        let row = try FeatureTensor(values: [3, 4], shape: [1, 2])
+        XCTAssertThrowsError(try FeatureClipping.clipRows(row, clip: 0))
+        XCTAssertThrowsError(try FeatureClipping.clipRows(row, clip: .infinity))
+    }
+
     // MARK: - label_tokens.json
 
     func testEpochKeysAndClassNameTokens() throws {

@@ -157,6 +157,18 @@ struct FeatureEncodingVectors: Decodable {
     let uploads: [UploadCase]
 }
 
+struct FeatureClippingVectors: Decodable {
+    struct Case: Decodable {
+        let name: String
+        let clip: Double
+        let rows: [[Double]]
+        let clipped: [[Double]]
+        let sampleIds: [String]
+    }
+
+    let cases: [Case]
+}
+
 struct TierSelectionVectors: Decodable {
     struct Tier: Decodable {
         let name: String
