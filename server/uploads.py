@@ -17,7 +17,7 @@ from typing import Annotated
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
-from harmony_mobile.server.auth import DeviceDep
+from harmony_mobile.server.auth import DeviceDep, Principal
 from harmony_mobile.server.bodies import openapi_body, read_json_body
 from harmony_mobile.server.registry import UnknownVersion
 from harmony_mobile.server.schemas import ErrorBody, UploadReceiptResponse, UploadRequest
@@ -216,21 +216,7 @@ def upload(
     if existing is not None:
         return _replay(existing, digest, response, state)
 
-    default = state.registry.default()
-    try:
-        payload = open_upload(state.server_key, device_id, body.label_epoch, message_id, envelope)
-        # Without a loaded back-end, hold uploads to the project's interface shape (64x8x8).
-        interface_shape = default.interface_shape if default else InterfaceSpec().shape
-        check_payload(payload, interface_shape, state.settings.max_upload_rows)
-        check_provenance(payload.metadata, principal.tier, state.served.tiers, _known_versions(state))
-        check_label_epoch(state, body.label_epoch, payload.metadata)
-        required = lineage_protections(state, body.label_epoch, payload.metadata)
-        check_protections(payload.metadata, required, body.label_epoch)
-    except UploadRejected as error:
-        state.metrics.uploads.labels("rejected").inc()
-        log.info("upload rejected: device=%s message=%s status=%d", device_id, message_id, error.status_code)
-        raise HTTPException(error.status_code, str(error)) from None
-
+    payload = _checked_payload(state, principal, body, envelope)
     meta = payload.metadata
     receipt, inserted = state.store.add_upload(
         NewUpload(
@@ -261,6 +247,27 @@ def upload(
         receipt.upload_id,
     )
     return _receipt(receipt, duplicate=False)
+
+
+def _checked_payload(state, principal: Principal, body: UploadRequest, envelope: bytes) -> UploadPayload:
+    """The opened envelope, checked against the device's tier and the served lineage; an HTTP error
+    (400 or 422) when any check refuses it."""
+    device_id, message_id = principal.device_id, str(body.message_id)
+    default = state.registry.default()
+    try:
+        payload = open_upload(state.server_key, device_id, body.label_epoch, message_id, envelope)
+        # Without a loaded back-end, hold uploads to the project's interface shape (64x8x8).
+        interface_shape = default.interface_shape if default else InterfaceSpec().shape
+        check_payload(payload, interface_shape, state.settings.max_upload_rows)
+        check_provenance(payload.metadata, principal.tier, state.served.tiers, _known_versions(state))
+        check_label_epoch(state, body.label_epoch, payload.metadata)
+        required = lineage_protections(state, body.label_epoch, payload.metadata)
+        check_protections(payload.metadata, required, body.label_epoch)
+    except UploadRejected as error:
+        state.metrics.uploads.labels("rejected").inc()
+        log.info("upload rejected: device=%s message=%s status=%d", device_id, message_id, error.status_code)
+        raise HTTPException(error.status_code, str(error)) from None
+    return payload
 
 
 def _replay(existing: UploadReceipt, digest: str, response: Response, state) -> UploadReceiptResponse:
