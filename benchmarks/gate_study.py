@@ -1,5 +1,7 @@
 """Evaluation-only study of the exit gate over finished runs: each run's accuracy-vs-fallback curve
-for every gate score (harmony_mobile/bench/gates.py), on validation and on test.
+for every gate score (harmony_mobile/bench/gates.py), on validation and on test; beside it the
+run's validation accuracy with and without OOD at its calibrated thresholds and the back-end's
+accuracy on each family's unseen classes (what the benchmark records for its runs).
 
     python benchmarks/gate_study.py RUN_DIR [RUN_DIR ...] [--out FILE.json]
 """
@@ -13,19 +15,31 @@ from pathlib import Path
 import torch
 
 from harmony_mobile.bench.gates import FALLBACK_GRID, gate_study
+from harmony_mobile.bench.hooks import unseen_class_accuracy, validation_metrics
 from harmony_mobile.bench.saved_runs import load_finished_run
 
 
 def study_run(path: Path) -> dict:
     run = load_finished_run(path)
     args = (run.clients, run.served, run.images, run.labels, run.partition, run.seed)
-    return {on: gate_study(*args, on=on) for on in ("val", "test")}
+    validation = validation_metrics(*args, "max_softmax")
+    unseen = unseen_class_accuracy(*args)
+    return {
+        "val_accuracy_with_ood": validation["accuracy_with_ood"],
+        "val_accuracy_without_ood": validation["accuracy_without_ood"],
+        "unseen_family": unseen["family_mean"],
+        **{on: gate_study(*args, on=on) for on in ("val", "test")},
+    }
 
 
 def print_table(name: str, study: dict) -> None:
     shown = [i for i, r in enumerate(FALLBACK_GRID) if r in (0.0, 0.1, 0.2, 0.3, 0.5, 1.0)]
-    for on, by_p in study.items():
-        for p, row in by_p.items():
+    print(
+        f"{name}: validation accuracy with OOD {study['val_accuracy_with_ood']:.3f}, without "
+        f"{study['val_accuracy_without_ood']:.3f}; back-end on unseen classes {study['unseen_family']:.3f}"
+    )
+    for on in ("val", "test"):
+        for p, row in study[on].items():
             if not p.startswith("p="):
                 continue
             print(f"{name} {on} {p}: oracle {row['oracle']:.3f} server-only {row['server_only']:.3f}")
@@ -35,7 +49,9 @@ def print_table(name: str, study: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--threads", type=int, default=1)
