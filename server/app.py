@@ -14,7 +14,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
-from harmony_mobile.server import admin, devices, status, uploads, v2, v2_infer
+from harmony_mobile.server import admin, artifacts, devices, status, uploads, v2, v2_infer
 from harmony_mobile.server.alignment import AlignmentWorker
 from harmony_mobile.server.auth import RateLimiter, TokenCache
 from harmony_mobile.server.errors import FailureRun, install_error_handlers
@@ -189,7 +189,7 @@ def create_app(settings: Settings) -> FastAPI:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     # v2_infer first: its /v2/models/stats must win over /v2/models/{name}
-    for module in (v2_infer, v2, devices, uploads, admin, status):
+    for module in (v2_infer, v2, devices, artifacts, uploads, admin, status):
         app.include_router(module.router)
     # Added last = outermost: the metrics middleware also counts requests the body limit refuses.
     app.add_middleware(

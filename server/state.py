@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from fastapi import Depends, Request
+from harmony_mobile.server.served_files import ServedFile, served_artifacts
 from harmony_mobile.server.served_tiers import ServedManifest, served_manifest
 from harmony_mobile.server.settings import Settings
 from harmony_mobile.server.store import Store
@@ -43,9 +44,12 @@ class ServerState:
     manifest_version: str | None
     # the manifest's tiers (family, split depth) and label epoch: what uploads are checked against
     served: ServedManifest = field(init=False)
+    # manifest path -> digest and size of each file phones may download (GET /v1/artifacts/...)
+    artifacts: dict[str, ServedFile] = field(init=False)
 
     def __post_init__(self) -> None:
         self.served = served_manifest(self.manifest_text)
+        self.artifacts = served_artifacts(self.manifest_text)
 
 
 async def get_state(request: Request) -> ServerState:

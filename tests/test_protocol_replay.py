@@ -66,6 +66,13 @@ def replay_model_dir(root: Path) -> Path:
     (model_dir / "manifest.json").write_bytes(GOLDEN["manifest_text"].encode("utf-8"))
     (model_dir / "manifest.sig").write_text(GOLDEN["signature_file"])
     (model_dir / "manifest.p256.sig").write_text(GOLDEN["p256_signature_file"])
+    for artifact in GOLDEN[
+        "artifacts"
+    ]:  # the phones' files (GET /v1/artifacts); the back-end is written below
+        if not artifact["path"].startswith("backend/"):
+            target = model_dir / artifact["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(base64.b64decode(artifact["content_base64"]))
     torch.manual_seed(0)
     backend = Backend(InterfaceSpec(), MANIFEST["num_classes"])
     projection = ProjectionHead(backend.feature_dim, 32)
@@ -224,6 +231,7 @@ def test_the_document_has_examples_of_every_kind():
         "POST /v1/devices",
         "GET /v1/manifest.sig",
         "GET /v1/manifest.p256.sig",
+        "GET /v1/artifacts/",
         "POST /v1/uploads",
         "POST /v2/models/harmony-backend/infer",
     ):
