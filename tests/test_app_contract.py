@@ -108,3 +108,25 @@ def test_sample_digits_are_fitted_to_the_tier_in_both_apps():
     assert "sample.image.fitTo(" in _code(KOTLIN / "MainActivity.kt")
     assert "PixelImages.fit(" in _code(SWIFT / "DigitImage.swift")
     assert "picture.fitted(to: tier)" in _code(SWIFT / "DemoModel.swift")
+
+
+def test_every_runtime_downloads_artifacts_from_the_servers_artifacts_route():
+    """The default artifact base is the server's GET /v1/artifacts (docs/PROTOCOL.md 2.4) in the Python
+    device runtime, harmony-core, HarmonyKit and both demos; no app still points at `<server>/export`."""
+    from harmony_mobile.device import ARTIFACTS_PATH
+
+    core = ROOT / "android_demo" / "harmony-core" / "src" / "main" / "java" / "org" / "harmonymobile" / "core"
+    java = _code(core / "server" / "HarmonyServerClient.java")
+    kit = _code(
+        ROOT / "ios_demo" / "HarmonyKit" / "Sources" / "HarmonyKit" / "Net" / "HarmonyHTTPClient.swift"
+    )
+    assert ARTIFACTS_PATH == "/v1/artifacts"
+    assert f'ARTIFACTS_PATH = "{ARTIFACTS_PATH}"' in java
+    assert f'artifactBasePath = "{ARTIFACTS_PATH.lstrip("/")}"' in kit
+    assert f'path: "{ARTIFACTS_PATH}/{{path}}"' in kit
+    assert "client.artifacts(credentials)" in _code(KOTLIN / "ModelInstaller.kt")
+    assert "HarmonyHTTPClient.artifactBasePath" in _code(SWIFT / "DemoModel.swift")
+    assert '"Bearer " + token' in _code(SWIFT / "ModelStore.swift")
+    for path in sorted(KOTLIN.glob("*.kt")) + sorted(SWIFT.glob("*.swift")) + [ANDROID / "build.gradle.kts"]:
+        code = _code(path)
+        assert '/export"' not in code and 'appendingPathComponent("export")' not in code, path.name

@@ -32,7 +32,7 @@ android {
         buildConfigField("String", "PINNED_MANIFEST_KEY", quoted(setting("harmony.pinnedManifestKey", "")))
         buildConfigField("String", "DEFAULT_SERVER_URL", quoted(setting("harmony.serverUrl", "http://10.0.2.2:8000")))
         // Where newer exports' artifacts are published (an update's manifest comes from the server);
-        // empty: <server URL>/export.
+        // empty: the server itself, GET <server URL>/v1/artifacts/<path> with the device token.
         buildConfigField("String", "ARTIFACT_BASE_URL", quoted(setting("harmony.artifactBaseUrl", "")))
         ndk {
             // ExecuTorch ships arm64-v8a and x86_64 (emulator) native libraries.

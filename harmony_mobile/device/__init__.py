@@ -20,8 +20,8 @@ What a phone does:
     Ed25519 key, then parse it; `load_front_end` checks the artifact's sha256 and size against the
     manifest before handing the .pte to the ExecuTorch runtime. `choose_artifact` takes a variant
     that passed the export's checks first (the manifest's verdicts).
-  * `ModelStore`: updates. A newer signed manifest (`fetch_signed_manifest`) and its artifact are
-    installed only when the manifest_version is higher than the installed one (older or reused:
+  * `ModelStore`: updates. A newer signed manifest (`fetch_signed_manifest`) and its artifact (from
+    the server's GET /v1/artifacts: `fetch_server_artifact`) are installed only when the manifest_version is higher than the installed one (older or reused:
     RollbackError), verified, then switched to with one atomic rename.
   * `Phone.classify`: normalize the pixels as the manifest says, run the .pte, answer locally when
     max softmax(exit_logits) >= the exit threshold (the manifest's tier threshold, or the one the
@@ -68,7 +68,13 @@ from harmony_mobile.device.manifest import (
     upload_privacy,
     verify_manifest_bytes,
 )
-from harmony_mobile.device.model_store import InstalledModel, ModelStore, fetch_signed_manifest
+from harmony_mobile.device.model_store import (
+    ARTIFACTS_PATH,
+    InstalledModel,
+    ModelStore,
+    fetch_server_artifact,
+    fetch_signed_manifest,
+)
 from harmony_mobile.device.phone import (
     PERMANENT_UPLOAD_STATUSES,
     Classification,
@@ -82,6 +88,7 @@ from harmony_mobile.device.queue import PendingUpload, QueueFullError, UploadQue
 from harmony_mobile.device.server import MODEL_NAME, DeviceCredentials, enrol, parse_slot_table
 
 __all__ = [
+    "ARTIFACTS_PATH",
     "MANIFEST_FILE",
     "MODEL_NAME",
     "PERMANENT_UPLOAD_STATUSES",
@@ -92,6 +99,7 @@ __all__ = [
     "ModelStore",
     "RollbackError",
     "choose_artifact",
+    "fetch_server_artifact",
     "fetch_signed_manifest",
     "is_update",
     "manifest_version",

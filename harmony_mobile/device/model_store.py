@@ -8,7 +8,8 @@ Layout under the store's root (the app's private storage):
     .staging-*/             an update being downloaded (removed when it fails)
 
 An update is the server's manifest (GET /v1/manifest and /v1/manifest.sig, PROTOCOL.md 2.3) and its
-artifacts (from wherever the export is published: `fetch_artifact` gets a manifest path's bytes).
+artifacts (`fetch_artifact` gets a manifest path's bytes; by default `fetch_server_artifact`, from the
+server's GET /v1/artifacts/{path}, PROTOCOL.md 2.4).
 It is installed only when its signature verifies under the pinned key, its manifest_version is
 higher than the installed one (manifest.is_update: an older or reused version is a rollback and
 refused) and every artifact matches its sha256 and size. Counterparts: harmony-core
@@ -25,6 +26,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
@@ -42,6 +44,8 @@ from harmony_mobile.device.manifest import (
 
 CURRENT_FILE = "current.json"
 VERSIONS_DIR = "versions"
+# the default artifact base URL, relative to the server's (harmony-core and HarmonyKit use the same)
+ARTIFACTS_PATH = "/v1/artifacts"
 
 
 @dataclass(frozen=True)
@@ -152,3 +156,18 @@ def fetch_signed_manifest(http, token: str) -> tuple[bytes, bytes]:
                 f"GET {response.request.url.path}: {response.status_code} {response.text[:200]}"
             )
     return responses[0].content, responses[1].content
+
+
+def fetch_server_artifact(http, token: str) -> Callable[[str], bytes]:
+    """A `fetch_artifact` for ModelStore.install: a manifest path's bytes from the server's
+    GET /v1/artifacts/{path} (an httpx.Client on its base URL). The store checks them against the
+    signed manifest; the server is not trusted for them."""
+    headers = {"Authorization": f"Bearer {token}"}
+
+    def fetch(path: str) -> bytes:
+        response = http.get(f"{ARTIFACTS_PATH}/{quote(path)}", headers=headers)
+        if response.status_code != 200:
+            raise DeviceError(f"GET {ARTIFACTS_PATH}/{path}: {response.status_code} {response.text[:200]}")
+        return response.content
+
+    return fetch

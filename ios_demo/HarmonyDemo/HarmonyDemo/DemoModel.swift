@@ -94,7 +94,8 @@ final class DemoModel: ObservableObject {
         busy = true
         defer { busy = false }
         do {
-            let base = server.appendingPathComponent("export") // where the demo publishes the export
+            // the server serves the artifacts of the manifest it serves (docs/PROTOCOL.md 2.4)
+            let base = server.appendingPathComponent(HarmonyHTTPClient.artifactBasePath)
             guard let updated = try await ModelFiles.update(server: server, device: credentials, artifactBase: base) else {
                 status = "Model \(manifest?.modelVersion ?? "?") is current"
                 return

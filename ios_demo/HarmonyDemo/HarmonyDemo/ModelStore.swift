@@ -68,30 +68,66 @@ enum ModelFiles {
         return installed
     }
 
-    /// The server's signed manifest; when newer, its artifacts from `artifactBase` (where the export
-    /// directory is published), verified, then switched to. nil: the installed export is current.
+    /// The server's signed manifest; when newer, its artifacts from `artifactBase` (by default the
+    /// server's `/v1/artifacts`, asked with the device token), verified, then switched to. nil: the
+    /// installed export is current.
     static func update(server: URL, device: DeviceCredentials, artifactBase: URL) async throws -> ModelStore.Installed? {
         let (manifest, signature) = try await HarmonyHTTPClient(baseURL: server).manifest(device: device)
         return try await Task.detached {
             try store().install(
                 manifestBytes: manifest, signatureFile: signature,
                 source: { artifact, manifest, destination in
-                    try download(artifact, of: manifest, from: artifactBase, to: destination)
+                    try download(artifact, of: manifest, from: artifactBase, token: device.token, to: destination)
                 },
                 wanted: wanted)
         }.value
     }
 
     /// A .pte file, or an .mlpackage directory file by file (the manifest lists each of its files).
-    private static func download(_ artifact: Artifact, of manifest: Manifest, from base: URL, to destination: URL) throws {
+    private static func download(
+        _ artifact: Artifact, of manifest: Manifest, from base: URL, token: String, to destination: URL
+    ) throws {
         guard artifact.format == Artifact.formatMLPackage else {
-            try Data(contentsOf: base.appendingPathComponent(artifact.path)).write(to: destination)
+            try fetch(base.appendingPathComponent(artifact.path), token: token).write(to: destination)
             return
         }
         for file in manifest.files where file.path.hasPrefix(artifact.path + "/") {
             let target = destination.appendingPathComponent(String(file.path.dropFirst(artifact.path.count + 1)))
             try FileManager.default.createDirectory(at: target.deletingLastPathComponent(), withIntermediateDirectories: true)
-            try Data(contentsOf: base.appendingPathComponent(file.path)).write(to: target)
+            try fetch(base.appendingPathComponent(file.path), token: token).write(to: target)
+        }
+    }
+
+    /// One GET with the device token (the server's /v1/artifacts needs it, as its manifest does);
+    /// blocking, like the install it runs in (off the main thread). A non-200 answer throws its sentence.
+    private static func fetch(_ url: URL, token: String) throws -> Data {
+        var request = URLRequest(url: url)
+        request.setValue("Bearer " + token, forHTTPHeaderField: "Authorization")
+        let answer = Answer(ManifestError("no answer from \(url.path)"))
+        URLSession.shared.dataTask(with: request) { data, response, error in
+            defer { answer.done.signal() }
+            let status = (response as? HTTPURLResponse)?.statusCode ?? 0
+            if let error {
+                answer.result = .failure(error)
+            } else if status != 200 {
+                let detail = HarmonyHTTPClient.errorMessage(from: data ?? Data())
+                answer.result = .failure(ManifestError("GET \(url.path): \(status) \(detail)"))
+            } else {
+                answer.result = .success(data ?? Data())
+            }
+        }.resume()
+        answer.done.wait()
+        return try answer.result.get()
+    }
+
+    /// The completion handler's result, handed to the waiting thread: written once, before `done`
+    /// is signalled, and read only after the wait, hence unchecked Sendable.
+    private final class Answer: @unchecked Sendable {
+        let done = DispatchSemaphore(value: 0)
+        var result: Result<Data, Error>
+
+        init(_ pending: Error) {
+            result = .failure(pending)
         }
     }
 

@@ -20,6 +20,9 @@ public struct Endpoint: Sendable, Equatable {
     public static let manifest = Endpoint(method: "GET", path: "/v1/manifest")
     /// `GET /v1/manifest.sig` (device token): manifest.sig, verbatim.
     public static let manifestSignature = Endpoint(method: "GET", path: "/v1/manifest.sig")
+    /// `GET /v1/artifacts/{path}` (device token): a file of the served manifest, byte for byte
+    /// (docs/PROTOCOL.md 2.4); the default artifact base of an update.
+    public static let artifact = Endpoint(method: "GET", path: "/v1/artifacts/{path}")
     /// `GET /v2/health/ready`: 200 once a back-end is loaded, else 503.
     public static let ready = Endpoint(method: "GET", path: "/v2/health/ready")
     /// `POST /v2/models/{name}/infer`: inference with the default back-end version.
@@ -39,6 +42,16 @@ public struct Endpoint: Sendable, Equatable {
             filled = filled.replacingOccurrences(of: "{version}", with: encode(version))
         }
         return filled
+    }
+
+    /// The path with `{path}` filled in with a manifest path, each '/'-separated segment percent-encoded.
+    public func resolvedPath(artifactPath: String) -> String {
+        var allowed = CharacterSet.urlPathAllowed
+        allowed.remove(charactersIn: "/")
+        let segments = artifactPath.split(separator: "/", omittingEmptySubsequences: false).map { part in
+            String(part).addingPercentEncoding(withAllowedCharacters: allowed) ?? String(part)
+        }
+        return path.replacingOccurrences(of: "{path}", with: segments.joined(separator: "/"))
     }
 }
 
@@ -200,6 +213,9 @@ struct InferResponse: Decodable {
 /// `HarmonyHTTPClient(baseURL:policy:)` or wrap your own in a `RetryingTransport`.
 public struct HarmonyHTTPClient: Sendable {
     public static let modelName = "harmony-backend"
+    /// The default artifact base, relative to the server URL: where `Endpoint.artifact` serves
+    /// manifest paths (the Python device runtime's ARTIFACTS_PATH, harmony-core's ARTIFACTS_PATH).
+    public static let artifactBasePath = "v1/artifacts"
     public static let tierHeader = "X-Harmony-Tier"
     static let jsonType = "application/json"
     static let binaryType = "application/octet-stream"
@@ -285,6 +301,13 @@ public struct HarmonyHTTPClient: Sendable {
         return (manifest.body, signature.body)
     }
 
+    /// A file of the served manifest (`GET /v1/artifacts/{path}`), unverified: check its sha256 and
+    /// size against the verified manifest before use (ModelStore.install does).
+    public func artifact(path: String, device: DeviceCredentials) async throws -> Data {
+        let endpoint = Endpoint.artifact
+        return try await send(endpoint, path: endpoint.resolvedPath(artifactPath: path), token: device.token).body
+    }
+
     /// true when the server has a back-end loaded.
     public func isReady() async -> Bool {
         (try? await send(Endpoint.ready, path: Endpoint.ready.path, token: nil)) != nil
@@ -329,7 +352,7 @@ public struct HarmonyHTTPClient: Sendable {
     /// The server's sentence: a string `error` (the /v2 routes, as the V2 inference protocol has it),
     /// else a string `detail` (the /v1 routes), else the body itself (a proxy's page); see
     /// tests/vectors/error_bodies.json.
-    static func errorMessage(from body: Data) -> String {
+    public static func errorMessage(from body: Data) -> String {
         if let object = (try? JSONSerialization.jsonObject(with: body)) as? [String: Any] {
             for key in ["error", "detail"] {
                 if let sentence = object[key] as? String {

@@ -16,7 +16,8 @@ public struct ModelStore: Sendable {
     public static let currentFile = "current.json"
     public static let versionsDirectory = "versions"
 
-    /// Where artifacts come from: the app bundle's export, or the host an export is published on. It
+    /// Where artifacts come from: the app bundle's export, the server (`GET /v1/artifacts/{path}`), or
+    /// another host the export is published on. It
     /// writes `artifact` (a file, or an .mlpackage directory whose files the verified `manifest` lists)
     /// to `destination`.
     public typealias ArtifactSource = @Sendable (_ artifact: Artifact, _ manifest: Manifest, _ destination: URL) throws -> Void

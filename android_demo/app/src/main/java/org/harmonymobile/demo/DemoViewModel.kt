@@ -96,7 +96,7 @@ class DemoViewModel(application: Application) : AndroidViewModel(application) {
             val outcome = withContext(Dispatchers.IO) {
                 runCatching {
                     ModelInstaller(app, BuildConfig.PINNED_MANIFEST_KEY)
-                        .update(DeviceProfiler.capabilities(app), url, device, BuildConfig.ARTIFACT_BASE_URL.ifEmpty { "$url/export" })
+                        .update(DeviceProfiler.capabilities(app), url, device, BuildConfig.ARTIFACT_BASE_URL)
                 }
             }
             outcome.onSuccess { (model, changed) ->

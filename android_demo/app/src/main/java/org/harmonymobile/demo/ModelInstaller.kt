@@ -65,16 +65,23 @@ class ModelInstaller(private val context: Context, pinnedKeyBase64: String) {
     }
 
     /**
-     * Fetches the server's manifest; when it is newer, downloads its artifact from [artifactBaseUrl]
-     * (where the export directory is published) and switches to it. Returns the installed model and
-     * whether it changed. A rollback or a bad signature or artifact throws and changes nothing.
+     * Fetches the server's manifest; when it is newer, downloads its artifact from the server
+     * (`GET /v1/artifacts/<path>` with the device token, docs/PROTOCOL.md 2.4) or, when
+     * [artifactBaseUrl] is set, from there (where the export directory is published), and switches
+     * to it. Returns the installed model and whether it changed. A rollback or a bad signature or
+     * artifact throws and changes nothing.
      */
     fun update(device: DeviceCapabilities, serverUrl: String, credentials: DeviceCredentials, artifactBaseUrl: String): Pair<InstalledModel, Boolean> {
         val client = HarmonyServerClient(
             RetryingTransport(UrlConnectionTransport(serverUrl, Duration.ofSeconds(5), Duration.ofSeconds(30)), RetryPolicy.defaults()))
         val signed = client.signedManifest(credentials, verifier.signatureFile())
-        val base = URI(artifactBaseUrl.trimEnd('/') + "/")
-        val changed = store.install(signed, ArtifactSource { path -> base.resolve(path).toURL().openStream() }) { tierFor(it, device) }
+        val source = if (artifactBaseUrl.isEmpty()) {
+            client.artifacts(credentials)
+        } else {
+            val base = URI(artifactBaseUrl.trimEnd('/') + "/")
+            ArtifactSource { path -> base.resolve(path).toURL().openStream() }
+        }
+        val changed = store.install(signed, source) { tierFor(it, device) }
         return current(device) to changed.isPresent
     }
 

@@ -1,5 +1,6 @@
 package org.harmonymobile.core.server;
 
+import java.io.ByteArrayInputStream;
 import java.io.IOException;
 import java.nio.charset.StandardCharsets;
 import java.time.Clock;
@@ -19,6 +20,7 @@ import org.harmonymobile.core.net.HttpResponse;
 import org.harmonymobile.core.net.HttpTransport;
 import org.harmonymobile.core.net.RetryAfter;
 import org.harmonymobile.core.queue.PendingUpload;
+import org.harmonymobile.core.update.ArtifactSource;
 import org.harmonymobile.core.wire.FeatureTensor;
 
 /**
@@ -27,6 +29,8 @@ import org.harmonymobile.core.wire.FeatureTensor;
  */
 public final class HarmonyServerClient {
     public static final String MODEL_NAME = "harmony-backend";
+    /** The default artifact base, on the server itself (docs/PROTOCOL.md 2.4). */
+    public static final String ARTIFACTS_PATH = "/v1/artifacts";
     private static final String JSON = "application/json";
     private static final String BINARY = "application/octet-stream";
     private static final List<String> ERROR_KEYS = List.of("error", "detail");
@@ -90,6 +94,36 @@ public final class HarmonyServerClient {
         byte[] manifest = body(send(HttpRequest.get("/v1/manifest", bearer(device.token()))));
         byte[] signature = body(send(HttpRequest.get("/v1/" + pathSegment(signatureFile), bearer(device.token()))));
         return new SignedManifest(manifest, signature);
+    }
+
+    /**
+     * {@code GET /v1/artifacts/{path}} with the device token: the server's copy of each manifest path
+     * (docs/PROTOCOL.md 2.4), for {@code ModelStore.install}, which checks every file against the
+     * signed manifest. An error answer is an IOException carrying the server's sentence.
+     */
+    public ArtifactSource artifacts(DeviceCredentials device) {
+        return path -> {
+            HttpResponse response = send(HttpRequest.get(artifactTarget(path), bearer(device.token())));
+            if (!response.isSuccess()) {
+                throw new IOException("GET " + ARTIFACTS_PATH + "/" + path + ": " + error(response).getMessage());
+            }
+            return new ByteArrayInputStream(response.body());
+        };
+    }
+
+    /** The request target of a manifest path: each '/'-separated segment percent-encoded (RFC 3986). */
+    static String artifactTarget(String path) {
+        StringBuilder target = new StringBuilder(ARTIFACTS_PATH);
+        for (String segment : path.split("/", -1)) {
+            target.append('/');
+            for (byte b : segment.getBytes(StandardCharsets.UTF_8)) {
+                char c = (char) (b & 0xff);
+                boolean unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')
+                        || c == '-' || c == '.' || c == '_' || c == '~';
+                target.append(unreserved ? String.valueOf(c) : String.format("%%%02X", b & 0xff));
+            }
+        }
+        return target.toString();
     }
 
     private static byte[] body(HttpResponse response) throws ServerException {

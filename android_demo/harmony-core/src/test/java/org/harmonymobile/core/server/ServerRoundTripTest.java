@@ -283,4 +283,29 @@ class ServerRoundTripTest {
         assertEquals(true, again.duplicate());
         assertEquals(1, stored.size());
     }
+
+    @Test
+    void artifactsComeFromTheServerWithTheDeviceTokenAndAnErrorNamesTheServersSentence() throws Exception {
+        byte[] pte = "PTE bytes".getBytes(StandardCharsets.UTF_8);
+        List<String> targets = Collections.synchronizedList(new ArrayList<>());
+        server.createContext(HarmonyServerClient.ARTIFACTS_PATH + "/", exchange -> {
+            targets.add(exchange.getRequestURI().getRawPath());
+            boolean known = exchange.getRequestURI().getPath().equals("/v1/artifacts/tiers/mid-android/front int8.pte");
+            if (!("Bearer " + DEVICE_TOKEN).equals(exchange.getRequestHeaders().getFirst("Authorization")) || !known) {
+                respond(exchange, 404, "{\"detail\":\"not an artifact of the served manifest\"}");
+                return;
+            }
+            exchange.sendResponseHeaders(200, pte.length);
+            try (OutputStream out = exchange.getResponseBody()) {
+                out.write(pte);
+            }
+        });
+        DeviceCredentials device = client().enroll(ADMIN, "pixel", null).credentials();
+        try (var in = client().artifacts(device).open("tiers/mid-android/front int8.pte")) {
+            assertArrayEquals(pte, in.readAllBytes());
+        }
+        assertEquals("/v1/artifacts/tiers/mid-android/front%20int8.pte", targets.get(0));
+        IOException missing = assertThrows(IOException.class, () -> client().artifacts(device).open("other.pte"));
+        assertTrue(missing.getMessage().contains("404: not an artifact of the served manifest"), missing.getMessage());
+    }
 }
