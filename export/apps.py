@@ -191,8 +191,13 @@ def _check_url(url: str) -> str:
 
 
 def _artifacts(manifest: Manifest, platform: str) -> list[str]:
+    """The tier artifacts the app can load, and each tier's personalization programs (XNNPACK
+    .pte files the app trains and answers with on device) where the app runs XNNPACK."""
     backends = APP_BACKENDS[platform]
-    return sorted({a.path for t in manifest.tiers for a in t.artifacts if a.backend in backends})
+    paths = {a.path for t in manifest.tiers for a in t.artifacts if a.backend in backends}
+    if "xnnpack" in backends:
+        paths |= {p.path for t in manifest.tiers if t.personalization for p in t.personalization.programs()}
+    return sorted(paths)
 
 
 def _copy_export(result: AppInstall, manifest: Manifest, target: Path, keep: tuple[str, ...] = ()) -> None:

@@ -26,6 +26,9 @@ from harmony_mobile.export.manifest import (
     P256_SIGNATURE_FILE,
     SIGNATURE_FILE,
     ManifestError,
+    Personalization,
+    ProgramFile,
+    list_files,
     path_digest,
     read_manifest,
     signature_info,
@@ -303,3 +306,55 @@ def test_the_command(repo, export, keys):
     shutil.rmtree(export.parent / "run")
     no_run = runner.invoke(app, command)
     assert no_run.exit_code == 2 and "federation" in " ".join(no_run.output.split())
+
+
+def _with_personalization(export: Path, keys: Path) -> dict[str, str]:
+    """The export with personalization programs for entry-android (as `harmony export` writes them),
+    re-signed; returns program key -> path."""
+    programs = {}
+    for key, name in (("frozen", "frozen"), ("training", "train"), ("head", "head")):
+        relpath = f"entry-android/personalize_{name}.pte"
+        (export / relpath).write_bytes(f"PTE {name} program ".encode() * 8)
+        sha, size = path_digest(export / relpath)
+        programs[f"{key}_program"] = ProgramFile(path=relpath, sha256=sha, size=size)
+    manifest = read_manifest(export)
+    shape = [[2, 4], [2], [4, 4], [4]]
+    names = ["classifier.0.weight", "classifier.0.bias", "classifier.2.weight", "classifier.2.bias"]
+    entry = manifest.tier("entry-android").model_copy(
+        update={
+            "personalization": Personalization(
+                **programs,
+                batch=4,
+                hidden=4,
+                parameter_names=names,
+                parameter_shapes=shape,
+                learning_rate=0.1,
+            )
+        }
+    )
+    tiers = [entry if t.name == entry.name else t for t in manifest.tiers]
+    manifest = manifest.model_copy(update={"tiers": tiers, "files": list_files(export)})
+    key, _ = load_or_create_signing_key(keys)
+    p256, _ = load_or_create_p256_signing_key(keys)
+    write_signed_manifest(export, manifest, key, p256)
+    return {name: program.path for name, program in programs.items()}
+
+
+@pytest.mark.parametrize(
+    ("platform", "key_file", "target"),
+    [
+        ("android", P256_PUBLIC_KEY_FILE, ANDROID_ASSETS / "export"),
+        ("ios", PUBLIC_KEY_FILE, IOS_APP / "Export"),
+    ],
+)
+def test_the_personalization_programs_are_copied_with_the_tier_artifacts(
+    repo, export, keys, platform, key_file, target
+):
+    programs = _with_personalization(export, keys)
+    result = install(platform, export, repo, pinned_key=keys / key_file)
+    manifest = read_manifest(repo / target)
+    entry = manifest.tier("entry-android").personalization
+    for program in entry.programs():
+        assert program.path in result.copied
+        assert path_digest(repo / target / program.path) == (program.sha256, program.size)
+    assert sorted(p.path for p in entry.programs()) == sorted(programs.values())
