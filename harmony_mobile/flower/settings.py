@@ -27,7 +27,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.training import TrainConfig
 
-SETTINGS_KEYS = ("run-dir", "min-replies", "reply-timeout", "node-wait-timeout", "max-in-flight", "code-version")
+SETTINGS_KEYS = (
+    "run-dir",
+    "min-replies",
+    "reply-timeout",
+    "node-wait-timeout",
+    "max-in-flight",
+    "code-version",
+)
 JSON_FIELDS = ("algorithm_config",)  # dicts: one JSON string each
 DEFAULT_RUN_DIR = "runs/flower"
 
