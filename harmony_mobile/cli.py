@@ -742,7 +742,7 @@ def demo(
         int | None, typer.Option(help="training rounds (default: the demo's small budget)")
     ] = None,
     drift_steps: Annotated[
-        int | None, typer.Option(help="local fine-tuning steps that make phones drift")
+        int | None, typer.Option(help="on-device training steps per phone (ExecuTorch training .pte)")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="default: the demo's")] = None,
     reuse_run: Annotated[
