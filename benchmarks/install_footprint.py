@@ -136,6 +136,10 @@ def markdown(report: dict) -> str:
         lines.append(f"- `[{role['extra']}]`: {largest}")
     lines += [
         "",
+        "`harmony serve` imports the same modules from either install (the training, Flower and",
+        "exporter stacks are never imported by the server), so start-up and memory can differ only",
+        "by noise; what the server install saves is disk, download and install time.",
+        "",
         "The server still carries PyTorch (the back-end runs in it, and alignment rounds train it);",
         "a replica serving without PyTorch is not built.",
         "",
