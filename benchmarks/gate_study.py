@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harmony_mobile.bench.gates import FALLBACK_GRID, gate_study
+from harmony_mobile.bench.gates import FALLBACK_GRID, gate_studies
 from harmony_mobile.bench.hooks import unseen_class_accuracy, validation_metrics
 from harmony_mobile.bench.saved_runs import load_finished_run
 
@@ -22,13 +22,13 @@ from harmony_mobile.bench.saved_runs import load_finished_run
 def study_run(path: Path) -> dict:
     run = load_finished_run(path)
     args = (run.clients, run.served, run.images, run.labels, run.partition, run.seed)
-    validation = validation_metrics(*args, "max_softmax")
+    validation = validation_metrics(*args, run.exit_rule)
     unseen = unseen_class_accuracy(*args)
     return {
         "val_accuracy_with_ood": validation["accuracy_with_ood"],
         "val_accuracy_without_ood": validation["accuracy_without_ood"],
         "unseen_family": unseen["family_mean"],
-        **{on: gate_study(*args, on=on) for on in ("val", "test")},
+        **gate_studies(*args, run.exit_rule),
     }
 
 

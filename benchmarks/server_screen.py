@@ -113,14 +113,14 @@ def train_backend(
 
 @torch.no_grad()
 def score(cached: list[CachedClient], server: SplitTrainer) -> dict:
-    backend = server.backend.eval()
+    server.backend.eval()
     tokens = server.slot_table.tokens
     own, unseen = [], []
     for entry in cached:
         slot_class = entry.client.slot_to_class(tokens)
         for z, y, out in ((entry.test_z, entry.test_y, own), (entry.unseen_z, entry.unseen_y, unseen)):
             if len(y):
-                answer = slot_class[backend(z)[:, : len(tokens)].argmax(dim=1)]
+                answer = slot_class[server.infer(z).argmax(dim=1)]  # g's scores over the table's slots
                 out.append(float((answer == y).float().mean()))
     return {"unseen_family": float(np.mean(unseen)), "own_id": float(np.mean(own))}
 

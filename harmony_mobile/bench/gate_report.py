@@ -24,23 +24,28 @@ def gate_rule(run: dict) -> str:
     return (run.get("gates") or {}).get("exit_rule", "max_softmax")
 
 
+def _test_rows(run: dict) -> list[dict]:
+    """The run's gate study rows on test, one per OOD fraction (none for a run without a gate)."""
+    study = (run.get("gates") or {}).get("test") or {}
+    return [row for key, row in study.items() if key.startswith("p=") and row]
+
+
 def run_curve(run: dict, rule: str | None = None) -> np.ndarray | None:
     """Mean over the OOD fractions of the run's test curve for `rule` (its own by default)."""
-    study = (run.get("gates") or {}).get("test") or {}
-    rows = [row for key, row in study.items() if key.startswith("p=") and row]
+    rows = _test_rows(run)
     if not rows:
         return None
     rule = rule or gate_rule(run)
     return np.mean([row["curve"][rule] for row in rows], axis=0)
 
 
-def _run_extra(run: dict, key: str, rule: str | None = None) -> float:
-    study = (run.get("gates") or {}).get("test") or {}
-    rows = [row for k, row in study.items() if k.startswith("p=") and row]
+def _run_extra(run: dict, key: str) -> float:
+    """Mean over the OOD fractions of the run's `auroc` (for its own rule), `oracle` or `server_only`."""
+    rows = _test_rows(run)
     if not rows:
         return float("nan")
     if key == "auroc":
-        return float(np.mean([row["auroc"][rule or gate_rule(run)] for row in rows]))
+        return float(np.mean([row["auroc"][gate_rule(run)] for row in rows]))
     return float(np.mean([row[key] for row in rows]))
 
 

@@ -71,7 +71,9 @@ def ood_auroc(score: np.ndarray, is_ood: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def client_gate_study(client, backend, images, labels, index: np.ndarray, is_ood: np.ndarray) -> dict:
+def client_gate_study(
+    client, backend, images, labels, index: np.ndarray, is_ood: np.ndarray, prototypes: torch.Tensor
+) -> dict:
     """One client's curves, AUROCs, oracle and server-only accuracy on the samples `index`."""
     truth = client.exit_labels(labels[index])
     exit_logits, features = client.model(images[index], client.split_depth)
@@ -80,7 +82,7 @@ def client_gate_study(client, backend, images, labels, index: np.ndarray, is_ood
     server_prediction = decode_slots(backend.slot_scores(features), slot_class, exit_prediction)
     exit_correct = (exit_prediction == truth).numpy()
     server_correct = (server_prediction == truth).numpy()
-    scores = gate_scores(exit_logits, features, own_prototypes(client))
+    scores = gate_scores(exit_logits, features, prototypes)
     return {
         "curve": {name: accuracy_curve(s, exit_correct, server_correct) for name, s in scores.items()},
         "auroc": {name: ood_auroc(s, is_ood) for name, s in scores.items()},
@@ -89,12 +91,23 @@ def client_gate_study(client, backend, images, labels, index: np.ndarray, is_ood
     }
 
 
-def gate_study(clients, backend, images, labels, partition: Partition, seed: int, on: str = "test") -> dict:
-    """Mean over clients of `client_gate_study` at each OOD fraction, on the clients' ID test
-    samples with OOD from the test pool (`on="test"`) or on validation only (`on="val"`: each
-    client's val split with OOD from the other clients' val splits), which is where a gate is picked."""
+def gate_studies(clients, backend, images, labels, partition: Partition, seed: int, exit_rule: str) -> dict:
+    """`gate_study` on test and on validation, each client's prototypes computed once for both,
+    and the score the method exits by (what its report curve is read for)."""
     if backend is None:
         return {}
+    prototypes = {client.client_id: own_prototypes(client) for client in clients}
+    args = (clients, backend, images, labels, partition, seed, prototypes)
+    return {"test": gate_study(*args, on="test"), "val": gate_study(*args, on="val"), "exit_rule": exit_rule}
+
+
+def gate_study(
+    clients, backend, images, labels, partition: Partition, seed: int, prototypes: dict, on: str = "test"
+) -> dict:
+    """Mean over clients of `client_gate_study` at each OOD fraction, on the clients' ID test
+    samples with OOD from the test pool (`on="test"`) or on validation only (`on="val"`: each
+    client's val split with OOD from the other clients' val splits), which is where a gate is picked.
+    `prototypes`: each client's `own_prototypes`, by client id."""
     label_array = labels.numpy()
     pool = partition.ood_pool
     if on == "val":
@@ -110,7 +123,8 @@ def gate_study(clients, backend, images, labels, partition: Partition, seed: int
                 index, is_ood = ood_test_indices(split, label_array, pool, p, seed)
             except ValueError:  # the client holds every class: no OOD sample exists for it
                 continue
-            rows.append(client_gate_study(client, backend, images, labels, index, is_ood))
+            prototype = prototypes[client.client_id]
+            rows.append(client_gate_study(client, backend, images, labels, index, is_ood, prototype))
         study[f"p={p:g}"] = _mean_rows(rows)
     return study
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from harmony_mobile import training
-from harmony_mobile.bench.gates import gate_study
+from harmony_mobile.bench.gates import gate_studies
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
 from harmony_mobile.evaluation import predict
 from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
@@ -109,10 +109,7 @@ class BenchObserver(training.TrainObserver):
         )
         self.extras.unseen = unseen_class_accuracy(clients, served, images, labels, partition, self.seed)
         self.extras.per_tier = per_tier_rates(clients, results)
-        self.extras.gates = {
-            on: gate_study(clients, served, images, labels, partition, self.seed, on)
-            for on in ("test", "val")
-        }
+        self.extras.gates = gate_studies(clients, served, images, labels, partition, self.seed, exit_rule)
 
 
 def _mean(values: list[float]) -> float:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from harmony_mobile import training
+from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data.partition import Partition
 from harmony_mobile.evaluation import ServedBackend
 from harmony_mobile.federation.client import Client
@@ -27,6 +28,7 @@ class FinishedRun:
     labels: torch.Tensor
     partition: Partition
     seed: int
+    exit_rule: str  # the score the run's method exits by
 
 
 def load_finished_run(path: str | Path) -> FinishedRun:
@@ -45,4 +47,5 @@ def load_finished_run(path: str | Path) -> FinishedRun:
         client.threshold = artifact.threshold
     loaded = run.backend()
     served = ServedBackend(loaded.backend.eval(), loaded.slot_table.tokens)
-    return FinishedRun(clients, served, dataset.images, dataset.labels, partition, config.seed)
+    exit_rule = build_algorithm(config.algorithm, config.algorithm_config).exit_rule
+    return FinishedRun(clients, served, dataset.images, dataset.labels, partition, config.seed, exit_rule)
