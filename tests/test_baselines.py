@@ -44,7 +44,7 @@ def snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 def test_every_baseline_and_ablation_is_registered_with_a_validated_config():
     assert set(BASELINES) | {
         "harmony",
-        "harmony-no-meta",
+        "harmony-with-meta",
         "harmony-fixed-depth",
         "harmony-no-contrastive",
         "harmony-full-softmax",

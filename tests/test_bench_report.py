@@ -468,12 +468,13 @@ def test_the_standard_profile_is_the_benchmark_the_readme_quotes():
     assert tuned <= set(profile.tuning.grids) and tuned <= set(profile.methods)
     assert profile.targets.margin == 0.05 and profile.targets.fraction_of_reference == 0.9
     assert {"splitgp-restricted", "fedproto"} <= set(profile.targets.baselines)
-    ablations = {"harmony-no-meta", "harmony-fixed-depth", "harmony-no-contrastive", "harmony-full-softmax"}
+    ablations = {"harmony-fixed-depth", "harmony-no-contrastive", "harmony-full-softmax"}
     assert set(profile.targets.ablations) == ablations and ablations <= set(profile.methods)
+    assert "harmony-with-meta" in profile.methods  # meta-adaptation, off by default, stays measured
 
 
 def test_a_renamed_ablation_in_a_profile_is_refused_with_its_new_name():
-    with pytest.raises(ValidationError, match="harmony-no-meta"):
+    with pytest.raises(ValidationError, match="harmony-with-meta"):
         BenchProfile(
             name="t",
             seeds=[0],

@@ -70,7 +70,7 @@ def test_run_cost_takes_any_setting_of_the_profile_and_spaced_method_lists():
     checked_methods = load_run_cost().checked_methods
     assert checked_methods("standard", "digits-dirichlet-0.1", "harmony, splitgp") == ["harmony", "splitgp"]
     assert "centralized" in checked_methods("standard", "mnist5k-family", None)
-    with pytest.raises(ValueError, match="harmony-no-meta"):  # a renamed ablation names its new name
+    with pytest.raises(ValueError, match="harmony-with-meta"):  # a retired name says what to write
         checked_methods("standard", "mnist5k-family", "harmony-meta")
 
 

@@ -126,7 +126,7 @@ def test_every_config_that_resolves_the_supcon_temperature_agrees_on_its_default
         split_trainer_config = build_algorithm(name).split_trainer_config()
         if split_trainer_config is not None and split_trainer_config.contrastive is not None:
             terms[name] = split_trainer_config.contrastive.temperature
-    assert {"harmony", "harmony-no-meta", "harmony-full-softmax"} <= set(terms)
+    assert {"harmony", "harmony-with-meta", "harmony-full-softmax"} <= set(terms)
     assert set(terms.values()) == {SUPCON_TEMPERATURE}
     assert (
         build_algorithm("harmony", {"temperature": 0.2}).split_trainer_config().contrastive.temperature == 0.2

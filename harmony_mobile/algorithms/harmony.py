@@ -3,6 +3,7 @@ split depth per extractor, and label-private supervised contrastive alignment on
 
 One local step of client k, top to bottom:
   1. inner loop   theta' = theta - inner_lr * grad L_exit(theta; support), `inner_steps` times
+                  (only with `meta` on, which it is not by default; off: theta' = theta)
   2. meta-grad    g_exit = grad L_exit(theta'; query)                      (first-order MAML)
   3. variants     for v in 1..V: depth d_v ~ U{1..d_k}, beta_v ~ U[0, beta_max],
                   theta_v = (theta + beta_v (theta' - theta)) * (1 + noise), optional channel drop
@@ -105,7 +106,9 @@ class HarmonyConfig(SplitTrainingConfig):
         default=True, description="draw each variant's split depth from 1..d_k (False: always d_k)"
     )
     meta: bool = Field(
-        default=True,
+        # off: after every form tried it earned nothing and costs an inner loop per step
+        # (docs/ALGORITHM.md, "Meta-adaptation: measured, off by default")
+        default=False,
         description="inner loop: variants lie on and beyond the personalization path theta' - theta "
         "(False: theta' = theta, so variants are theta plus weight noise; depth sampling and channel "
         "drop unchanged)",

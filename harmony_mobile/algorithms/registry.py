@@ -17,12 +17,13 @@ from harmony_mobile.algorithms.splitgp import SplitGP
 ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony": (Harmony, {}),
     # ablations: each turns off exactly one mechanism (one config field; tests/test_ablations.py)
-    "harmony-no-meta": (Harmony, {"meta": False}),  # no inner loop: variants are theta plus noise
     "harmony-fixed-depth": (Harmony, {"random_split_depth": False}),  # every variant at the client's depth
     "harmony-no-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # no SupCon on the server
     # ablation: the server CE over every slot instead of the uploading client's slots (federation/split_trainer.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
     "harmony-no-style-mixing": (Harmony, {"style_mixing": 0.0}),  # g sees z with its own statistics
+    # a mechanism measured and not kept, turned on (docs/ALGORITHM.md): the inner loop of meta-adaptation
+    "harmony-with-meta": (Harmony, {"meta": True}),
     # baselines (docs/ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split
@@ -34,20 +35,21 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
 }
 
 
-# names that read as "the mechanism on" although they turned it off: refused, pointing to the new name
+# names no longer accepted, each with what to write instead
 RENAMED = {
-    "harmony-meta": "harmony-no-meta",
-    "harmony-stochastic-depth": "harmony-fixed-depth",
-    "harmony-contrastive": "harmony-no-contrastive",
+    "harmony-meta": "the ablation with the inner loop turned off was 'harmony-no-meta', now 'harmony' "
+    "itself; the variant with the inner loop is 'harmony-with-meta'",
+    "harmony-no-meta": "meta-adaptation is off by default, so 'harmony' is what 'harmony-no-meta' was; "
+    "the variant with the inner loop is 'harmony-with-meta'",
+    "harmony-stochastic-depth": "the ablation with that mechanism turned off is 'harmony-fixed-depth'",
+    "harmony-contrastive": "the ablation with that mechanism turned off is 'harmony-no-contrastive'",
 }
 
 
 def check_algorithm(name: str) -> None:
-    """A clear error for an unknown algorithm name (with the new name for a renamed ablation)."""
+    """A clear error for an unknown algorithm name (with what to write for a retired one)."""
     if name in RENAMED:
-        raise ValueError(
-            f"{name!r} is not an algorithm: the ablation with that mechanism turned off is {RENAMED[name]!r}"
-        )
+        raise ValueError(f"{name!r} is not an algorithm: {RENAMED[name]}")
     if name not in ALGORITHMS:
         raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
 
