@@ -32,6 +32,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from harmony_mobile.protocol.public_keys import decode_ed25519_public_key
+from harmony_mobile.protocol.public_keys import decode_p256_public_key as protocol_decode_p256_public_key
+
 DEFAULT_KEY_DIR = Path("~/.config/harmony-mobile/keys")
 PRIVATE_KEY_FILE = "signing_key"
 PUBLIC_KEY_FILE = "signing_key.pub"
@@ -58,24 +61,10 @@ def encode_public_key(public_key: Ed25519PublicKey) -> bytes:
     return base64.b64encode(public_key_bytes(public_key))
 
 
-def decode_base64_of_size(text: bytes | str, size: int) -> bytes:
-    """Strict base64 (surrounding whitespace tolerated) of exactly `size` bytes, else a ValueError
-    that says which of the two it is not."""
-    if isinstance(text, str):
-        text = text.encode("ascii", errors="replace")
-    try:
-        raw = base64.b64decode(text.strip(), validate=True)
-    except ValueError as error:
-        raise ValueError(f"not base64: {error}") from None
-    if len(raw) != size:
-        raise ValueError(f"must hold {size} raw bytes (base64), holds {len(raw)} bytes")
-    return raw
-
-
 def decode_public_key(text: bytes | str, source: str = "public key") -> Ed25519PublicKey:
     """Parse the content of a `signing_key.pub` file."""
     try:
-        return Ed25519PublicKey.from_public_bytes(decode_base64_of_size(text, 32))
+        return decode_ed25519_public_key(text)
     except ValueError as error:
         raise SigningKeyError(f"{source}: {error}") from None
 
@@ -134,16 +123,10 @@ def encode_p256_public_key(public_key: ec.EllipticCurvePublicKey) -> bytes:
 
 
 def decode_p256_public_key(text: bytes | str, source: str = "P-256 public key") -> ec.EllipticCurvePublicKey:
-    if isinstance(text, str):
-        text = text.encode("ascii", errors="replace")
     try:
-        der = base64.b64decode(text.strip(), validate=True)
-        key = serialization.load_der_public_key(der)
+        return protocol_decode_p256_public_key(text)
     except ValueError as error:
-        raise SigningKeyError(f"{source} is not base64 of an X.509 public key: {error}") from None
-    if not isinstance(key, ec.EllipticCurvePublicKey) or key.curve.name != "secp256r1":
-        raise SigningKeyError(f"{source} is not a P-256 public key")
-    return key
+        raise SigningKeyError(f"{source} {error}") from None
 
 
 def load_p256_public_key(path: str | Path) -> ec.EllipticCurvePublicKey:

@@ -55,7 +55,6 @@ from harmony_mobile.export.keys import (
     P256_PUBLIC_KEY_FILE,
     PUBLIC_KEY_FILE,
     SigningKeyError,
-    decode_base64_of_size,
     decode_p256_public_key,
     decode_public_key,
     encode_p256_public_key,
@@ -68,7 +67,9 @@ from harmony_mobile.export.keys import (
 )
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
+from harmony_mobile.protocol.digests import sha256_file
 from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
+from harmony_mobile.protocol.public_keys import decode_base64_of_size
 
 MANIFEST_FORMAT = 1
 VERDICTS = ("pass", "not_checked", "fail")  # the order apps prefer variants in
@@ -277,14 +278,6 @@ class Manifest(_Strict):
 
 
 # --------------------------------------------------------------------------- hashing
-
-
-def sha256_file(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _relative(root: Path, path: Path) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
@@ -19,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.ports import free_port
 
 SUPERUSER = "postgres"
 
@@ -30,12 +31,6 @@ def server_binaries() -> Path | None:
         return Path(candidates[-1]).parent
     initdb = shutil.which("initdb")
     return Path(initdb).parent if initdb else None
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _as_server_user(command: list[str]) -> list[str]:
@@ -56,7 +51,7 @@ def running_postgres() -> Iterator[str]:
     data = root / "data"
     if os.geteuid() == 0:
         shutil.chown(root, SUPERUSER, SUPERUSER)
-    port = _free_port()
+    port = free_port()
     run = dict(check=True, capture_output=True, text=True, timeout=120)
     subprocess.run(
         _as_server_user([str(binaries / "initdb"), "-D", str(data), "-A", "trust", "-U", SUPERUSER]), **run

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ from harmony_mobile.export.manifest import (
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
 from harmony_mobile.protocol.label_tokens import class_token, epoch_key, exit_order
 from harmony_mobile.run_dir import load_backend_file, save_backend
+from tests.helpers.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "android_demo" / "harmony-core"
@@ -87,12 +87,6 @@ def test_harmony_core_junit_suite_passes(built_core):
 
 
 # --------------------------------------------------------------------------- live server
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _model_dir(path: Path) -> tuple[Path, bytes]:
@@ -175,7 +169,7 @@ def _wait_ready(base_url: str, process: subprocess.Popen, timeout: float = 120.0
 def live_server(tmp_path):
     model_dir, pinned_key, pinned_p256_key = _model_dir(tmp_path / "model")
     data_dir = tmp_path / "data"
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "server.log", "w")  # closed in the finally below
     harmony = Path(sys.executable).with_name("harmony")
     command = [str(harmony)] if harmony.exists() else [sys.executable, "-m", "harmony_mobile.cli"]

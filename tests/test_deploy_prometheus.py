@@ -30,7 +30,8 @@ from tests.helpers.fallback_server import (
     make_model_dir,
 )
 from tests.helpers.operator_traffic import phone_traffic, publish_a_round, store_uploads, wait_for
-from tests.server_process import free_port, serve_process
+from tests.helpers.ports import free_port
+from tests.server_process import serve_process
 
 ROOT = Path(__file__).resolve().parents[1]
 DASHBOARD = ROOT / "deploy" / "grafana" / "harmony-dashboard.json"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,12 +21,7 @@ from tests.helpers.fallback_server import (
     make_model_dir,
     sealed_upload,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from tests.helpers.ports import free_port
 
 
 def test_real_uvicorn_process(tmp_path):

@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from harmony_mobile.device.errors import DeviceError
 from harmony_mobile.privacy.options import UploadPrivacy
+from harmony_mobile.protocol.public_keys import decode_ed25519_public_key
 
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
@@ -26,10 +27,10 @@ PUBLIC_KEY_FILE = "signing_key.pub"
 
 def decode_public_key(text: str | bytes) -> Ed25519PublicKey:
     """A pinned signing key: base64 of the raw 32-byte Ed25519 key (the signing_key.pub format)."""
-    raw = base64.b64decode(text.strip() if isinstance(text, str) else text.strip(), validate=True)
-    if len(raw) != 32:
-        raise DeviceError(f"a pinned Ed25519 key is 32 bytes, got {len(raw)}")
-    return Ed25519PublicKey.from_public_bytes(raw)
+    try:
+        return decode_ed25519_public_key(text)
+    except ValueError as error:
+        raise DeviceError(f"pinned Ed25519 key: {error}") from None
 
 
 def verify_manifest_bytes(manifest: bytes, signature_b64: str | bytes, pinned_key: Ed25519PublicKey) -> dict:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from harmony_mobile.device.errors import DeviceError
-from harmony_mobile.protocol.slots import TOKEN_HEX_PATTERN
+from harmony_mobile.protocol.label_tokens import parse_slot_table as protocol_parse_slot_table
 
 MODEL_NAME = "harmony-backend"
 
@@ -51,13 +51,14 @@ def enrol(base_url: str, admin_token: str, tier: str, name: str | None = None, t
 
 
 def parse_slot_table(slot_table: list[str]) -> list[bytes]:
-    """Slot tokens from their serialized form (16 lowercase hex characters each)."""
+    """Slot tokens from their serialized form (protocol.label_tokens.parse_slot_table), refused
+    with the device runtime's own error."""
     if not isinstance(slot_table, list):
         raise DeviceError(f"a slot table is a list of hex tokens, got {type(slot_table).__name__}")
-    for index, token in enumerate(slot_table):
-        if not isinstance(token, str) or TOKEN_HEX_PATTERN.fullmatch(token) is None:
-            raise DeviceError(f"slot_table[{index}] is not 16 lowercase hex characters: {token!r}")
-    return [bytes.fromhex(token) for token in slot_table]
+    try:
+        return protocol_parse_slot_table(slot_table)
+    except ValueError as error:
+        raise DeviceError(f"slot_table: {error}") from None
 
 
 def error_detail(response: httpx.Response) -> str:

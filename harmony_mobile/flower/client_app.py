@@ -52,6 +52,7 @@ from harmony_mobile.flower.records import (
 )
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, load_tiers
+from harmony_mobile.protocol.label_tokens import parse_slot_table
 from harmony_mobile.protocol.messages import Broadcast, InterfaceGradients
 from harmony_mobile.run_dir import SECRET_FILE, save_client
 from harmony_mobile.training import TrainConfig, client_artifact, client_partition, upload_privacy
@@ -339,7 +340,7 @@ def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettin
 def served_backend(content: RecordDict, num_classes: int, config: TrainConfig) -> ServedBackend:
     backend = Backend(InterfaceSpec(config.interface_channels, config.interface_size), num_classes)
     backend.load_state_dict(record_to_tensor_dict(content[SERVED_RECORD]))
-    tokens = [bytes.fromhex(t) for t in json.loads(str(content.config_records["slots"]["tokens"]))]
+    tokens = parse_slot_table(json.loads(str(content.config_records["slots"]["tokens"])))
     return ServedBackend(backend.eval(), tokens)
 
 

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 TOKEN_BYTES = 8
 EPOCH_KEY_BYTES = 32
 INFO_PREFIX = b"harmony/label-token/"
+TOKEN_HEX_PATTERN = re.compile(rf"[0-9a-f]{{{2 * TOKEN_BYTES}}}")  # how a token is serialized
 
 
 def tokens_to_groups(tokens: Iterable[bytes]) -> list[int]:
@@ -108,11 +109,19 @@ def exit_positions(key: bytes, class_names: Iterable[str]) -> list[int]:
     return [position[name] for name in names]
 
 
+def is_token_hex(text: object) -> bool:
+    """Whether `text` is a label token's serialized form: 16 lowercase hex characters."""
+    return isinstance(text, str) and TOKEN_HEX_PATTERN.fullmatch(text) is not None
+
+
 def parse_slot_table(hex_tokens: Iterable[str]) -> list[bytes]:
-    """A slot table as serialized in the manifest, enrolment and V2 metadata: lowercase 16-hex tokens."""
+    """A slot table as serialized in the manifest, enrolment, V2 metadata and run state: slot i's
+    token at index i, as lowercase hex. The one parser for export, server, phone and run dir."""
     table = []
     for index, text in enumerate(hex_tokens):
-        if not isinstance(text, str) or re.fullmatch(r"[0-9a-f]{16}", text) is None:
-            raise ValueError(f"slot {index}: a token is 16 lowercase hex characters, got {text!r}")
+        if not is_token_hex(text):
+            raise ValueError(
+                f"slot {index}: a token is {2 * TOKEN_BYTES} lowercase hex characters, got {text!r}"
+            )
         table.append(bytes.fromhex(text))
     return table

@@ -11,14 +11,11 @@ Serialized as a JSON list of lowercase 16-hex-character tokens, slot i at index 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 import torch
 
-from harmony_mobile.protocol.label_tokens import TOKEN_BYTES, check_label_epoch
-
-TOKEN_HEX_PATTERN = re.compile(rf"^[0-9a-f]{{{2 * TOKEN_BYTES}}}$")
+from harmony_mobile.protocol.label_tokens import TOKEN_BYTES, check_label_epoch, parse_slot_table
 
 
 class SlotTableFull(ValueError):
@@ -71,11 +68,7 @@ class SlotTable:
 
     @classmethod
     def from_hex(cls, label_epoch: str, capacity: int, tokens: Iterable[str]) -> SlotTable:
-        tokens = list(tokens)
-        for index, token in enumerate(tokens):
-            if not isinstance(token, str) or TOKEN_HEX_PATTERN.fullmatch(token) is None:
-                raise ValueError(f"slot_table[{index}] must be {2 * TOKEN_BYTES} lowercase hex characters")
-        return cls(label_epoch, capacity, (bytes.fromhex(t) for t in tokens))
+        return cls(label_epoch, capacity, parse_slot_table(tokens))
 
     def copy(self) -> SlotTable:
         return SlotTable(self.label_epoch, self.capacity, self.tokens)

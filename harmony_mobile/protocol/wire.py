@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
-from harmony_mobile.protocol.label_tokens import TOKEN_BYTES
+from harmony_mobile.protocol.label_tokens import TOKEN_BYTES, is_token_hex
 from harmony_mobile.protocol.messages import FeatureUpload
 
 TENSOR_MAGIC = b"HMFT"
@@ -155,7 +155,7 @@ class UploadMetadata(BaseModel):
     @classmethod
     def hex_tokens(cls, tokens: tuple[str, ...]) -> tuple[str, ...]:
         for index, token in enumerate(tokens):
-            if len(token) != 2 * TOKEN_BYTES or any(c not in "0123456789abcdef" for c in token):
+            if not is_token_hex(token):
                 raise ValueError(f"label_tokens[{index}] must be {2 * TOKEN_BYTES} lowercase hex characters")
         return tokens
 
