@@ -29,15 +29,19 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
-import torch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from harmony_mobile.protocol.label_tokens import TOKEN_BYTES, is_token_hex
-from harmony_mobile.protocol.messages import FeatureUpload
+
+if TYPE_CHECKING:  # imported where a tensor is made: a serving replica without torch decodes too
+    import torch
+
+    from harmony_mobile.protocol.messages import FeatureUpload
 
 TENSOR_MAGIC = b"HMFT"
 TENSOR_VERSION = 1
@@ -64,7 +68,7 @@ def tensor_header_size(ndim: int) -> int:
 
 def encode_tensor(array: np.ndarray | torch.Tensor) -> bytes:
     """A float32 array -> the HMFT body."""
-    if isinstance(array, torch.Tensor):
+    if "torch" in sys.modules and isinstance(array, sys.modules["torch"].Tensor):
         array = array.detach().cpu().numpy()
     array = np.asarray(array)
     if array.dtype != np.float32:
@@ -176,6 +180,10 @@ class UploadPayload:
 
     def to_feature_upload(self, client_id: str, label_epoch: str, round_id: int = -1) -> FeatureUpload:
         """The message type the alignment code consumes (the same one the simulation passes)."""
+        import torch
+
+        from harmony_mobile.protocol.messages import FeatureUpload
+
         return FeatureUpload(
             client_id=client_id,
             round_id=round_id,
