@@ -2,7 +2,7 @@
 ASGI middleware checks Content-Length up front and also counts the bytes actually streamed (chunked
 bodies lie by omission); and the whole body must arrive within `body_timeout` seconds of the
 headers, so a client that declares a length and stalls is answered 408 instead of holding its
-connection and a worker slot forever (the header timeout is in server/protocol.py)."""
+connection and a worker slot forever (the header timeout is in server/http_guards.py)."""
 
 from __future__ import annotations
 

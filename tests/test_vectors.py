@@ -21,7 +21,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from harmony_mobile.export.manifest import ManifestError, verify_manifest
 
-from harmony_mobile.device.server import error_detail
+from harmony_mobile.device.fallback_client import error_detail
 from harmony_mobile.protocol import sealing
 from harmony_mobile.protocol.wire import decode_upload
 

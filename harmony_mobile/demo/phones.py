@@ -12,8 +12,8 @@ import torch
 
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.demo.config import UPLOAD_ROWS, DemoConfig, DemoError, ProgressReport
+from harmony_mobile.device.fallback_client import MODEL_NAME
 from harmony_mobile.device.phone import Phone
-from harmony_mobile.device.server import MODEL_NAME
 from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import ClientArtifact, RunDir
 from harmony_mobile.training import TrainConfig, client_partition

@@ -7,7 +7,7 @@ so the demo and the tests exercise the same behaviour as the apps, without the t
   manifest    manifest: ManifestVerifier, Manifest, ...         Manifest/
   engine      engine: InferenceEngine                           Engine/, HarmonyKitExecuTorch
   queue       queue: UploadQueue, PendingUpload                 Queue/
-  server      server: HarmonyServerClient, DeviceCredentials    Net/HarmonyHTTPClient.swift
+  fallback_client  server: HarmonyServerClient, DeviceCredentials    Net/HarmonyHTTPClient.swift
   phone       HarmonyClient, ConfirmedUploads, SlotDecoder,     Client/, Exit/
               FederationKey; exit: ExitPolicy
   errors      the per-package exceptions                        HarmonyFormatError, ServerError
@@ -51,6 +51,7 @@ The package imports the protocol and privacy layers only: neither `harmony_mobil
 
 from harmony_mobile.device.engine import FrontEndProgram, load_front_end
 from harmony_mobile.device.errors import DeviceError
+from harmony_mobile.device.fallback_client import MODEL_NAME, DeviceCredentials, enrol, parse_slot_table
 from harmony_mobile.device.manifest import (
     MANIFEST_FILE,
     PUBLIC_KEY_FILE,
@@ -85,7 +86,6 @@ from harmony_mobile.device.phone import (
     exit_threshold,
 )
 from harmony_mobile.device.queue import PendingUpload, QueueFullError, UploadQueue
-from harmony_mobile.device.server import MODEL_NAME, DeviceCredentials, enrol, parse_slot_table
 
 __all__ = [
     "ARTIFACTS_PATH",

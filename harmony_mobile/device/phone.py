@@ -21,10 +21,15 @@ import torch
 
 from harmony_mobile.device.engine import FrontEndProgram
 from harmony_mobile.device.errors import DeviceError
+from harmony_mobile.device.fallback_client import (
+    MODEL_NAME,
+    DeviceCredentials,
+    error_detail,
+    parse_slot_table,
+)
 from harmony_mobile.device.label_draws import LabelDraws, feature_sample_ids
 from harmony_mobile.device.manifest import normalize, tier_entry, upload_privacy
 from harmony_mobile.device.queue import PendingUpload, UploadQueue
-from harmony_mobile.device.server import MODEL_NAME, DeviceCredentials, error_detail, parse_slot_table
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.protocol.label_tokens import (
     check_label_epoch,
