@@ -4,10 +4,8 @@ sockets: standard clients, slow clients, replicas."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +15,7 @@ import httpx
 
 from tests.helpers.fallback_server import ADMIN_TOKEN
 from tests.helpers.ports import free_port
+from tests.helpers.processes import stop, wait_until_ready
 
 
 @dataclass
@@ -55,35 +54,14 @@ def serve_process(
         command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     server = RunningServer(f"http://127.0.0.1:{port}", port, process)
-    stopped_in_time = True
     try:
-        _wait_until_up(process, server.base, "/v2/health/ready" if ready else "/v2/health/live")
+        wait_until_ready(process, server.base + ("/v2/health/ready" if ready else "/v2/health/live"), 90)
         yield server
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            stopped_in_time = False
-            process.kill()
-            process.wait()
+        stopped_in_time = stop(process)
     output = server.output = process.stdout.read()
     assert "Traceback" not in output and "Exception in ASGI application" not in output, output
     assert stopped_in_time, f"the server did not stop within 30 s of SIGTERM:\n{output}"
-
-
-def _wait_until_up(process: subprocess.Popen, base: str, path: str) -> None:
-    deadline = time.monotonic() + 90
-    with httpx.Client(base_url=base, timeout=5) as client:
-        while True:
-            assert process.poll() is None, process.stdout.read()
-            try:
-                if client.get(path).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"server did not answer {path} in 90 s"
-            time.sleep(0.2)
 
 
 # ---------------------------------------------------------------- which process holds a socket

@@ -24,8 +24,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
-import urllib.request
 import uuid
 from pathlib import Path
 
@@ -48,6 +46,7 @@ from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
 from harmony_mobile.protocol.label_tokens import class_token, epoch_key, exit_order
 from harmony_mobile.run_dir import load_backend_file, save_backend
 from tests.helpers.ports import free_port
+from tests.helpers.processes import stop, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "android_demo" / "harmony-core"
@@ -150,21 +149,6 @@ def _model_dir(path: Path) -> tuple[Path, bytes]:
     return path, public_key_bytes(key.public_key()), p256_public_key_der(p256_key.public_key())
 
 
-def _wait_ready(base_url: str, process: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"harmony serve exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{base_url}/v2/health/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise AssertionError(f"harmony serve did not become ready within {timeout:.0f} s")
-
-
 @pytest.fixture
 def live_server(tmp_path):
     model_dir, pinned_key, pinned_p256_key = _model_dir(tmp_path / "model")
@@ -198,7 +182,7 @@ def live_server(tmp_path):
     )
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base_url, process)
+        wait_until_ready(process, f"{base_url}/v2/health/ready", 120.0, tmp_path / "server.log")
         yield {
             "base_url": base_url,
             "data_dir": data_dir,
@@ -207,12 +191,7 @@ def live_server(tmp_path):
             "pinned_p256_key": pinned_p256_key,
         }
     finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, signal.SIGINT, timeout=20)
         log.close()
 
 

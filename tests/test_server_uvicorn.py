@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 import numpy as np
@@ -22,6 +21,7 @@ from tests.helpers.fallback_server import (
     sealed_upload,
 )
 from tests.helpers.ports import free_port
+from tests.helpers.processes import stop, wait_until_ready
 
 
 def test_real_uvicorn_process(tmp_path):
@@ -37,16 +37,7 @@ def test_real_uvicorn_process(tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=10) as client:
-            deadline = time.monotonic() + 60
-            while True:
-                assert process.poll() is None, process.stdout.read()
-                try:
-                    if client.get("/v2/health/ready").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "server did not become ready in 60 s"
-                time.sleep(0.2)
+            wait_until_ready(process, f"{base}/v2/health/ready", 60)
 
             device = client.post("/v1/devices", json={"tier": "entry-android"}, headers=ADMIN).json()
             auth = bearer(device["token"])
@@ -77,12 +68,7 @@ def test_real_uvicorn_process(tmp_path):
             assert too_big.status_code == 413
             assert "harmony_fallback_rows_total" in client.get("/metrics").text
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, timeout=20)
     # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status says how it ended
     output = process.stdout.read()
     assert process.returncode in (0, -signal.SIGTERM), output

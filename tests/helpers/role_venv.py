@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.helpers.ports import free_port
+from tests.helpers.processes import stop, wait_until_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements.lock"
@@ -124,28 +122,11 @@ def serve_until_ready(
     with log.open("w") as sink:
         process = subprocess.Popen(command, cwd=workdir, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
-        url = f"http://127.0.0.1:{port}/v2/health/ready"
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"harmony serve exited with {process.returncode}:\n{log.read_text()}")
-            if time.perf_counter() - started > timeout:
-                raise RuntimeError(f"/v2/health/ready not 200 within {timeout:.0f} s:\n{log.read_text()}")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    if response.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            time.sleep(0.2)
+        wait_until_ready(process, f"http://127.0.0.1:{port}/v2/health/ready", timeout, log)
         ready = time.perf_counter() - started
         rss, peak = rss_bytes(process.pid)
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process)
     return ServeResult(ready, rss, peak, log.read_text())
 
 
