@@ -9,6 +9,7 @@ a class with its own federation secret (`Client.slot_to_class`), as a deployed p
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -47,12 +48,32 @@ def decode_slots(slot_scores: torch.Tensor, slot_class: torch.Tensor, local: tor
     return torch.where(decoded >= 0, decoded, local)
 
 
+class SplitAnswers(NamedTuple):
+    """A phone's two answers for a batch: its exit's, and the server's top slot as a class."""
+
+    exit_logits: torch.Tensor
+    features: torch.Tensor  # what the phone would send: the front-end's output at its split depth
+    exit_prediction: torch.Tensor
+    server_prediction: torch.Tensor
+
+
+@torch.no_grad()
+def split_answers(client: Client, backend: ServedBackend, images: torch.Tensor) -> SplitAnswers:
+    """The exit's answer and the class of the server's top slot (decoded with the phone's secret;
+    a slot with no class of the phone: the exit's answer), for every image."""
+    exit_logits, features = client.model(images, client.split_depth)
+    exit_prediction = exit_logits.argmax(dim=1)
+    slot_class = client.slot_to_class(backend.slot_tokens)
+    server_prediction = decode_slots(backend.slot_scores(features), slot_class, exit_prediction)
+    return SplitAnswers(exit_logits, features, exit_prediction, server_prediction)
+
+
 @torch.no_grad()
 def predict(
     client: Client, backend: ServedBackend | None, images: torch.Tensor, exit_rule: str = "max_softmax"
 ) -> dict[str, torch.Tensor]:
     """What the phone answers: its exit when confident, else the class of the server's top slot
-    (decoded with the phone's secret; a slot with no class of the phone: the exit's answer).
+    (`split_answers`).
 
     Without a back-end (no-split baselines) the full local model answers everything."""
     if backend is None:
@@ -62,35 +83,41 @@ def predict(
             "exits": torch.ones(len(images), dtype=torch.bool),
             "exit_prediction": local,
         }
-    exit_logits, features = client.model(images, client.split_depth)
-    exits = exit_confidence(exit_logits, exit_rule) >= client.threshold
-    exit_prediction = exit_logits.argmax(dim=1)
-    slot_class = client.slot_to_class(backend.slot_tokens)
-    server_prediction = decode_slots(backend.slot_scores(features), slot_class, exit_prediction)
+    answers = split_answers(client, backend, images)
+    exits = exit_confidence(answers.exit_logits, exit_rule) >= client.threshold
     return {
-        "prediction": torch.where(exits, exit_prediction, server_prediction),
+        "prediction": torch.where(exits, answers.exit_prediction, answers.server_prediction),
         "exits": exits,
-        "exit_prediction": exit_prediction,
-        "server_prediction": server_prediction,
+        "exit_prediction": answers.exit_prediction,
+        "server_prediction": answers.server_prediction,
     }
 
 
+@dataclass(frozen=True)
+class EvaluationSetting:
+    """What every client is scored on: the test images and labels, the partition (each client's
+    test split and the OOD pool), the seed of the OOD draws, the exit rule of the method's gate and
+    the OOD fractions reported."""
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    partition: Partition
+    seed: int
+    exit_rule: str = "max_softmax"
+    ood_fractions: tuple[float, ...] = OOD_FRACTIONS
+
+
 def evaluate_client(
-    client: Client,
-    backend: ServedBackend | None,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    partition: Partition,
-    p: float,
-    seed: int,
-    exit_rule: str = "max_softmax",
+    client: Client, backend: ServedBackend | None, setting: EvaluationSetting, p: float
 ) -> dict[str, float]:
+    """One client's metrics on its ID test samples mixed with OOD ones at fraction `p`."""
+    images, labels, partition = setting.images, setting.labels, setting.partition
     split = partition.clients[client.client_id]
     if not np.isin(labels.numpy()[partition.ood_pool], split.classes, invert=True).any():
         p = 0.0  # the client holds every class (e.g. Dirichlet alpha 0.5): it has no OOD samples
-    index, is_ood = ood_test_indices(split, labels.numpy(), partition.ood_pool, p, seed)
+    index, is_ood = ood_test_indices(split, labels.numpy(), partition.ood_pool, p, setting.seed)
     y = client.exit_labels(labels[index])  # the phone answers in exit indices (token order)
-    out = predict(client, backend, images[index], exit_rule)
+    out = predict(client, backend, images[index], setting.exit_rule)
     fallback = ~out["exits"]
     metrics = {
         "accuracy": (out["prediction"] == y).float().mean().item(),
@@ -137,45 +164,23 @@ def alignment_score(
     return float(np.mean(scores)) if scores else float("nan")
 
 
-def evaluate(
-    clients: list[Client],
-    backend: ServedBackend | None,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    partition: Partition,
-    seed: int,
-    exit_rule: str = "max_softmax",
-    ood_fractions: tuple[float, ...] = OOD_FRACTIONS,
-) -> dict:
+def evaluate(clients: list[Client], backend: ServedBackend | None, setting: EvaluationSetting) -> dict:
     """Per client and mean metrics for every OOD fraction, plus the alignment score."""
-    per_client = {
-        client.name: evaluate_client_at(
-            client, backend, images, labels, partition, seed, exit_rule, ood_fractions
-        )
-        for client in clients
-    }
-    results = summarize(per_client, ood_fractions)
+    per_client = {client.name: evaluate_client_at(client, backend, setting) for client in clients}
+    results = summarize(per_client, setting.ood_fractions)
     if backend is not None:
         summary = results["summary"]
-        summary["alignment_score"] = alignment_score(clients, backend.backend, images, labels, partition)
+        summary["alignment_score"] = alignment_score(
+            clients, backend.backend, setting.images, setting.labels, setting.partition
+        )
     return results
 
 
 def evaluate_client_at(
-    client: Client,
-    backend: ServedBackend | None,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    partition: Partition,
-    seed: int,
-    exit_rule: str = "max_softmax",
-    ood_fractions: tuple[float, ...] = OOD_FRACTIONS,
+    client: Client, backend: ServedBackend | None, setting: EvaluationSetting
 ) -> dict[str, dict[str, float]]:
     """One client's metrics at every OOD fraction (what a client reports in federated evaluation)."""
-    return {
-        f"p={p:g}": evaluate_client(client, backend, images, labels, partition, p, seed, exit_rule)
-        for p in ood_fractions
-    }
+    return {f"p={p:g}": evaluate_client(client, backend, setting, p) for p in setting.ood_fractions}
 
 
 def summarize(per_client: dict[str, dict], ood_fractions: tuple[float, ...] = OOD_FRACTIONS) -> dict:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import dataset_info, load_dataset
 from harmony_mobile.data.partition import Partition, make_partition
-from harmony_mobile.evaluation import ServedBackend, evaluate
+from harmony_mobile.evaluation import EvaluationSetting, ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.rounds import (
@@ -412,7 +412,8 @@ def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | 
     server = run.federation.server
     served = ServedBackend(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     images, labels = run.dataset.images, run.dataset.labels
-    results = evaluate(run.clients, served, images, labels, run.partition, config.seed, algorithm.exit_rule)
+    setting = EvaluationSetting(images, labels, run.partition, config.seed, algorithm.exit_rule)
+    results = evaluate(run.clients, served, setting)
     if observer is not None:
         observer.after_evaluate(
             run.clients, served, images, labels, run.partition, results, algorithm.exit_rule

@@ -490,7 +490,7 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
 
     from harmony_mobile.data import load_dataset
     from harmony_mobile.data.partition import make_partition
-    from harmony_mobile.evaluation import ServedBackend, evaluate
+    from harmony_mobile.evaluation import EvaluationSetting, ServedBackend, evaluate
     from harmony_mobile.models import Backend, InterfaceSpec, load_tiers
     from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
     from harmony_mobile.training import TrainConfig, build_clients
@@ -507,7 +507,7 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
         Backend(InterfaceSpec(), 10).eval(),
         list(class_tokens(epoch_key(b"S" * 32, "e-test"), dataset.class_names)),
     )
-    results = evaluate(clients, served, dataset.images, dataset.labels, partition, 0)
+    results = evaluate(clients, served, EvaluationSetting(dataset.images, dataset.labels, partition, 0))
     name = clients[everything[0]].name
     assert results["per_client"][name]["p=0.5"]["accuracy"] == results["per_client"][name]["p=0"]["accuracy"]
     assert torch.isfinite(torch.tensor(results["summary"]["accuracy_with_ood"]))

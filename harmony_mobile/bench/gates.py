@@ -21,7 +21,7 @@ from scipy.stats import rankdata
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
-from harmony_mobile.evaluation import decode_slots
+from harmony_mobile.evaluation import split_answers
 
 GATE_SCORES = ("max_softmax", "neg_entropy", "energy", "prototype")
 FALLBACK_GRID = tuple(round(0.05 * i, 2) for i in range(21))
@@ -76,13 +76,10 @@ def client_gate_study(
 ) -> dict:
     """One client's curves, AUROCs, oracle and server-only accuracy on the samples `index`."""
     truth = client.exit_labels(labels[index])
-    exit_logits, features = client.model(images[index], client.split_depth)
-    exit_prediction = exit_logits.argmax(dim=1)
-    slot_class = client.slot_to_class(backend.slot_tokens)
-    server_prediction = decode_slots(backend.slot_scores(features), slot_class, exit_prediction)
-    exit_correct = (exit_prediction == truth).numpy()
-    server_correct = (server_prediction == truth).numpy()
-    scores = gate_scores(exit_logits, features, prototypes)
+    answers = split_answers(client, backend, images[index])
+    exit_correct = (answers.exit_prediction == truth).numpy()
+    server_correct = (answers.server_prediction == truth).numpy()
+    scores = gate_scores(answers.exit_logits, answers.features, prototypes)
     return {
         "curve": {name: accuracy_curve(s, exit_correct, server_correct) for name, s in scores.items()},
         "auroc": {name: ood_auroc(s, is_ood) for name, s in scores.items()},

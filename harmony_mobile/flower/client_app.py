@@ -39,7 +39,7 @@ from flwr.clientapp import ClientApp
 
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import DatasetInfo, dataset_info, load_labels, load_rows, ood_test_indices
-from harmony_mobile.evaluation import OOD_FRACTIONS, ServedBackend, evaluate_client_at
+from harmony_mobile.evaluation import OOD_FRACTIONS, EvaluationSetting, ServedBackend, evaluate_client_at
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import client_replay
 from harmony_mobile.federation.rounds import seed_turn
@@ -319,9 +319,8 @@ def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettin
     data = _client_data(config.model_dump_json(), partition_of(context, config), client.federation_secret)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
     served = served_backend(content, data.info.num_classes, config) if SERVED_RECORD in content else None
-    metrics = evaluate_client_at(
-        client, served, data.rows, data.labels, data.partition, config.seed, algorithm.exit_rule
-    )
+    setting = EvaluationSetting(data.rows, data.labels, data.partition, config.seed, algorithm.exit_rule)
+    metrics = evaluate_client_at(client, served, setting)
     save_client(client_dir(context, settings), client_artifact(client, data.split))
     report = {**metrics, "threshold": client.threshold}
     reply = RecordDict({"metrics": ConfigRecord({"json": json.dumps(report)})})
