@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import dataset_info, load_dataset
-from harmony_mobile.data.partition import Partition, make_partition
+from harmony_mobile.data.partition import ClientSplit, Partition, make_partition
 from harmony_mobile.evaluation import EvaluationSetting, ServedBackend, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
@@ -115,28 +115,52 @@ def build_clients(
 ) -> list[Client]:
     """`federation_secret` is the clients' only: the server never gets it."""
     privacy = upload_privacy(config)
-    channels, size, _ = dataset.input_shape
-    clients = []
     tier_of_client = [tier for tier in tiers.tiers for _ in range(config.clients_per_tier)]
-    for split, tier in zip(partition.clients, tier_of_client, strict=True):
-        model = FamilyModel(tier.family, channels, size, dataset.num_classes, tier.width, interface)
-        clients.append(
-            Client(
-                client_id=split.client_id,
-                tier=tier,
-                classes=split.classes,
-                model=model,
-                train_x=dataset.images[split.train],
-                train_y=dataset.labels[split.train],
-                val_x=dataset.images[split.val],
-                val_y=dataset.labels[split.val],
-                federation_secret=federation_secret,
-                label_epoch=label_epoch,
-                class_names=tuple(dataset.class_names),
-                privacy=privacy,
-            )
+    return [
+        make_client(
+            split,
+            tier,
+            dataset.images,
+            dataset.labels,
+            dataset,
+            interface,
+            federation_secret,
+            label_epoch,
+            privacy,
         )
-    return clients
+        for split, tier in zip(partition.clients, tier_of_client, strict=True)
+    ]
+
+
+def make_client(
+    split: ClientSplit,
+    tier: Tier,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    info,
+    interface,
+    federation_secret: bytes,
+    label_epoch: str,
+    privacy: UploadPrivacy,
+) -> Client:
+    """A client holding its split's rows of `images` and `labels`, with a new model of its tier;
+    `info` (an ImageDataset, or a DatasetInfo where the rows are loaded apart) names the classes
+    and the input shape."""
+    channels, size, _ = info.input_shape
+    return Client(
+        client_id=split.client_id,
+        tier=tier,
+        classes=split.classes,
+        model=FamilyModel(tier.family, channels, size, info.num_classes, tier.width, interface),
+        train_x=images[split.train],
+        train_y=labels[split.train],
+        val_x=images[split.val],
+        val_y=labels[split.val],
+        federation_secret=federation_secret,
+        label_epoch=label_epoch,
+        class_names=tuple(info.class_names),
+        privacy=privacy,
+    )
 
 
 def initial_family_weights(config: TrainConfig, tiers: TierSet, dataset, interface) -> dict[str, dict]:

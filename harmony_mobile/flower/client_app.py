@@ -51,11 +51,17 @@ from harmony_mobile.flower.records import (
     tensor_dict_to_record,
 )
 from harmony_mobile.flower.settings import FlowerSettings
-from harmony_mobile.models import Backend, FamilyModel, InterfaceSpec, load_tiers
+from harmony_mobile.models import Backend, InterfaceSpec, load_tiers
 from harmony_mobile.protocol.label_tokens import parse_slot_table
 from harmony_mobile.protocol.messages import Broadcast, InterfaceGradients
 from harmony_mobile.run_dir import SECRET_FILE, save_client
-from harmony_mobile.training import TrainConfig, client_artifact, client_partition, upload_privacy
+from harmony_mobile.training import (
+    TrainConfig,
+    client_artifact,
+    client_partition,
+    make_client,
+    upload_privacy,
+)
 
 STREAM_RECORD = "stream"  # which round's random stream a turn draws from
 ALGORITHM_STATE = "algorithm-state"
@@ -177,24 +183,17 @@ def build_client(context: Context, settings: FlowerSettings, label_epoch: str) -
     config = settings.train_config
     secret = federation_secret(context, settings)
     data = _client_data(config.model_dump_json(), partition_of(context, config), secret)
-    channels, size, _ = data.info.input_shape
     interface = InterfaceSpec(config.interface_channels, config.interface_size)
-    split = data.split
-    return Client(
-        client_id=split.client_id,
-        tier=data.tier,
-        classes=split.classes,
-        model=FamilyModel(
-            data.tier.family, channels, size, data.info.num_classes, data.tier.width, interface
-        ),
-        train_x=data.rows[split.train],
-        train_y=data.labels[split.train],
-        val_x=data.rows[split.val],
-        val_y=data.labels[split.val],
-        federation_secret=secret,
-        label_epoch=label_epoch,
-        class_names=tuple(data.info.class_names),
-        privacy=upload_privacy(config),
+    return make_client(
+        data.split,
+        data.tier,
+        data.rows,
+        data.labels,
+        data.info,
+        interface,
+        secret,
+        label_epoch,
+        upload_privacy(config),
     )
 
 
