@@ -26,8 +26,6 @@ import multiprocessing
 import os
 import platform
 import random
-import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -45,6 +43,12 @@ from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.protocol.wire import encode_tensor
 from harmony_mobile.run_dir import save_backend
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the server helpers the tests use
+
+from tests.helpers.ports import free_port  # noqa: E402
+from tests.helpers.processes import stop, wait_until_ready  # noqa: E402
+
 ADMIN_TOKEN = "benchmark-admin-token-0123456789"
 INFER = "/v2/models/harmony-backend/infer"
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -52,12 +56,6 @@ CLASS_NAMES = tuple("0123456789")
 TARGET_RAW_RATIO = 0.5  # 1-row infer rows/s at 64 clients against the raw batched forward
 TARGET_FLOOR_RATIO = 0.6  # 1-row infer requests/s against the async floor's
 POOL_LIMIT = 256  # connections per Poisson load-generator process
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_model_dir(root: Path) -> Path:
@@ -112,28 +110,13 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.process.stderr.read().decode()}")
-            try:
-                if httpx.get(f"{self.url}/v2/health/ready", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("server did not become ready")
+        wait_until_ready(self.process, f"{self.url}/v2/health/ready", timeout)
 
     def metrics(self) -> str:
         return httpx.get(f"{self.url}/metrics").text
 
     def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, timeout=20)
 
 
 # ---------------------------------------------------------------- load generator

@@ -13,11 +13,13 @@ POLL_SECONDS = 0.2
 
 
 def _output(process: subprocess.Popen, log: Path | None) -> str:
-    """What the process wrote: its log file, else its stdout pipe (read only once it has exited,
-    since reading a live process's pipe blocks)."""
+    """What the process wrote: its log file, else its stdout (or stderr) pipe, read only once it
+    has exited, since reading a live process's pipe blocks."""
     if log is not None:
         return log.read_text()
-    return process.stdout.read() if process.stdout is not None else ""
+    pipe = process.stdout if process.stdout is not None else process.stderr
+    written = pipe.read() if pipe is not None else ""
+    return written.decode(errors="replace") if isinstance(written, bytes) else written
 
 
 def wait_until_ready(process: subprocess.Popen, url: str, timeout: float, log: Path | None = None) -> None:
