@@ -56,7 +56,8 @@ def test_cross_family_mode_keeps_each_familys_rows_across_rounds():
     server.step(upload("b", "resnet", [0, 1, 1, 0]))
     kept = {family: rows.shape[0] for family, (rows, _) in server._family_bank.items()}
     assert kept == {0: 4, 1: 4}
-    assert server.take_diagnostics()["contrastive_grad_ratio"] > 0  # b had cross-family positives
+    assert server.take_diagnostics("b")["contrastive_grad_ratio"] > 0  # b had cross-family positives
+    assert server.take_diagnostics("a") == {"contrastive_grad_ratio": 0.0}  # a had no other family to align to
 
 
 def test_token_mode_pools_only_the_rounds_rows():
@@ -90,14 +91,17 @@ def test_a_rounds_gradient_ratio_is_the_median_of_its_steps():
 
     server = trainer("token")
     server.start_round(0)
-    for client in ("a", "b", "c"):
-        server.step(upload(client, "cnn", [0, 1, 0, 1]))
-    assert len(server._grad_ratios) == 3  # ratio_every=1: every contrastive step is measured
-    server._grad_ratios[-1] = 1e9  # a step where the CE is fit: its gradient near zero, the ratio huge
-    expected = statistics.median(server._grad_ratios)
+    for _ in range(3):
+        server.step(upload("a", "cnn", [0, 1, 0, 1]))
+    server.step(upload("b", "cnn", [0, 1, 0, 1]))
+    ratios = server._grad_ratios["a"]
+    assert len(ratios) == 3  # ratio_every=1: every contrastive step is measured, per client
+    ratios[-1] = 1e9  # a step where the CE is fit: its gradient near zero, the ratio huge
+    expected = statistics.median(ratios)
     assert expected < 1e9
-    assert server.take_diagnostics()["contrastive_grad_ratio"] == expected  # a mean would be over 3e8
-    assert server.take_diagnostics() == {}  # the measurements are cleared once taken
+    assert server.take_diagnostics("a")["contrastive_grad_ratio"] == expected  # a mean would be over 3e8
+    assert server.take_diagnostics("a") == {}  # the measurements are cleared once taken
+    assert server.take_diagnostics("b")["contrastive_grad_ratio"] > 0  # b's own, untouched by a's
 
 
 @pytest.mark.parametrize("mode", ["token", "cross_family"])

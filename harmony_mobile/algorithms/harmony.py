@@ -217,7 +217,7 @@ class Harmony(SplitMethod):
         metrics = {key: value / c.local_steps for key, value in totals.items()}
         noise = metrics["noise_norm"]
         metrics["path_to_noise"] = metrics["path_norm"] / noise if noise > 0 else math.nan
-        metrics.update(server.take_diagnostics())
+        metrics.update(server.take_diagnostics(client.name))
         return client_update(client, round_id, metrics)
 
     def _round_models(self, client: Client) -> RoundModels:

@@ -9,9 +9,10 @@ for each round r (resuming after the last checkpoint):
 
 Every client turn draws from its own random stream, a function of (seed, round, client) only
 (`seed_turn`): no turn continues another's stream, so the clients of a round are independent and
-an engine may run them in any order or at once with the same numbers. A split method's turns still
-run one after another: the server's back-end learns from each upload, so a turn's gradients depend
-on the turns before it (federation/split_trainer.py).
+an engine may run them in any order or at once with the same numbers. A split method's server
+learns from each upload, so the order of its steps matters too: the turns of a round run in
+lockstep (federation/lockstep.py), step k of every sampled client in the round's order before any
+step k + 1, which lets an engine run the clients' local work at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Protocol
 
@@ -30,6 +32,7 @@ import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.lockstep import run_in_lockstep
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.files import open_private, save_private
 from harmony_mobile.protocol.messages import Broadcast, ClientUpdate
@@ -127,15 +130,19 @@ class InProcessTurns:
         return len(self.federation.clients)
 
     def train_round(self, client_ids: list[int], round_id: int, seed: int) -> list[ClientUpdate]:
-        updates = []
-        for index in client_ids:
-            client = self.federation.clients[index]
-            self.federation.broadcast(client, round_id)
-            generator = seed_turn(seed, round_id, index)
-            updates.append(
-                self.federation.algorithm.client_round(client, self.federation.server, round_id, generator)
+        federation = self.federation
+
+        def turn(index: int, server) -> ClientUpdate:
+            client = federation.clients[index]
+            federation.broadcast(client, round_id)
+            return federation.algorithm.client_round(
+                client, server, round_id, seed_turn(seed, round_id, index)
             )
-        return updates
+
+        if federation.server is None:  # no server steps: turns are independent, run one by one
+            return [turn(index, None) for index in client_ids]
+        updates = run_in_lockstep(federation.server, [(i, partial(turn, i)) for i in client_ids])
+        return [updates[index] for index in client_ids]
 
     def after_round(self, round_id: int, sampled: int, replied: int, seconds: float) -> None:
         return None

@@ -109,7 +109,7 @@ class SplitTrainer:
         self._family_bank: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._family_ids: dict[str, int] = {}
         self._contrastive_steps = 0
-        self._grad_ratios: list[float] = []
+        self._grad_ratios: dict[str, list[float]] = {}  # per uploading client, until taken
         self._style_bank: dict[int, torch.Tensor] = {}  # family -> (rows, 2, C): mean and std of z
         # the server's own randomness (style mixing); its state is checkpointed with the server
         self._generator = torch.Generator().manual_seed(0)
@@ -151,7 +151,7 @@ class SplitTrainer:
             else:
                 embeddings = self.projection(self.backend.features(seen_by_g.detach()))
             contrastive = term.weight * self._contrastive_loss(embeddings, upload, slots, family)
-            self._measure_ratio(loss, contrastive, features)
+            self._measure_ratio(loss, contrastive, features, upload.client_id)
             loss = loss + contrastive
         self.optimizer.zero_grad()
         loss.backward()
@@ -224,7 +224,9 @@ class SplitTrainer:
             term.temperature,
         )
 
-    def _measure_ratio(self, ce: torch.Tensor, contrastive: torch.Tensor, features: torch.Tensor) -> None:
+    def _measure_ratio(
+        self, ce: torch.Tensor, contrastive: torch.Tensor, features: torch.Tensor, client_id: str
+    ) -> None:
         """Record ||dSupCon/dz|| / ||dCE/dz|| (weighted) on every `ratio_every`-th contrastive step."""
         every = self.config.contrastive.ratio_every
         self._contrastive_steps += 1
@@ -234,11 +236,12 @@ class SplitTrainer:
         (contrastive_grad,) = torch.autograd.grad(contrastive, features, retain_graph=True, allow_unused=True)
         if contrastive_grad is None or float(ce_grad.norm()) == 0.0:
             return
-        self._grad_ratios.append(float(contrastive_grad.norm() / ce_grad.norm()))
+        self._grad_ratios.setdefault(client_id, []).append(float(contrastive_grad.norm() / ce_grad.norm()))
 
-    def take_diagnostics(self) -> dict[str, float]:
-        """The measurements since the last call (logged with the round's metrics), then cleared."""
-        ratios, self._grad_ratios = self._grad_ratios, []
+    def take_diagnostics(self, client_id: str) -> dict[str, float]:
+        """The measurements on `client_id`'s uploads since the last call (logged with its turn's
+        metrics), then cleared: a round's turns interleave, so they are kept per client."""
+        ratios = self._grad_ratios.pop(client_id, [])
         # the median: a step where the CE is fit has a near-zero CE gradient and an exploding ratio
         return {"contrastive_grad_ratio": statistics.median(ratios)} if ratios else {}
 

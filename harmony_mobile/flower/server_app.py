@@ -5,7 +5,9 @@ messages to the SuperNodes that hold those clients. Each turn draws from its own
 (rounds.seed_turn of the run's seed, the round and the client), which the ClientApp derives
 itself, so turns are independent: a round's messages go out at once and the clients train
 concurrently, yet the arithmetic is the in-process engine's and so are the numbers. A split
-method's turns go one after another (its server learns from each upload in turn).
+method's server learns from each upload, so in a training round its turns run in lockstep
+(federation/lockstep.py): the ServerApp answers step k of every open turn, in the round's order,
+once all have sent it; the clients compute between steps at once.
 
 A client that does not answer within `reply_timeout` (dead SuperNode, error in its ClientApp)
 is left out of the round; the round proceeds if at least `min_replies` answered, otherwise the
@@ -119,16 +121,22 @@ class FlowerClients:
             raise FlowerRunError(f"two SuperNodes claim partition-id {partition}")
         self.node_of_client[partition] = reply.metadata.src_node_id
 
-    def run_turns(self, federation, starts: list[TurnStart], round_id: int) -> dict[int, RecordDict]:
+    def run_turns(
+        self, federation, starts: list[TurnStart], round_id: int, lockstep: bool = False
+    ) -> dict[int, RecordDict]:
         """Send the turns' first messages at once, as Flower's Message-API strategies do (at most
         max_in_flight outstanding: a message is built when it is sent, so the ServerApp and the
         SuperLink hold that many copies of a model, not one per client), and answer each
-        split-step request with the server's `step` as it comes (split.py). Returns each client's
-        final reply; a client whose message fails or finds no reply within reply_timeout is left
-        out. Polls with a short interval: a deployed Grid's own send_and_receive polls every 3 s,
-        which adds seconds to every split step."""
+        split-step request with the server's `step`: as it comes, or with `lockstep` once every
+        open turn has sent one, in the order of `starts` (federation/lockstep.py). Returns each
+        client's final reply; a client whose message fails or finds no reply within reply_timeout
+        is left out. Polls with a short interval: a deployed Grid's own send_and_receive polls
+        every 3 s, which adds seconds to every split step."""
         queued = list(starts)
+        order = [client_id for client_id, _, _ in starts]
+        open_turns = {c for c in order if c in self.node_of_client}  # started or queued, not ended
         waiting: dict[str, tuple[int, str, float]] = {}
+        held: dict[int, tuple[str, RecordDict]] = {}  # lockstep: step requests of the current tick
         finals: dict[int, RecordDict] = {}
         interval = POLL_START
         while queued or waiting:
@@ -138,27 +146,45 @@ class FlowerClients:
             now = time.monotonic()
             for message_id in [m for m, (_, _, deadline) in waiting.items() if now >= deadline]:
                 client_id, message_type, _ = waiting.pop(message_id)
+                open_turns.discard(client_id)
                 log.warning("client %d, %s: no reply in time", client_id, message_type)
-            if not waiting:
-                continue
-            time.sleep(interval)
-            pulled = list(self.grid.pull_messages(list(waiting)))
-            interval = POLL_START if pulled else min(interval * 2, POLL_MAX)
-            follow_ups = []
-            for reply in pulled:
-                client_id, message_type, _ = waiting.pop(reply.metadata.reply_to_message_id)
-                if reply.has_error():
-                    log.warning("client %d, %s: %s", client_id, message_type, reply.error.reason)
-                elif split.is_step_request(reply.content):
-                    answer = self.answer_step(federation, client_id, reply.content)
-                    if answer is not None:
-                        follow_ups.append((client_id, message_type, answer))
-                    self.bytes_received += record_bytes(reply.content)
-                else:
-                    finals[client_id] = reply.content
-                    self.bytes_received += record_bytes(reply.content)
-            self.push(follow_ups, round_id, waiting)
+            if waiting:
+                time.sleep(interval)
+                pulled = list(self.grid.pull_messages(list(waiting)))
+                interval = POLL_START if pulled else min(interval * 2, POLL_MAX)
+                for reply in pulled:
+                    self.take_reply(reply, waiting, held, finals, open_turns)
+            if not lockstep or (held and open_turns <= set(held)):
+                ready = [(c, *held.pop(c)) for c in order if c in held]
+                self.push(self.answer_steps(federation, ready), round_id, waiting)
         return finals
+
+    def take_reply(self, reply: Message, waiting: dict, held: dict, finals: dict, open_turns: set) -> None:
+        """File one pulled reply: an error ends its turn, a split-step request waits in `held`, a
+        final reply ends the turn with its content."""
+        client_id, message_type, _ = waiting.pop(reply.metadata.reply_to_message_id)
+        if reply.has_error():
+            log.warning("client %d, %s: %s", client_id, message_type, reply.error.reason)
+            open_turns.discard(client_id)
+            return
+        self.bytes_received += record_bytes(reply.content)
+        if split.is_step_request(reply.content):
+            held[client_id] = (message_type, reply.content)
+        else:
+            finals[client_id] = reply.content
+            open_turns.discard(client_id)
+
+    def answer_steps(
+        self, federation, ready: list[tuple[int, str, RecordDict]]
+    ) -> list[tuple[int, str, RecordDict]]:
+        """The server's answers to split-step requests, in the given order (a request a client may
+        not send gets none: that client is left out)."""
+        answers = []
+        for client_id, message_type, request in ready:
+            answer = self.answer_step(federation, client_id, request)
+            if answer is not None:
+                answers.append((client_id, message_type, answer))
+        return answers
 
     def push(
         self,
@@ -207,21 +233,24 @@ class FlowerClients:
         return content
 
     def turns(
-        self, federation, starts: list[TurnStart], round_id: int, diagnostics: bool = False
+        self, federation, starts: list[TurnStart], round_id: int, training: bool = False
     ) -> dict[int, RecordDict]:
-        """A round's (or personalization's) turns: all at once, except a split method's, which run
-        one after another since the server's back-end learns from every upload (rounds.py); then
-        the server's measurements during a turn belong to that turn (`diagnostics`)."""
-        if not federation.algorithm.uses_split:
-            finals = self.run_turns(federation, starts, round_id)
-        else:
-            finals = {}
-            for start in starts:
-                finals |= self.run_turns(federation, [start], round_id)
-                if diagnostics and start[0] in finals:
-                    finals[start[0]][DIAGNOSTICS_RECORD] = ConfigRecord(federation.server.take_diagnostics())
+        """A training round's (or personalization's) turns, all at once. A split method's server
+        learns from the uploads of a training round, so those turns run in lockstep (rounds.py),
+        and its measurements on a client's uploads go with that client's update. (In
+        personalization it answers without learning: any order gives the same numbers.)"""
+        learns = federation.server is not None and training
+        if learns and len(starts) > self.settings.max_in_flight:
+            raise FlowerRunError(
+                f"a split method runs a round's {len(starts)} sampled clients in lockstep, all at "
+                f"once: max-in-flight ({self.settings.max_in_flight}) must be at least that many"
+            )
+        finals = self.run_turns(federation, starts, round_id, lockstep=learns)
         for client_id, reply in finals.items():
             self.max_releases[client_id] = int(reply.config_records[RELEASES_RECORD]["max-releases"])
+            if learns:
+                measured = federation.server.take_diagnostics(client_name(client_id))
+                reply[DIAGNOSTICS_RECORD] = ConfigRecord(measured)
         return finals
 
     def client_count(self) -> int:
@@ -232,7 +261,7 @@ class FlowerClients:
         starts = [
             (i, "train.round", partial(self.family_turn_start, i, round_id, round_id)) for i in client_ids
         ]
-        finals = self.turns(federation, starts, round_id, diagnostics=True)
+        finals = self.turns(federation, starts, round_id, training=True)
         updates = []
         for client_id in client_ids:
             if client_id not in finals:

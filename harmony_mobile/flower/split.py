@@ -89,7 +89,7 @@ class ReplayServer:
             raise needed
         return self.on_new_step(needed)
 
-    def take_diagnostics(self) -> dict[str, float]:
+    def take_diagnostics(self, client_id: str) -> dict[str, float]:
         """None here: the server's own measurements are added to the client's metrics by the
         ServerApp when the turn ends (server_app.py), as the in-process round reads them then."""
         return {}
