@@ -344,7 +344,8 @@ def build_pte(
 def export_backend(source: str | Path, directory: str | Path, max_batch: int = 256) -> dict:
     """Copy RUN_DIR/backend.pt (run_dir.save_backend format, loaded by the server) to
     `directory/backend.pt` and write `directory/backend.pt2`: torch.export of g (features -> logits),
-    dynamic batch 1..max_batch for the server's micro-batching. Returns facts for the manifest."""
+    dynamic batch 1..max_batch for the server's micro-batching, and `directory/backend.onnx`, what a
+    replica without torch serves (harmony_mobile/onnx_backend.py). Returns facts for the manifest."""
     import shutil
 
     from harmony_mobile.run_dir import load_backend_file
@@ -366,6 +367,7 @@ def export_backend(source: str | Path, directory: str | Path, max_batch: int = 2
         max_abs = float((reloaded(probe) - copy_.backend(probe)).abs().max())
     if max_abs > FP32_BACKEND_MAX_ABS:
         raise ExportError(f"backend.pt2 differs from the eager back-end by {max_abs:.3g}")
+    onnx_max_abs = export_backend_onnx(directory / "backend.pt", copy_, probe)
     return {
         "model_version": loaded.model_version,
         "interface_shape": interface,
@@ -373,7 +375,29 @@ def export_backend(source: str | Path, directory: str | Path, max_batch: int = 2
         "class_names": list(loaded.class_names),
         "max_batch": max_batch,
         "max_abs_vs_eager": max_abs,
+        "onnx_max_abs_vs_eager": onnx_max_abs,
     }
+
+
+def export_backend_onnx(pt_file: Path, loaded, probe: torch.Tensor) -> float:
+    """`backend.onnx` beside `pt_file`, checked against PyTorch on the replay set's first rows (the
+    features the back-end is meant for) plus `probe`; returns the max |logit difference|."""
+    from harmony_mobile.protocol.digests import sha256_file
+    from harmony_mobile.run_dir import save_backend_onnx
+
+    sample = torch.cat([loaded.replay[:64].float(), probe])
+    try:
+        return save_backend_onnx(
+            pt_file.with_name("backend.onnx"),
+            loaded.backend,
+            loaded.model_version,
+            loaded.slot_table,
+            sha256_file(pt_file),
+            int(loaded.replay.shape[0]),
+            sample,
+        )
+    except ValueError as error:
+        raise ExportError(f"backend.onnx: {error}") from None
 
 
 FP32_BACKEND_MAX_ABS = 1e-5

@@ -53,11 +53,31 @@ def fail(message: str) -> None:
 # its modules too). A command checks its extra first, so a slim install that lacks it stops with
 # one line naming the extra instead of an ImportError deep in a stack.
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
-    "server": ("fastapi", "uvicorn", "starlette", "pydantic_settings", "prometheus_client", "sqlalchemy"),
-    "train": ("dp_accounting", "sklearn", "mlxtend"),
-    "export": ("executorch", "torchao", "coremltools", "sklearn", "mlxtend"),
-    "flower": ("flwr", "tomli_w", "dp_accounting", "sklearn", "mlxtend"),
+    "server": (
+        "fastapi",
+        "uvicorn",
+        "starlette",
+        "pydantic_settings",
+        "prometheus_client",
+        "sqlalchemy",
+        "onnxruntime",
+    ),
+    "train": ("torch", "dp_accounting", "sklearn", "mlxtend"),
+    "export": (
+        "torch",
+        "executorch",
+        "torchao",
+        "coremltools",
+        "onnx",
+        "onnxscript",
+        "onnxruntime",
+        "sklearn",
+        "mlxtend",
+    ),
+    "flower": ("torch", "flwr", "tomli_w", "dp_accounting", "sklearn", "mlxtend"),
 }
+# a replica that runs alignment rounds: the server plus torch (training g) and the ONNX writer
+EXTRA_MODULES["alignment"] = (*EXTRA_MODULES["server"], "torch", "onnx", "onnxscript")
 EXTRA_MODULES["bench"] = (
     "scipy",
     "matplotlib",
@@ -656,15 +676,23 @@ def _repository_or_none() -> Path | None:
 def _serve_settings(explicit: dict[str, Any]) -> Settings:
     """The server's settings, after checking that its model dir (if any) can be served."""
     from pydantic import ValidationError
+    from rich.markup import escape
 
     from harmony_mobile.server.launch import ModelDirError, check_model_dir, resolve_settings
+    from harmony_mobile.server.runtimes import RuntimeChoiceError, make_runtime
 
     try:
         settings = resolve_settings(explicit)
     except ValidationError as error:
         fail(f"invalid server settings: {error}")
+    if settings.run_alignment and settings.runtime != "onnx":
+        require_extras("serve", "alignment")  # rounds train g with torch (off: --no-alignment)
     try:
-        check_model_dir(settings.model_dir)
+        runtime = make_runtime(settings)
+    except RuntimeChoiceError as error:
+        fail(escape(str(error)))  # escaped: [alignment] would be a rich style tag
+    try:
+        check_model_dir(settings.model_dir, runtime)
     except ModelDirError as error:
         fail(f"cannot serve this model dir: {error}")
     return settings
@@ -701,11 +729,17 @@ def serve(
     max_connections: Annotated[
         int | None, typer.Option(help="open connections per process; more get 503")
     ] = None,
+    runtime: Annotated[
+        str | None, typer.Option(help="back-end runtime: auto (torch if installed) | torch | onnx")
+    ] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads")] = None,
+    onnx_threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads")] = None,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
     """Run the FastAPI fallback server (protocol in docs/PROTOCOL.md). A flag left out keeps the value
-    of its HARMONY_* environment variable (e.g. HARMONY_MAX_BATCH), else the default."""
+    of its HARMONY_* environment variable (e.g. HARMONY_MAX_BATCH), else the default. Alignment
+    rounds need the [alignment] extra (torch); a --no-alignment replica runs on [server] alone,
+    serving the export's backend.onnx through ONNX Runtime (--runtime onnx, the default without torch)."""
     require_extras("serve", "server")
     from harmony_mobile.server.launch import run
 
@@ -718,15 +752,21 @@ def serve(
         max_batch=max_batch,
         max_wait_ms=max_wait_ms,
         max_connections=max_connections,
+        runtime=runtime,
         torch_threads=torch_threads,
+        onnx_threads=onnx_threads,
     )
     settings = _serve_settings(explicit)
+    _announce(settings, host, port, workers)
+    run(settings, explicit, host, port, workers, log_level)
+
+
+def _announce(settings: Settings, host: str, port: int, workers: int) -> None:
     if settings.admin_token is None:
         console.print(f"admin token: {settings.data_dir / 'admin_token'} (mode 0600)")
     console.print(
         f"serving on http://{host}:{port} with {workers} process(es)  (status page /, metrics /metrics)"
     )
-    run(settings, explicit, host, port, workers, log_level)
 
 
 @app.command()

@@ -24,6 +24,7 @@ nothing in the server part, nor in an export made from it, is class-ordered.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -165,6 +166,74 @@ def save_backend(
             )
         state["replay"] = replay.detach().to(torch.float16).contiguous()
     save_private(state, path)
+
+
+def backend_onnx_bytes(
+    backend: Backend,
+    model_version: str,
+    slot_table: SlotTable,
+    backend_sha256: str,
+    replay_rows: int,
+    sample: torch.Tensor,
+) -> tuple[bytes, float]:
+    """g as an ONNX back-end file (harmony_mobile/onnx_backend.py) for the back-end file whose sha256
+    is `backend_sha256`, and the max |logit difference| between ONNX Runtime and PyTorch on
+    `sample` (N, *interface); a difference above onnx_backend.TOLERANCE is a ValueError.
+
+    torch.onnx.export's exporter (torch.export, then onnxscript) needs the onnx and onnxscript
+    packages, the check onnxruntime: the export and alignment extras hold them."""
+    import onnx
+
+    from harmony_mobile.onnx_backend import (
+        INPUT_NAME,
+        METADATA_KEY,
+        OUTPUT_NAME,
+        TOLERANCE,
+        backend_metadata,
+        load_onnx_backend,
+    )
+
+    backend = copy.deepcopy(backend).eval()  # export must not touch a model other threads serve
+    # traced on two rows: a batch of 1 would let the exporter specialize the batch axis to 1
+    example = torch.zeros(2, *backend.interface.shape)
+    program = torch.onnx.export(
+        backend,
+        (example,),
+        input_names=[INPUT_NAME],
+        output_names=[OUTPUT_NAME],
+        dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+        dynamo=True,
+        verbose=False,
+    )
+    model = program.model_proto
+    meta = backend_metadata(
+        model_version,
+        slot_table.label_epoch,
+        slot_table.to_hex(),
+        backend.num_classes,
+        backend.interface.shape,
+        backend_sha256,
+        replay_rows,
+    )
+    model.metadata_props.add(key=METADATA_KEY, value=meta)
+    content = model.SerializeToString()
+    onnx.checker.check_model(model)
+    with torch.inference_mode():
+        expected = backend(sample.float()).numpy()
+    difference = float(
+        abs(load_onnx_backend(content, threads=1).forward(sample.float().numpy()) - expected).max()
+    )
+    if not difference <= TOLERANCE:
+        raise ValueError(f"the ONNX back-end differs from PyTorch by {difference:.3g} (> {TOLERANCE})")
+    return content, difference
+
+
+def save_backend_onnx(path: Path, *args: Any) -> float:
+    """backend_onnx_bytes written to `path` (owner-only); returns the check's max difference."""
+    content, difference = backend_onnx_bytes(*args)
+    with open_private(Path(path)) as out:
+        out.write(content)
+    return difference
 
 
 @dataclass

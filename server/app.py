@@ -10,20 +10,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-import torch
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from harmony_mobile.server import admin, artifacts, devices, status, uploads, v2, v2_infer
-from harmony_mobile.server.alignment import AlignmentWorker
 from harmony_mobile.server.auth import RateLimiter, TokenCache
 from harmony_mobile.server.errors import FailureRun, install_error_handlers
+from harmony_mobile.server.http_guards import GuardedHttpToolsProtocol
 from harmony_mobile.server.inference import MicroBatcher
 from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
 from harmony_mobile.server.limits import BodySizeLimitMiddleware
 from harmony_mobile.server.metrics import MetricsMiddleware, ServerMetrics
-from harmony_mobile.server.protocol import GuardedHttpToolsProtocol
 from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ModelRegistry
+from harmony_mobile.server.rounds import AlignmentWorker
+from harmony_mobile.server.runtimes import make_runtime
 from harmony_mobile.server.settings import Settings
 from harmony_mobile.server.spec import install_openapi
 from harmony_mobile.server.state import ServerState
@@ -73,14 +73,15 @@ def _manifest_fields(manifest_text: str | None) -> tuple[dict[str, str | None], 
 
 
 def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
+    runtime = make_runtime(settings)  # first: a runtime that cannot run here stops before any file is made
     data_dir = Path(settings.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     url = settings.database_url.get_secret_value() if settings.database_url else None
     store = Store(data_dir, url)
     server_key = load_or_create_server_key(data_dir)
-    registry = ModelRegistry(store, data_dir)
+    registry = ModelRegistry(store, data_dir, runtime)
     if settings.model_dir is not None:
-        imported = registry.import_backend(Path(settings.model_dir) / BACKEND_IN_MODEL_DIR)
+        imported = registry.import_backend(Path(settings.model_dir))
         if imported is None:
             log.warning("no back-end at %s", Path(settings.model_dir) / BACKEND_IN_MODEL_DIR)
     registry.load_default()
@@ -160,8 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        if settings.torch_threads is not None:
-            torch.set_num_threads(settings.torch_threads)
+        state.registry.runtime.start()
         state.batcher.start()
         # every process sweeps expired round leases, also one that runs no rounds itself
         state.alignment.start()

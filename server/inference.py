@@ -25,7 +25,6 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 from harmony_mobile.server.metrics import ServerMetrics
 from harmony_mobile.server.registry import ServedModel, predict
 
@@ -201,8 +200,8 @@ class MicroBatcher:
         model = jobs[0].model
         started = time.perf_counter_ns()
         try:
-            features = torch.from_numpy(np.concatenate([j.features for j in jobs]))
-            slot_scores, top_slot, confidence = (t.numpy() for t in predict(model, features))
+            features = np.concatenate([j.features for j in jobs])
+            slot_scores, top_slot, confidence = predict(model, features)
         except Exception as error:  # a bug must fail these requests, not kill the worker
             self._count(model.version, jobs, started, failed=True)
             return [(job, None, error) for job in jobs]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -20,11 +20,14 @@ from harmony_mobile.server.app import create_app
 from harmony_mobile.server.metrics import MULTIPROCESS_ENV, process_is_running
 from harmony_mobile.server.settings import Settings
 
+if TYPE_CHECKING:
+    from harmony_mobile.server.runtimes import Runtime
+
 DEFAULT_DATA_DIR = "serve-data"
 # By import path, not the class: uvicorn pickles its config into each worker process, and unpickling
 # the class would import the whole server (torch included) before the worker starts answering the
 # supervisor's health pings.
-GUARDED_PROTOCOL = "harmony_mobile.server.protocol:GuardedHttpToolsProtocol"
+GUARDED_PROTOCOL = "harmony_mobile.server.http_guards:GuardedHttpToolsProtocol"
 # uvicorn kills and replaces a worker that does not answer a health ping within this (its default, 5 s,
 # is shorter than a worker's start on a busy machine: importing torch and loading the back-end).
 WORKER_HEALTHCHECK_SECONDS = 60
@@ -36,16 +39,16 @@ class ModelDirError(ValueError):
     """The --model-dir (HARMONY_MODEL_DIR) export cannot be served; the message is one line."""
 
 
-def check_model_dir(model_dir: Path | None) -> None:
+def check_model_dir(model_dir: Path | None, runtime: Runtime) -> None:
     """Refuse, before any process starts, an export the server cannot use: a missing directory, a
-    backend/backend.pt that is not a back-end file, or a manifest or signature that is not UTF-8 text.
-    An export without backend/backend.pt is served without inference (infer answers 503)."""
+    back-end the runtime cannot serve (backend.pt for torch; for onnx, the backend.onnx converted
+    from it), or a manifest or signature that is not UTF-8 text. An export without
+    backend/backend.pt is served without inference (infer answers 503)."""
     if model_dir is None:
         return
     from harmony_mobile.server.app import MANIFEST_FILE, P256_SIGNATURE_FILE, SIGNATURE_FILE
-    from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR
-
-    from harmony_mobile.run_dir import RunDirError, load_backend_file
+    from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ONNX_IN_MODEL_DIR, sha256_file
+    from harmony_mobile.server.runtimes import BackendFileError
 
     if not model_dir.is_dir():
         raise ModelDirError(
@@ -60,10 +63,12 @@ def check_model_dir(model_dir: Path | None) -> None:
                 raise ModelDirError(
                     f"{path} is not UTF-8 text ({error.reason} at byte {error.start})"
                 ) from None
-    if (model_dir / BACKEND_IN_MODEL_DIR).exists():
+    source = model_dir / BACKEND_IN_MODEL_DIR
+    if source.exists():
+        sha = sha256_file(source) if source.is_file() else ""  # not a file: the runtime says so
         try:
-            load_backend_file(model_dir / BACKEND_IN_MODEL_DIR)
-        except RunDirError as error:
+            runtime.check_import(source, model_dir / ONNX_IN_MODEL_DIR, sha)
+        except BackendFileError as error:
             raise ModelDirError(str(error)) from None
 
 

@@ -10,28 +10,36 @@ the new version. In-flight requests keep the model object they resolved, so a sw
 versions inside one request. Every file carries its lineage's replay set (run_dir.save_backend):
 a published version inherits its parent's unchanged, so uploaded features never leave their
 sealed envelopes.
+
+Two runtimes serve a version (server/runtimes.py): PyTorch loads <sha256>.pt; ONNX Runtime, on a
+replica installed without torch, loads the version's ONNX back-end <sha256>.onnx, which export and
+every publish write beside it (harmony_mobile/onnx_backend.py). This module imports no torch.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 from harmony_mobile.server.store import Store, VersionRecord, utc_now
 
-from harmony_mobile.models import Backend, ProjectionHead
-from harmony_mobile.protocol.slots import SlotTable
-from harmony_mobile.run_dir import load_backend_file, save_backend
+from harmony_mobile.protocol.digests import sha256_file
+
+if TYPE_CHECKING:
+    from harmony_mobile.server.runtimes import Runtime
 
 ARTIFACTS_DIR = "artifacts"
 BACKEND_IN_MODEL_DIR = Path("backend") / "backend.pt"
+ONNX_IN_MODEL_DIR = Path("backend") / "backend.onnx"
+ONNX_SUFFIX = ".onnx"  # store key and file name of a version's ONNX back-end: <sha256>.onnx
 VERSION_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fullmatch: the whole name
 
 
@@ -51,31 +59,20 @@ class ServedModel:
 
     version: str
     sha256: str
-    backend: Backend
-    projection: ProjectionHead
-    class_names: tuple[str, ...]
-    replay: torch.Tensor  # (N, *interface) float16, label-free features of training images; N may be 0
-    slot_table: SlotTable  # label epoch + the token of each output of g the server serves
+    slot_table: Any  # protocol SlotTable (torch) or onnx_backend.ServedSlots: label epoch + tokens
+    num_classes: int
+    interface_shape: tuple[int, int, int]
+    forward: Callable[[np.ndarray], np.ndarray]  # features (N, *interface) -> logits (N, num_classes)
+    runtime: str  # "torch" or "onnx"
+    # what alignment rounds train from: only the torch runtime loads them (None / () on "onnx")
+    backend: Any = None
+    projection: Any = None
+    class_names: tuple[str, ...] = ()
+    replay: Any = None  # (N, *interface) float16 torch tensor of label-free training features
 
     @property
     def label_epoch(self) -> str:
         return self.slot_table.label_epoch
-
-    @property
-    def num_classes(self) -> int:
-        return self.backend.num_classes
-
-    @property
-    def interface_shape(self) -> tuple[int, int, int]:
-        return self.backend.interface.shape
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -87,8 +84,9 @@ def _fsync_dir(directory: Path) -> None:
 
 
 class ModelRegistry:
-    def __init__(self, store: Store, data_dir: Path):
+    def __init__(self, store: Store, data_dir: Path, runtime: Runtime):
         self.store = store
+        self.runtime = runtime
         self.artifacts = Path(data_dir) / ARTIFACTS_DIR
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -97,21 +95,24 @@ class ModelRegistry:
 
     # ---------------------------------------------------------------- startup
 
-    def import_backend(self, source: Path) -> str | None:
-        """Import <model-dir>/backend/backend.pt. A file never seen before becomes the default (a new
-        export means a new training run); a known file changes nothing, so a restart keeps whatever
-        alignment or an operator published since."""
+    def import_backend(self, model_dir: Path) -> str | None:
+        """Import <model-dir>/backend/backend.pt (and its ONNX back-end, backend.onnx, when the
+        export wrote one). A file never seen before becomes the default (a new export means a new
+        training run); a known file changes nothing, so a restart keeps whatever alignment or an
+        operator published since. The runtime validates what it will serve before anything is stored."""
+        source, onnx_file = Path(model_dir) / BACKEND_IN_MODEL_DIR, Path(model_dir) / ONNX_IN_MODEL_DIR
         if not source.is_file():
             return None
         sha = sha256_file(source)
         known = self.store.version_by_sha256(sha)
+        model_version, replay_rows = self.runtime.check_import(source, onnx_file, sha)
+        if self.runtime.onnx_matches(onnx_file, sha):  # for replicas without torch
+            self._store_file(onnx_file, sha + ONNX_SUFFIX)
+        self._store_file(source, sha)  # another replica may have registered it first
         if known is not None:
-            self._store_file(source, sha)  # another replica may have registered it first
             return known.version
-        loaded = load_backend_file(source)  # validates the file before it enters the registry
-        self._store_file(source, sha)
-        name = loaded.model_version if VERSION_PATTERN.fullmatch(loaded.model_version) else "imported"
-        metrics = {"source": str(source), "replay_rows": int(loaded.replay.shape[0])}
+        name = model_version if VERSION_PATTERN.fullmatch(model_version) else "imported"
+        metrics = {"source": str(source), "replay_rows": replay_rows}
         # another process may have registered the same file since the look-up above
         return self.store.add_imported_version(VersionRecord(name, sha, None, "import", utc_now(), metrics))
 
@@ -150,16 +151,7 @@ class ModelRegistry:
         record = self.store.version(version)
         if record is None:
             raise UnknownVersion(version, self.version_names())
-        loaded = load_backend_file(self._local_artifact(record.sha256))
-        model = ServedModel(
-            version,
-            record.sha256,
-            loaded.backend,
-            loaded.projection,
-            loaded.class_names,
-            loaded.replay,
-            loaded.slot_table,
-        )
+        model = self.runtime.load(self, version, record.sha256)
         with self._lock:
             return self._loaded.setdefault(version, model)
 
@@ -168,28 +160,16 @@ class ModelRegistry:
 
     # ---------------------------------------------------------------- writes
 
-    def publish(
-        self,
-        version: str,
-        backend: Backend,
-        projection: ProjectionHead,
-        class_names: tuple[str, ...],
-        parent: str,
-        metrics: dict,
-        replay: torch.Tensor,
-        slot_table: SlotTable,
-    ) -> ServedModel:
-        backend, projection = backend.eval(), projection.eval()
+    def publish(self, version: str, parent: str, metrics: dict, model: ServedModel) -> ServedModel:
+        """Store an alignment round's version (the torch runtime writes its files) and serve it."""
         with tempfile.TemporaryDirectory(dir=self.artifacts) as scratch:
-            scratch_file = Path(scratch) / "backend.pt"
-            save_backend(scratch_file, backend, projection, version, class_names, slot_table, replay)
-            sha = sha256_file(scratch_file)
-            self._store_file(scratch_file, sha)
+            pt_file, onnx_file = self.runtime.write_version(Path(scratch), model)
+            model.sha256 = sha = sha256_file(pt_file)
+            if self.runtime.write_onnx(pt_file, onnx_file, model):
+                self._store_file(onnx_file, sha + ONNX_SUFFIX)
+            self._store_file(pt_file, sha)
         self.store.add_version(
             VersionRecord(version, sha, parent, "alignment", utc_now(), metrics), make_default=True
-        )
-        model = ServedModel(
-            version, sha, backend, projection, class_names, replay.to(torch.float16), slot_table.copy()
         )
         with self._lock:
             self._loaded[version] = model
@@ -210,25 +190,26 @@ class ModelRegistry:
             raise NoParentVersion(f"the default version {current!r} has no parent to roll back to")
         return self.set_default(record.parent)
 
-    def _local_artifact(self, sha: str) -> Path:
-        """artifacts/<sha256>.pt, fetched from the store when another replica published it."""
-        destination = self.artifacts / f"{sha}.pt"
+    def local_artifact(self, key: str) -> Path:
+        """artifacts/<key> (key: <sha256> of a back-end file, stored as <sha256>.pt, or
+        <sha256>.onnx), fetched from the store when another replica stored it."""
+        destination = self.artifacts / (key if key.endswith(ONNX_SUFFIX) else f"{key}.pt")
         if not destination.exists():
-            content = self.store.artifact(sha)
+            content = self.store.artifact(key)
             if content is None:
                 raise FileNotFoundError(
-                    f"back-end file {sha} is neither in {self.artifacts} nor in the store"
+                    f"back-end file {key} is neither in {self.artifacts} nor in the store"
                 )
             with tempfile.TemporaryDirectory(dir=self.artifacts) as scratch:
-                fetched = Path(scratch) / "fetched.pt"
+                fetched = Path(scratch) / "fetched"
                 fetched.write_bytes(content)
                 self._write_artifact(fetched, destination)
         return destination
 
-    def _store_file(self, source: Path, sha: str) -> Path:
-        """Keep a back-end file in the store (shared by replicas) and in artifacts/<sha256>.pt."""
-        self.store.add_artifact(sha, source.read_bytes())
-        destination = self.artifacts / f"{sha}.pt"
+    def _store_file(self, source: Path, key: str) -> Path:
+        """Keep a back-end file in the store (shared by replicas) and in artifacts/."""
+        self.store.add_artifact(key, source.read_bytes())
+        destination = self.artifacts / (key if key.endswith(ONNX_SUFFIX) else f"{key}.pt")
         if not destination.exists():
             self._write_artifact(source, destination)
         return destination
@@ -248,13 +229,20 @@ class ModelRegistry:
         _fsync_dir(self.artifacts)
 
 
-def predict(model: ServedModel, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Slot scores (N, S) over the S slots of the version's table, top slot and confidence (max
-    softmax over those slots). The server answers in slots: only a phone knows their classes."""
-    with torch.inference_mode():
-        slot_scores = model.backend(features)[:, : len(model.slot_table)]
-        if slot_scores.shape[1] == 0:  # a back-end that never saw a token has no slot to answer with
-            empty = torch.zeros(features.shape[0])
-            return slot_scores, torch.full((features.shape[0],), -1, dtype=torch.int64), empty
-        confidence, top_slot = torch.softmax(slot_scores, dim=1).max(dim=1)
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return shifted / shifted.sum(axis=1, keepdims=True)
+
+
+def predict(model: ServedModel, features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Slot scores (N, S) float32 over the S slots of the version's table, top slot (int64) and
+    confidence (max softmax over those slots, float32). The server answers in slots: only a phone
+    knows their classes. Same arithmetic for both runtimes: only g's forward differs."""
+    slot_scores = np.ascontiguousarray(model.forward(features)[:, : len(model.slot_table)], np.float32)
+    rows = features.shape[0]
+    if slot_scores.shape[1] == 0:  # a back-end that never saw a token has no slot to answer with
+        return slot_scores, np.full(rows, -1, np.int64), np.zeros(rows, np.float32)
+    probabilities = _softmax(slot_scores.astype(np.float64))
+    top_slot = probabilities.argmax(axis=1).astype(np.int64)
+    confidence = probabilities[np.arange(rows), top_slot].astype(np.float32)
     return slot_scores, top_slot, confidence

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from harmony_mobile.server.store import VersionRecord
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from harmony_mobile.models.losses import DISTILLATION_TEMPERATURE, SUPCON_TEMPERATURE
+from harmony_mobile.models.constants import DISTILLATION_TEMPERATURE, SUPCON_TEMPERATURE
 from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
 
 TIER_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,63}$"

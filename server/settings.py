@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -71,7 +72,15 @@ class Settings(BaseSettings):
     )
     max_connections: int = Field(default=1000, ge=1, description="open connections per process; more get 503")
 
+    runtime: Literal["auto", "torch", "onnx"] = Field(
+        default="auto",
+        description="what runs the back-end: torch (backend.pt; needed for alignment rounds), onnx"
+        " (backend.onnx through ONNX Runtime; a replica installed without torch), auto = torch if installed",
+    )
     torch_threads: int | None = Field(default=None, ge=1, description="torch.set_num_threads on start")
+    onnx_threads: int | None = Field(
+        default=None, ge=1, description="ONNX Runtime intra-op threads per back-end (None: one per core)"
+    )
     status_sample_seconds: float = Field(
         default=10.0,
         gt=0,

@@ -12,7 +12,7 @@ import binascii
 import hashlib
 import logging
 import uuid
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
@@ -26,9 +26,11 @@ from harmony_mobile.server.state import StateDep
 from harmony_mobile.server.store import NewUpload, StoredEnvelope, UploadReceipt
 
 from harmony_mobile.models import FAMILIES, InterfaceSpec
-from harmony_mobile.protocol.messages import FeatureUpload
 from harmony_mobile.protocol.sealing import AssociatedData, SealError, open_sealed
 from harmony_mobile.protocol.wire import UploadMetadata, UploadPayload, WireFormatError, decode_upload
+
+if TYPE_CHECKING:  # the alignment worker's message type holds torch tensors; a serving replica has no torch
+    from harmony_mobile.protocol.messages import FeatureUpload
 
 log = logging.getLogger("harmony_mobile.server.uploads")
 router = APIRouter(prefix="/v1", tags=["uploads"])

@@ -186,8 +186,9 @@ def _config(state: ServerState, name: str, model: ServedModel) -> ModelConfig:
     settings = state.settings
     return ModelConfig(
         name=name,
-        platform="pytorch_libtorch",
-        backend="pytorch",
+        # Triton's names for what runs the back-end (server/runtimes.py)
+        platform="onnxruntime_onnx" if model.runtime == "onnx" else "pytorch_libtorch",
+        backend="onnxruntime" if model.runtime == "onnx" else "pytorch",
         max_batch_size=settings.max_request_rows,
         input=[{"name": INPUT_NAME, "data_type": "TYPE_FP32", "dims": list(model.interface_shape)}],
         output=[

@@ -13,6 +13,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
+import httpx
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
@@ -24,6 +25,7 @@ from tests.helpers import role_venv
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 SELF = "harmony-mobile"
+EXTRAS = tuple(PROJECT["optional-dependencies"])
 
 
 def lock_pins() -> dict[str, Version]:
@@ -90,10 +92,44 @@ def test_the_server_extra_holds_no_training_flower_or_exporter_stack():
     assert not listed & set(role_venv.NOT_ON_A_SERVER)
 
 
+def test_torch_is_in_the_roles_that_train_export_or_run_a_phone_runtime_only():
+    names = {extra: {role_venv.normalize(r.name) for r in extra_requirements(extra)} for extra in EXTRAS}
+    core = {role_venv.normalize(Requirement(text).name) for text in PROJECT["dependencies"]}
+    assert "torch" not in core | names["server"]
+    assert "onnxruntime" in names["server"]  # what a replica without torch serves with
+    assert names["server"] | {"torch", "onnx", "onnxscript"} <= names["alignment"]
+    for extra in ("alignment", "device", "export", "train", "flower", "bench"):
+        assert "torch" in names[extra], extra
+    assert {"onnx", "onnxscript", "onnxruntime"} <= names["export"]  # writes and checks backend.onnx
+    assert "torch" not in cli.EXTRA_MODULES["server"] and "torch" in cli.EXTRA_MODULES["alignment"]
+
+
+def test_a_replica_without_alignment_needs_no_torch(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    started = []
+    monkeypatch.setattr("harmony_mobile.server.launch.run", lambda settings, *args: started.append(settings))
+    result = CliRunner().invoke(cli.app, ["serve", "--no-alignment", "--data-dir", str(tmp_path / "data")])
+    assert result.exit_code == 0, result.output
+    assert started and not started[0].run_alignment
+
+
 @pytest.mark.parametrize(
     ("args", "hidden", "message"),
     [
         (["serve"], "fastapi", "harmony serve needs the server extra: pip install 'harmony-mobile[server]'"),
+        (
+            ["serve"],
+            "torch",
+            "harmony serve needs the alignment extra: pip install 'harmony-mobile[alignment]'",
+        ),
+        (
+            ["serve", "--runtime", "torch", "--no-alignment"],
+            "torch",
+            "the torch runtime needs PyTorch, which is not installed: pip install 'harmony-mobile[alignment]'",
+        ),
         (
             ["train", "run"],
             "dp_accounting",
@@ -128,10 +164,24 @@ def test_a_command_without_a_role_runs_on_the_core(monkeypatch):
     assert result.exit_code == 0, result.output
 
 
+def infer_once(url: str, data_dir: Path) -> tuple[int, dict]:
+    """Enrol a phone with the server's admin token and infer one row of zeros (64x8x8 interface)."""
+    admin = {"Authorization": f"Bearer {(data_dir / 'admin_token').read_text().strip()}"}
+    with httpx.Client(base_url=url, timeout=30) as client:
+        device = client.post("/v1/devices", json={"name": "phone", "tier": "mid-android"}, headers=admin)
+        auth = {"Authorization": f"Bearer {device.json()['token']}"}
+        body = {
+            "inputs": [{"name": "features", "shape": [1, 64, 8, 8], "datatype": "FP32", "data": [0.0] * 4096}]
+        }
+        answer = client.post("/v2/models/harmony-backend/infer", json=body, headers=auth)
+    return answer.status_code, answer.json()
+
+
 @pytest.mark.slow
 def test_each_role_installs_alone_and_runs_its_smallest_command(tmp_path_factory):
-    """train one round with [train]; export it with [export]; serve it with [server] until
-    /v2/health/ready; a command of another role names its extra."""
+    """train one round with [train]; export it with [export]; serve it with [server] (no torch:
+    ONNX Runtime) until /v2/health/ready and answer an infer; a command of another role names its
+    extra."""
     work = tmp_path_factory.mktemp("roles")
     wheel = role_venv.build_wheel(work / "wheel")
 
@@ -157,6 +207,7 @@ def test_each_role_installs_alone_and_runs_its_smallest_command(tmp_path_factory
     assert exported.returncode == 0, exported.stdout + exported.stderr
     assert (export_dir / "manifest.json").is_file()
     assert (export_dir / "backend" / "backend.pt").is_file()
+    assert (export_dir / "backend" / "backend.onnx").is_file()  # what the torch-free server serves
     shutil.rmtree(export_venv)
 
     server_venv = work / "server-venv"
@@ -172,8 +223,20 @@ def test_each_role_installs_alone_and_runs_its_smallest_command(tmp_path_factory
     }
     assert not drifted, f"not the lock's versions: {drifted}"
     data_dir = work / "serve-data"
-    served = role_venv.serve_until_ready(server_venv / "bin" / "harmony", export_dir, data_dir, work)
+    served = role_venv.serve_until_ready(
+        server_venv / "bin" / "harmony",
+        export_dir,
+        data_dir,
+        work,
+        probe=lambda url: infer_once(url, data_dir),
+    )
     assert "Traceback" not in served.output, served.output
+    status, answer = served.probed  # answered by ONNX Runtime: the venv has no torch
+    assert status == 200, answer
+    assert {o["name"] for o in answer["outputs"]} == {"slot_scores", "top_slot", "confidence"}
+    refused = role_venv.run_harmony(server_venv, ["serve", "--model-dir", str(export_dir)], work)
+    assert refused.returncode == 2  # alignment rounds are on by default and need torch
+    assert "pip install 'harmony-mobile[alignment]'" in refused.stdout
     refused = role_venv.run_harmony(server_venv, ["train", str(work / "other-run")], work)
     assert refused.returncode == 2
     assert "pip install 'harmony-mobile[train]'" in refused.stdout

@@ -20,8 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-SPLIT_DEPTHS = (1, 2, 3)
-NUM_STAGES = 4
+# NUM_STAGES and SPLIT_DEPTHS re-exported: the training code reads them from here
+from harmony_mobile.models.constants import FAMILIES
+from harmony_mobile.models.constants import NUM_STAGES as NUM_STAGES
+from harmony_mobile.models.constants import SPLIT_DEPTHS as SPLIT_DEPTHS
+
 BASE_CHANNELS = (16, 32, 64, 96)
 STAGE_STRIDES = (2, 2, 1, 2)
 CANVAS = 32  # every input is brought to 32x32 before stage 1
@@ -110,7 +113,8 @@ STAGE_BUILDERS: dict[str, Callable[[int, int, int], nn.Module]] = {
     "mobilenet": mobilenet_stage,
     "resnet": resnet_stage,
 }
-FAMILIES = tuple(STAGE_BUILDERS)
+if tuple(STAGE_BUILDERS) != FAMILIES:  # the serving path reads the names from constants.py
+    raise ImportError(f"constants.FAMILIES {FAMILIES} != the stage builders {tuple(STAGE_BUILDERS)}")
 
 
 def build_stages(family: str, in_channels: int, input_size: int, width: float = 1.0) -> nn.ModuleList:

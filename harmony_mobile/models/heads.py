@@ -8,27 +8,11 @@ fully, while `mean(keepdim=False)` or `flatten` leave undelegated ops in the gra
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class InterfaceSpec:
-    """The one tensor shape every family and split depth hands to the server: channels x size x size."""
-
-    channels: int = 64
-    size: int = 8
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        return (self.channels, self.size, self.size)
-
-    @property
-    def numel(self) -> int:
-        return self.channels * self.size * self.size
+from harmony_mobile.models.constants import InterfaceSpec
 
 
 def global_pool(x: torch.Tensor) -> torch.Tensor:

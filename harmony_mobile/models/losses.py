@@ -5,12 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-# The SupCon temperature the training server and the fallback server's alignment round use unless
-# configured (Khosla et al.'s value). The losses below take their temperature as a required argument,
-# so this is the only place the default is written.
-SUPCON_TEMPERATURE = 0.1
-# The distillation temperature of the alignment round unless configured (Hinton et al.'s soft targets).
-DISTILLATION_TEMPERATURE = 2.0
+# re-exported: training and the alignment round read the default temperatures from here
+from harmony_mobile.models.constants import DISTILLATION_TEMPERATURE as DISTILLATION_TEMPERATURE
+from harmony_mobile.models.constants import SUPCON_TEMPERATURE as SUPCON_TEMPERATURE
 
 
 def supcon_loss(embeddings: torch.Tensor, groups: torch.Tensor, temperature: float) -> torch.Tensor:

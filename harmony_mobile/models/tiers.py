@@ -14,7 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from harmony_mobile.models.families import FAMILIES, SPLIT_DEPTHS
+from harmony_mobile.models.constants import FAMILIES, SPLIT_DEPTHS
 
 DEFAULT_TIERS_FILE = Path(__file__).with_name("default_tiers.yaml")
 

@@ -16,8 +16,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.helpers.ports import free_port
 from tests.helpers.processes import stop, wait_until_ready
@@ -26,8 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 LOCK = ROOT / "requirements.lock"
 # what the wheel is built from: pyproject.toml's package-dir and README (the project's readme)
 SOURCES = ("pyproject.toml", "README.md", "harmony_mobile", "export", "server")
-# distributions a server-only install must not hold: training, Flower and exporter stacks
-NOT_ON_A_SERVER = ("ray", "flwr", "coremltools", "executorch", "torchao", "dp-accounting", "mlxtend")
+# distributions a server-only install must not hold: torch (a `--no-alignment` replica serves the
+# back-end through ONNX Runtime), training, Flower and exporter stacks
+NOT_ON_A_SERVER = ("torch", "ray", "flwr", "coremltools", "executorch", "torchao", "dp-accounting", "mlxtend")
 
 
 def build_wheel(out: Path) -> Path:
@@ -103,17 +106,24 @@ class ServeResult:
     rss: int  # resident bytes right after ready
     peak_rss: int
     output: str  # the process's stdout and stderr
+    probed: Any = None  # what `probe` returned
 
 
 def serve_until_ready(
-    harmony: Path, model_dir: Path, data_dir: Path, workdir: Path, timeout: float = 300.0
+    harmony: Path,
+    model_dir: Path,
+    data_dir: Path,
+    workdir: Path,
+    timeout: float = 300.0,
+    probe: Callable[[str], Any] | None = None,
 ) -> ServeResult:
     """Start `harmony serve --no-alignment` (one process) on a free port, wait for
-    /v2/health/ready, read its memory, stop it with SIGTERM."""
+    /v2/health/ready, read its memory, call `probe(base_url)` if given, stop it with SIGTERM."""
     port = free_port()
     command = [
         str(harmony), "serve", "--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir),
-        "--model-dir", str(model_dir), "--no-alignment", "--torch-threads", "1", "--log-level", "warning",
+        "--model-dir", str(model_dir), "--no-alignment", "--torch-threads", "1", "--onnx-threads", "1",
+        "--log-level", "warning",
     ]  # fmt: skip
     env = {**os.environ, "HARMONY_LOG_FILE": str(workdir / "harmony.log"), "OMP_NUM_THREADS": "1"}
     env.pop("PYTHONPATH", None)
@@ -125,9 +135,10 @@ def serve_until_ready(
         wait_until_ready(process, f"http://127.0.0.1:{port}/v2/health/ready", timeout, log)
         ready = time.perf_counter() - started
         rss, peak = rss_bytes(process.pid)
+        probed = probe(f"http://127.0.0.1:{port}") if probe is not None else None
     finally:
         stop(process)
-    return ServeResult(ready, rss, peak, log.read_text())
+    return ServeResult(ready, rss, peak, log.read_text(), probed)
 
 
 def run_harmony(venv: Path, args: list[str], workdir: Path, timeout: float = 1800.0):
