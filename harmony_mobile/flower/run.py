@@ -9,78 +9,27 @@ export` reads it unchanged; the Flower engine adds `flower_rounds.jsonl` (replie
 round). Its final metrics have no alignment score: that kNN needs several clients' labelled
 features in one place, which federated evaluation does not have.
 
-`train_flower` runs it on Flower's Simulation Engine (one virtual SuperNode per client); a
-deployment runs the same ServerApp/ClientApp through `flwr run` (flower_app/ in the repo).
+The ServerApp's body is `server_app.train_on_grid`. `train_flower` runs it on Flower's Simulation
+Engine (one virtual SuperNode per client); a deployment runs the same ServerApp/ClientApp through
+`flwr run` (flower_app/ in the repo).
 """
 
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
-import torch
-
-from harmony_mobile.evaluation import summarize
-from harmony_mobile.flower.server_app import FlowerClients, FlowerRunError
+from harmony_mobile.flower.server_app import (  # noqa: F401 (the entry points of the Flower engine)
+    FlowerRunError,
+    check_supported,
+    make_server_app,
+    train_on_grid,
+)
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.run_dir import ensure_federation_secret
-from harmony_mobile.training import (
-    TrainConfig,
-    check_config,
-    finish_server,
-    prepare_run_dir,
-    start_run,
-    train_rounds,
-    write_final_metrics,
-)
+from harmony_mobile.training import check_config, prepare_run_dir
 
 FLOWER_LOGGERS = ("flwr", "ray")  # they print to the terminal themselves unless adopted
-UNSUPPORTED = {
-    "centralized": "is the non-federated upper bound: one model per family trained on every client's "
-    "pooled raw data. Its trainer (the pool, each family's model and optimizer) is one object that all "
-    "clients' turns share, which the in-process engine has and Flower does not: each ClientApp keeps "
-    "its own state, so on Flower every client would train alone on its own data. Running it there "
-    "honestly means sending every client's raw images to the ServerApp, the transfer federated "
-    "training exists to avoid, for a bound that is the same number on either engine: train it on the "
-    "in-process engine (--engine inprocess)",
-}
-
-
-def check_supported(config: TrainConfig) -> None:
-    if config.algorithm in UNSUPPORTED:
-        raise ValueError(f"{config.algorithm!r} {UNSUPPORTED[config.algorithm]}")
-
-
-def train_on_grid(grid, settings: FlowerSettings) -> dict:
-    """The ServerApp's whole job; returns the final metrics it also writes to the run dir."""
-    check_supported(settings.train_config)
-    settings.check_code_version()
-    run = start_run(settings.train_config, Path(settings.run_dir), play_clients=False)
-    phases = {"setup": time.perf_counter() - run.started}
-    transport = FlowerClients(grid, settings, run)
-    transport.connect(len(run.client_tiers))
-    phases["connect"] = time.perf_counter() - run.started - sum(phases.values())
-    history = train_rounds(run, turns=transport)
-    phases["rounds"] = time.perf_counter() - run.started - sum(phases.values())
-    missing = transport.personalize(run)
-    if len(run.client_tiers) - len(missing) < settings.min_replies:
-        raise FlowerRunError(f"{len(missing)} clients did not personalize")
-    phases["personalize"] = time.perf_counter() - run.started - sum(phases.values())
-    personalized = [i for i in range(len(run.client_tiers)) if i not in missing]
-    reports, replay = transport.evaluate(run, personalized)
-    if not reports:
-        raise FlowerRunError("no client reported its evaluation")
-    results = summarize(reports)
-    results["thresholds"] = {name: report.pop("threshold") for name, report in reports.items()}
-    pooled = torch.cat(replay).to(torch.float16) if replay else None
-    results = finish_server(run, history, results, pooled, max(transport.max_releases.values(), default=0))
-    phases["evaluate"] = time.perf_counter() - run.started - sum(phases.values())
-    results["engine"] = "flower"
-    results["phase_seconds"] = phases
-    results["clients_without_personalization"] = missing
-    results["clients_without_evaluation"] = sorted(set(personalized) - {int(n[7:]) for n in reports})
-    return write_final_metrics(run, results)
 
 
 def provision_federation_secret(run_path: Path) -> None:
@@ -110,7 +59,6 @@ def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -
     """Train on Flower's Simulation Engine: one virtual SuperNode per client, this process's
     ServerApp writing the run dir. Returns the final metrics."""
     from harmony_mobile.flower.client_app import client_count, make_client_app
-    from harmony_mobile.flower.server_app import make_server_app
 
     run_simulation = quiet_simulation_entry()
 

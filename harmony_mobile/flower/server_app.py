@@ -1,7 +1,7 @@
 """The Flower ServerApp: family meta-weights, the back-end and the rounds, driven over a Grid.
 
-It runs `harmony train`'s own steps (flower/run.py) with the client turns of a round sent as
-messages to the SuperNodes that hold those clients. Each turn draws from its own random stream
+`train_on_grid` runs `harmony train`'s own steps (training.py) with the client turns of a round
+sent as messages to the SuperNodes that hold those clients. Each turn draws from its own random stream
 (rounds.seed_turn of the run's seed, the round and the client), which the ClientApp derives
 itself, so turns are independent: a round's messages go out at once and the clients train
 concurrently, yet the arithmetic is the in-process engine's and so are the numbers. A split
@@ -23,12 +23,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from harmony_mobile.evaluation import summarize
 from harmony_mobile.federation.rounds import personalization_round
 from harmony_mobile.files import open_private
 from harmony_mobile.flower import split
@@ -46,6 +48,13 @@ from harmony_mobile.flower.records import (
 )
 from harmony_mobile.flower.settings import FlowerSettings
 from harmony_mobile.protocol.messages import Broadcast, ClientUpdate
+from harmony_mobile.training import (
+    TrainConfig,
+    finish_server,
+    start_run,
+    train_rounds,
+    write_final_metrics,
+)
 
 log = logging.getLogger(__name__)
 POLL_START, POLL_MAX = 0.02, 0.25  # seconds between pulls of the replies: doubling up to the max
@@ -330,14 +339,59 @@ class FlowerClients:
         self.bytes_sent = self.bytes_received = 0
 
 
+UNSUPPORTED = {
+    "centralized": "is the non-federated upper bound: one model per family trained on every client's "
+    "pooled raw data. Its trainer (the pool, each family's model and optimizer) is one object that all "
+    "clients' turns share, which the in-process engine has and Flower does not: each ClientApp keeps "
+    "its own state, so on Flower every client would train alone on its own data. Running it there "
+    "honestly means sending every client's raw images to the ServerApp, the transfer federated "
+    "training exists to avoid, for a bound that is the same number on either engine: train it on the "
+    "in-process engine (--engine inprocess)",
+}
+
+
+def check_supported(config: TrainConfig) -> None:
+    if config.algorithm in UNSUPPORTED:
+        raise ValueError(f"{config.algorithm!r} {UNSUPPORTED[config.algorithm]}")
+
+
+def train_on_grid(grid, settings: FlowerSettings) -> dict:
+    """The ServerApp's whole job; returns the final metrics it also writes to the run dir."""
+    check_supported(settings.train_config)
+    settings.check_code_version()
+    run = start_run(settings.train_config, Path(settings.run_dir), play_clients=False)
+    phases = {"setup": time.perf_counter() - run.started}
+    transport = FlowerClients(grid, settings, run)
+    transport.connect(len(run.client_tiers))
+    phases["connect"] = time.perf_counter() - run.started - sum(phases.values())
+    history = train_rounds(run, turns=transport)
+    phases["rounds"] = time.perf_counter() - run.started - sum(phases.values())
+    missing = transport.personalize(run)
+    if len(run.client_tiers) - len(missing) < settings.min_replies:
+        raise FlowerRunError(f"{len(missing)} clients did not personalize")
+    phases["personalize"] = time.perf_counter() - run.started - sum(phases.values())
+    personalized = [i for i in range(len(run.client_tiers)) if i not in missing]
+    reports, replay = transport.evaluate(run, personalized)
+    if not reports:
+        raise FlowerRunError("no client reported its evaluation")
+    results = summarize(reports)
+    results["thresholds"] = {name: report.pop("threshold") for name, report in reports.items()}
+    pooled = torch.cat(replay).to(torch.float16) if replay else None
+    results = finish_server(run, history, results, pooled, max(transport.max_releases.values(), default=0))
+    phases["evaluate"] = time.perf_counter() - run.started - sum(phases.values())
+    results["engine"] = "flower"
+    results["phase_seconds"] = phases
+    results["clients_without_personalization"] = missing
+    results["clients_without_evaluation"] = sorted(set(personalized) - {int(n[7:]) for n in reports})
+    return write_final_metrics(run, results)
+
+
 def make_server_app(settings: FlowerSettings | None = None) -> ServerApp:
     """A ServerApp; without `settings` it reads them from the run config (`flwr run`)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        from harmony_mobile.flower.run import train_on_grid
-
         run_settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
         results = train_on_grid(grid, run_settings)
         log.info("finished: %s", results.get("summary"))
