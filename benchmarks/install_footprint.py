@@ -6,10 +6,12 @@ distribution count, the largest distributions, whether the training, Flower and 
 there, and `harmony serve --no-alignment` (one process, a tiny export as its model dir): seconds
 from process start to the first 200 from /v2/health/ready, and its resident memory then.
 
-    .venv/bin/python benchmarks/install_footprint.py [--model-dir EXPORT] [--starts 3]
+    .venv/bin/python benchmarks/install_footprint.py [--model-dir EXPORT] [--starts 3] [--roles server]
 
 Without --model-dir it trains one round on `digits` and exports the entry-android tier in the
-[all] venv first. Writes benchmarks/results/install_footprint.{json,md}.
+[all] venv first. `--roles server` re-measures that role alone (a --model-dir is then needed) and
+keeps the other role's numbers from the existing report, each role with its own date and load.
+Writes benchmarks/results/install_footprint.{json,md}.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ def measure_role(
     extra: str, wheel: Path, work: Path, model_dir: Path | None, starts: int
 ) -> tuple[dict, Path]:
     venv = work / f"{extra}-venv"
+    load_average = round(os.getloadavg()[0], 1)
     install_seconds = role_venv.create_venv(venv, wheel, extra)
     if model_dir is None:
         model_dir = tiny_export(venv, work)
@@ -63,6 +66,8 @@ def measure_role(
     largest = sorted(sizes.items(), key=lambda item: -item[1])[:10]
     result = {
         "extra": extra,
+        "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average": load_average,
         "install_seconds": round(install_seconds, 1),
         "venv_mb": round(role_venv.tree_bytes(venv) / MB, 1),
         "distributions": len(on_disk),
@@ -107,8 +112,10 @@ def markdown(report: dict) -> str:
         "# Install footprint: `[server]` against `[all]`",
         "",
         "Written by `benchmarks/install_footprint.py`; every number below is measured by it, on",
-        f"{report['machine']} (load average {report['load_average']} at the start: the machine is",
-        "shared, so the times are wall times under that load). Each install goes into a fresh venv",
+        f"{report['machine']}; the machine is shared, so the times are wall times under the load",
+        f"at each role's start (`[server]`: load average {server.get('load_average', report['load_average'])},"
+        f" {server.get('measured_at', report['measured_at'])}; `[all]`: {full.get('load_average', report['load_average'])},"
+        f" {full.get('measured_at', report['measured_at'])}). Each install goes into a fresh venv",
         "with requirements.lock as constraints, pip's cache warm and torch taken from the local CPU",
         f"wheel. `harmony serve --no-alignment`, one process, {report['starts']} starts each, model",
         "dir: a one-round `digits` run exported for the entry-android tier. Under such a load a",
@@ -136,12 +143,10 @@ def markdown(report: dict) -> str:
         lines.append(f"- `[{role['extra']}]`: {largest}")
     lines += [
         "",
-        "`harmony serve` imports the same modules from either install (the training, Flower and",
-        "exporter stacks are never imported by the server), so start-up and memory can differ only",
-        "by noise; what the server install saves is disk, download and install time.",
-        "",
-        "The server still carries PyTorch (the back-end runs in it, and alignment rounds train it);",
-        "a replica serving without PyTorch is not built.",
+        "`harmony serve --no-alignment` runs the back-end with what is installed: `[server]` has no",
+        "PyTorch and serves backend.onnx through ONNX Runtime, `[all]` serves backend.pt through",
+        "PyTorch (alignment rounds need it: the `[alignment]` extra). The training, Flower and",
+        "exporter stacks are never imported by the server.",
         "",
     ]
     return "\n".join(lines)
@@ -153,11 +158,15 @@ def main() -> None:
     parser.add_argument("--starts", type=int, default=3, help="server starts per install")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--render-only", action="store_true", help="rewrite the .md from the .json")
+    parser.add_argument("--roles", default="all,server", help="roles to measure (others kept from the .json)")
     args = parser.parse_args()
     if args.render_only:
         report = json.loads((args.out / "install_footprint.json").read_text())
         (args.out / "install_footprint.md").write_text(markdown(report))
         return
+    roles = [role.strip() for role in args.roles.split(",")]
+    if "all" not in roles and args.model_dir is None:
+        parser.error("without the [all] role there is no venv to make a tiny export in: give --model-dir")
     report = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "load_average": round(os.getloadavg()[0], 1),
@@ -165,12 +174,14 @@ def main() -> None:
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "roles": {},
     }
+    if set(roles) != {"all", "server"}:
+        report = json.loads((args.out / "install_footprint.json").read_text())
     with tempfile.TemporaryDirectory(prefix="install-footprint-") as temporary:
         work = Path(temporary)
         wheel = role_venv.build_wheel(work / "wheel")
         model_dir = args.model_dir.resolve() if args.model_dir else None
-        report["roles"]["all"], model_dir = measure_role("all", wheel, work, model_dir, args.starts)
-        report["roles"]["server"], _ = measure_role("server", wheel, work, model_dir, args.starts)
+        for role in sorted(roles):  # "all" first: without --model-dir it makes the tiny export
+            report["roles"][role], model_dir = measure_role(role, wheel, work, model_dir, args.starts)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "install_footprint.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "install_footprint.md").write_text(markdown(report))

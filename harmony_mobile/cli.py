@@ -816,7 +816,6 @@ def info(
     """Print versions, device tiers and which datasets are available."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from harmony_mobile.data import DATASETS, find_available
     from harmony_mobile.models import load_tiers
 
     versions = Table(title="versions")
@@ -851,6 +850,16 @@ def info(
             "calibrated" if tier.threshold is None else f"{tier.threshold:g}",
         )
     console.print(tier_table)
+    _print_datasets(data_root)
+
+
+def _print_datasets(data_root: Path | None) -> None:
+    from importlib.util import find_spec
+
+    if find_spec("torch") is None:  # the data sets load into torch tensors; a slim server has none
+        console.print("datasets: listed with the train extra (pip install 'harmony-mobile\\[train]')")
+        return
+    from harmony_mobile.data import DATASETS, find_available
 
     data_table = Table(title=f"datasets (data root: {data_root or 'none'})")
     data_table.add_column("name")

@@ -7,6 +7,7 @@ lines). `harmony -v` shows them on the terminal too.
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import sys
@@ -67,7 +68,9 @@ def configure_logging(
 
 def _adopt_self_handling_loggers() -> None:
     """torch attaches a stderr handler to its logger on import: import it now, then let its records
-    propagate to our handlers instead."""
+    propagate to our handlers instead. A serving replica installed without torch has none to adopt."""
+    if importlib.util.find_spec("torch") is None:
+        return
     import torch  # noqa: F401  (installs torch's handlers, which are removed below)
 
     for name in SELF_HANDLING_LOGGERS:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,6 +194,8 @@ def backend_onnx_bytes(
         load_onnx_backend,
     )
 
+    # the exporter warns on every call about torchvision ops it cannot register (no torchvision here)
+    logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     backend = copy.deepcopy(backend).eval()  # export must not touch a model other threads serve
     # traced on two rows: a batch of 1 would let the exporter specialize the batch axis to 1
     example = torch.zeros(2, *backend.interface.shape)

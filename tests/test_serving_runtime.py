@@ -180,9 +180,10 @@ NO_TORCH_SERVER = BLOCK_TORCH + textwrap.dedent(
         device = client.post("/v1/devices", json={"name": "phone", "tier": "mid-android"}, headers=admin).json()
         auth = {"Authorization": "Bearer " + device["token"]}
         infer = client.post("/v2/models/harmony-backend/infer", json=body, headers=auth)
+        pages = [client.get(path, headers=admin).status_code for path in ("/", "/metrics", "/v2/models/stats")]
     torch_modules = sorted(m for m, v in sys.modules.items() if v is not None and m.split(".")[0] == "torch")
     print(json.dumps({"ready": ready, "infer": infer.json(), "status": infer.status_code,
-                      "refused": refused, "torch_modules": torch_modules}))
+                      "refused": refused, "torch_modules": torch_modules, "pages": pages}))
     """
 )
 
@@ -208,6 +209,7 @@ def test_a_replica_without_torch_serves_and_imports_no_torch(export_dir, tmp_pat
     answer = json.loads(result.stdout.strip().splitlines()[-1])
     assert answer["torch_modules"] == []
     assert answer["ready"] == 200 and answer["status"] == 200, answer
+    assert answer["pages"] == [200, 200, 200]  # status page, metrics, statistics
     assert "harmony-mobile[alignment]" in answer["refused"]
     loaded = load_backend_file(export_dir / "backend" / "backend.pt")
     with torch.inference_mode():
