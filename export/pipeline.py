@@ -7,6 +7,7 @@ Output directory layout:
       verification.json  verification.md              (verify.py)
       backend/backend.pt                              g + h state dicts, run_dir.save_backend format
       backend/backend.pt2                             torch.export of g, dynamic batch
+      backend/backend.onnx                            g for ONNX Runtime (replicas without torch)
       tiers/<tier>/front_fp32.pte                     XNNPACK, fully delegated
       tiers/<tier>/front_int8.pte                     PT2E static int8 per-channel, XNNPACK
       tiers/<tier>/front_coreml-fp16.mlpackage/       ML Program, iOS 16+ (coreml tiers)
@@ -619,7 +620,7 @@ def _export_tiers(
 
 
 def _export_backend(run: RunDir, work: Path, progress: ProgressCallback) -> dict:
-    progress("torch.export of g")
+    progress("torch.export and ONNX of g")
     backend = steps.export_backend(run.path / "backend.pt", work / BACKEND_DIR)
     progress("done", 1)
     if backend["model_version"] != run.info.model_version:
