@@ -57,7 +57,9 @@ def test_cross_family_mode_keeps_each_familys_rows_across_rounds():
     kept = {family: rows.shape[0] for family, (rows, _) in server._family_bank.items()}
     assert kept == {0: 4, 1: 4}
     assert server.take_diagnostics("b")["contrastive_grad_ratio"] > 0  # b had cross-family positives
-    assert server.take_diagnostics("a") == {"contrastive_grad_ratio": 0.0}  # a had no other family to align to
+    assert server.take_diagnostics("a") == {
+        "contrastive_grad_ratio": 0.0
+    }  # a had no other family to align to
 
 
 def test_token_mode_pools_only_the_rounds_rows():
