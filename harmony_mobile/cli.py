@@ -653,7 +653,7 @@ def provision_command(
 
 def _enrol_for_payload(server_url, admin_token_file: Path, tier, name, provisioned_device):
     from harmony_mobile.device.errors import DeviceError
-    from harmony_mobile.device.server import enrol
+    from harmony_mobile.device.fallback_client import enrol
 
     if server_url is None or tier is None:
         fail("--admin-token-file enrols a device: pass --server-url and --tier too")

@@ -122,7 +122,7 @@ def run(
         log_level=log_level,
         http=GUARDED_PROTOCOL,
         timeout_keep_alive=5,
-        # uvicorn's own limit answers in plain text; ours (protocol.py) answers JSON and counts first
+        # uvicorn's own limit answers in plain text; ours (http_guards.py) answers JSON and counts first
         limit_concurrency=None,
         access_log=False,
     )
