@@ -41,13 +41,14 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(MAKE) lint-imports
 
-# The layer contract (pyproject.toml, [tool.importlinter]) runs on an installed copy: export/ and
-# server/ become harmony_mobile.export / .server only through the package-dir mapping.
+# The import contracts (pyproject.toml, [tool.importlinter]) run on an installed copy: export/ and
+# server/ become harmony_mobile.export / .server only through the package-dir mapping. The checkout
+# comes after it on the path for benchmarks/ (tests/test_import_contracts.py runs the same check).
 lint-imports: $(STAMP)
 	rm -rf $(IMPORTS_CHECK)
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation --no-compile --target $(IMPORTS_CHECK) . 2>&1 | grep -v "^WARNING" || true
 	rm -rf build
-	cd $(IMPORTS_CHECK) && PYTHONPATH=$(IMPORTS_CHECK) $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml --no-cache
+	cd $(IMPORTS_CHECK) && PYTHONPATH=$(IMPORTS_CHECK):$(CURDIR) $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml --no-cache
 
 # Two workers (the machine has 2 cores and most tests run one torch thread); a file's tests stay on
 # one worker, so module fixtures (a SuperLink, a demo run, a server) are built once.

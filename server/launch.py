@@ -47,8 +47,8 @@ def check_model_dir(model_dir: Path | None, runtime: Runtime) -> None:
     if model_dir is None:
         return
     from harmony_mobile.server.app import MANIFEST_FILE, P256_SIGNATURE_FILE, SIGNATURE_FILE
+    from harmony_mobile.server.backend_files import BackendFileError
     from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ONNX_IN_MODEL_DIR, sha256_file
-    from harmony_mobile.server.runtimes import BackendFileError
 
     if not model_dir.is_dir():
         raise ModelDirError(

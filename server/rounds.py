@@ -17,19 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from harmony_mobile.server.errors import FailureRun, first_line
 from harmony_mobile.server.metrics import ServerMetrics
 from harmony_mobile.server.registry import ModelRegistry
+from harmony_mobile.server.round_outcomes import NotEnoughRows, RoundCancelled
 from harmony_mobile.server.schemas import AlignmentParams
 from harmony_mobile.server.store import Store
 from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger("harmony_mobile.server.alignment")
-
-
-class RoundCancelled(RuntimeError):
-    pass
-
-
-class NotEnoughRows(ValueError):
-    """An expected outcome (too few stored rows), not a bug: logged without a traceback."""
 
 
 def process_identity() -> str:

@@ -16,10 +16,9 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
+from harmony_mobile.server.backend_files import BackendFileError, read_onnx_backend
 from harmony_mobile.server.registry import ONNX_SUFFIX, ModelRegistry, ServedModel
 from harmony_mobile.server.settings import Settings
-
-from harmony_mobile.onnx_backend import OnnxBackendError, load_onnx_backend
 
 log = logging.getLogger("harmony_mobile.server.runtimes")
 RUNTIMES = ("auto", "torch", "onnx")
@@ -28,10 +27,6 @@ RUNTIMES = ("auto", "torch", "onnx")
 class RuntimeChoiceError(ValueError):
     """The runtime asked for cannot run here, or cannot do what the settings ask; one line naming
     the extra to install or the flag to change."""
-
-
-class BackendFileError(ValueError):
-    """A back-end file the chosen runtime cannot serve; the message is one line."""
 
 
 class Runtime(Protocol):
@@ -78,13 +73,6 @@ def make_runtime(settings: Settings) -> Runtime:
 
         return TorchRuntime(settings.torch_threads)
     return OnnxRuntime(settings.onnx_threads)
-
-
-def read_onnx_backend(path: Path, threads: int | None):
-    try:
-        return load_onnx_backend(Path(path).read_bytes(), threads)
-    except OnnxBackendError as error:
-        raise BackendFileError(f"{path}: {error}") from None
 
 
 class OnnxRuntime:

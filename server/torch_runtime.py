@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from harmony_mobile.server.backend_files import BackendFileError, read_onnx_backend
 from harmony_mobile.server.registry import ModelRegistry, ServedModel, sha256_file
-from harmony_mobile.server.runtimes import BackendFileError, read_onnx_backend
 
 from harmony_mobile.models import Backend, ProjectionHead
 from harmony_mobile.protocol.slots import SlotTable
