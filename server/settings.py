@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from harmony_mobile.protocol.wire import MAX_UPLOAD_ROWS
+
 MODEL_NAME = "harmony-backend"
 
 
@@ -52,7 +54,7 @@ class Settings(BaseSettings):
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="413 above this")
     max_request_rows: int = Field(default=64, ge=1, description="feature rows per infer request")
-    max_upload_rows: int = Field(default=256, ge=1, description="feature rows per sealed upload")
+    max_upload_rows: int = Field(default=MAX_UPLOAD_ROWS, ge=1, description="feature rows per sealed upload")
 
     max_batch: int = Field(default=32, ge=1, description="rows per micro-batch; 1 turns batching off")
     max_wait_ms: float = Field(default=2.0, ge=0, description="how long a micro-batch waits to fill")

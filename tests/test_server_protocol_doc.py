@@ -1,13 +1,17 @@
 """docs/PROTOCOL.md and the server agree on every status code: the per-route table in section 8
-is exactly what the app's OpenAPI document says each route can answer, route for route."""
+is exactly what the app's OpenAPI document says each route can answer, route for route. The
+defaults the document states (enrolment limits, alignment round parameters) are the server's."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from fastapi.routing import APIRoute
 from harmony_mobile.server import admin, artifacts, create_app, devices, uploads, v2, v2_infer
+from harmony_mobile.server.schemas import AlignmentParams
+from harmony_mobile.server.settings import Settings
 
 from tests.helpers.fallback_server import make_settings
 
@@ -58,3 +62,19 @@ def test_every_status_in_the_table_has_a_meaning_row():
     explained = set(re.findall(r"^\| (\d{3}) \|", section, flags=re.M))
     used = set().union(*documented().values())
     assert used <= explained, used - explained
+
+
+def test_the_enrolment_example_states_the_default_limits():
+    limits = re.search(r'"limits":(\{[^}]*\})', PROTOCOL.read_text())
+    assert limits, "no limits object in the enrolment example"
+    for name, value in json.loads(limits[1]).items():
+        assert Settings.model_fields[name].default == value, name
+
+
+def test_the_alignment_parameter_table_states_the_defaults():
+    text = PROTOCOL.read_text()
+    table = text.split("Alignment round parameters")[1].split("\n\n")[1]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \|", table, flags=re.M)
+    assert {name for name, _ in rows} == set(AlignmentParams.model_fields)
+    for name, written in rows:
+        assert AlignmentParams.model_fields[name].default == json.loads(written.strip()), name

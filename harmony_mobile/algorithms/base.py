@@ -20,6 +20,10 @@ from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerCo
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.protocol.messages import ClientUpdate
 
+# Samples a client draws per optimizer step unless configured. HARMONY draws a support and a query
+# batch per meta step, so its batch_size defaults to half of this: every method sees the same samples.
+SAMPLES_PER_STEP = 64
+
 
 class LocalTrainingConfig(BaseModel):
     """The per-round budget every method has: the one place its defaults are written, so that the
@@ -28,7 +32,7 @@ class LocalTrainingConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     local_steps: int = Field(default=16, ge=1, description="optimizer steps per client per round")
-    batch_size: int = Field(default=64, ge=2, description="samples per step")
+    batch_size: int = Field(default=SAMPLES_PER_STEP, ge=2, description="samples per step")
     lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of what the client trains")
 
 

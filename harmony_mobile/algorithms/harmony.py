@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 
 from harmony_mobile.algorithms.base import (
+    SAMPLES_PER_STEP,
     SplitMethod,
     SplitTrainingConfig,
     calibrate_client,
@@ -67,7 +68,8 @@ class HarmonyConfig(SplitTrainingConfig):
     """The split budget (`local_steps` meta steps, `lr` of the meta-update, `server_lr` of g and h),
     HARMONY's mechanisms, and the server's contrastive term, whose knobs default here only."""
 
-    batch_size: int = Field(default=32, ge=2, description="support and query batch size")
+    # a meta step draws a support and a query batch: together the samples per step of the other methods
+    batch_size: int = Field(default=SAMPLES_PER_STEP // 2, ge=2, description="support and query batch size")
     personalize_epochs: int = Field(default=2, ge=0, description="final personalization epochs on local data")
     inner_steps: int = Field(default=1, ge=0, description="I: SGD steps of the inner personalization loop")
     inner_lr: float = Field(

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harmony_mobile.training import TrainConfig
+
 PHASES = ("deployed", "drifted", "aligned")
 UPLOAD_ROWS = 32  # confirmed samples per sealed upload
 PHASE_TITLES = {
@@ -25,15 +27,20 @@ class DemoError(RuntimeError):
     pass
 
 
+def training_default(name: str) -> Any:
+    """TrainConfig's default for `name`: the demo trains like `harmony train` unless it says otherwise."""
+    return TrainConfig.model_fields[name].default
+
+
 @dataclass
 class DemoConfig:
     out: Path = Path("demo-output")
-    dataset: str = "mnist5k"
-    dataset_limit: int | None = None
-    tiers_file: str | None = None
-    clients_per_tier: int = 3
-    rounds: int = 8
-    seed: int = 0
+    dataset: str = training_default("dataset")
+    dataset_limit: int | None = training_default("dataset_limit")
+    tiers_file: str | None = training_default("tiers_file")
+    clients_per_tier: int = training_default("clients_per_tier")
+    rounds: int = 8  # the demo's small budget, below `harmony train`'s
+    seed: int = training_default("seed")
     quantization: str = "int8"  # which .pte each phone runs
     ood_fraction: float = 0.5
     max_test: int | None = None  # cap on ID test samples per phone (the e2e test uses a small one)
@@ -51,9 +58,7 @@ class DemoConfig:
     alignment_timeout: float = 600.0
     outage_images: int = 20  # test images each phone answers while the server is down
 
-    def train_config(self):
-        from harmony_mobile.training import TrainConfig
-
+    def train_config(self) -> TrainConfig:
         return TrainConfig(
             dataset=self.dataset,
             dataset_limit=self.dataset_limit,

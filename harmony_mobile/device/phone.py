@@ -39,7 +39,7 @@ from harmony_mobile.protocol.label_tokens import (
     slot_classes,
 )
 from harmony_mobile.protocol.sealing import AssociatedData, seal
-from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
+from harmony_mobile.protocol.wire import MAX_UPLOAD_ROWS, UploadMetadata, encode_tensor, encode_upload
 
 LABEL_DRAWS_FILE = "label_dp_draws.json"  # beside the upload queue: device-local storage
 PERMANENT_UPLOAD_STATUSES = (400, 409, 413, 422)  # resending the same bytes cannot fix these
@@ -292,7 +292,7 @@ class Phone:
                 ids, labels, privacy.label_dp_epsilon, len(self.class_names), self._noise
             )
         features = privatize_features(features, privacy.feature_clip, privacy.noise_multiplier, self._noise)
-        rows = int(self.credentials.limits.get("max_upload_rows", 256))
+        rows = int(self.credentials.limits.get("max_upload_rows", MAX_UPLOAD_ROWS))
         key, epoch = epoch_key(self.federation_key.secret, self.label_epoch), self.label_epoch
         queued = []
         for start in range(0, len(labels), rows):

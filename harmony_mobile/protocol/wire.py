@@ -54,6 +54,9 @@ UPLOAD_MAGIC = b"HMUP"
 UPLOAD_VERSION = 1
 UPLOAD_FIXED_HEADER = 9
 MAX_METADATA_BYTES = 1 << 20
+# Feature rows per sealed upload: the fallback server's limit unless configured (its
+# max_upload_rows), and what a phone splits uploads by when its enrolment names no limit.
+MAX_UPLOAD_ROWS = 256
 
 _LE_FLOAT32 = np.dtype("<f4")
 
