@@ -425,7 +425,7 @@ def main() -> None:
         "raw_forward_measurements": {"before": raw_before, "after": raw_after},
         "runs": runs,
     }
-    write_report(result)
+    write_server_load_report(result)
 
 
 def _saturation_table(result: dict) -> list[str]:
@@ -507,7 +507,7 @@ def _targets(result: dict) -> list[str]:
     ]
 
 
-def write_report(result: dict) -> None:
+def write_server_load_report(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "server_load.json").write_text(json.dumps(result, indent=2) + "\n")
     setup, raw = result["setup"], result["raw_forward_rows_per_second"]

@@ -53,7 +53,7 @@ from harmony_mobile.export.manifest import (
     write_signed_manifest,
 )
 from harmony_mobile.export.steps import ExportError
-from harmony_mobile.export.verify import tier_checks, verify_pte, write_report
+from harmony_mobile.export.verify import tier_checks, verify_pte, write_verification_report
 
 from harmony_mobile.models import Tier
 from harmony_mobile.run_dir import ClientArtifact, RunDir, RunDirError
@@ -112,7 +112,7 @@ def check_output(out: Path) -> None:
         raise ExportError(f"cannot write the export to {out}: {existing} is not a writable directory")
 
 
-def check_tiers(run: RunDir, selected: list[Tier]) -> None:
+def check_tiers_exportable(run: RunDir, selected: list[Tier]) -> None:
     """Every selected tier has a loadable front-end and the run's input shape (checked before
     anything is written)."""
     for tier in selected:
@@ -228,7 +228,7 @@ def prepare_tier(
     test_samples: int | None,
 ) -> TierInputs:
     """Select the tier's personalized front-end, wrap it for export, pick calibration and
-    verification images (the input shape was checked by `check_tiers` before anything was written).
+    verification images (the input shape was checked by `check_tiers_exportable` before anything was written).
     `labels`: (class labels, exit-order labels) of every image."""
     client, front_end = steps.select_front_end(run, tier.name)
     input_shape = tuple(tier.input_shape)
@@ -355,7 +355,7 @@ def export_personalization(run: RunDir, tier: Tier, inputs: TierInputs, director
     return entry, row
 
 
-def tier_entry(run: RunDir, tier: Tier, inputs: TierInputs, artifacts: list) -> TierEntry:
+def build_tier_entry(run: RunDir, tier: Tier, inputs: TierInputs, artifacts: list) -> TierEntry:
     """The tier's manifest entry."""
     info = run.info
     return TierEntry(
@@ -421,7 +421,7 @@ def export_tier(
         tier, inputs, directory, max_batch=max_batch, latency_runs=latency_runs, progress=progress
     )
     coreml_artifacts, coreml_rows = export_coreml_variants(tier, inputs, directory, progress)
-    entry = tier_entry(run, tier, inputs, pte_artifacts + coreml_artifacts)
+    entry = build_tier_entry(run, tier, inputs, pte_artifacts + coreml_artifacts)
     report = tier_report(tier, inputs, pte_rows, coreml_rows)
     progress("personalization: training programs")
     entry.personalization, report["personalization"] = export_personalization(
@@ -496,7 +496,7 @@ def export_run(
         raise ExportError(f"--dynamic-batch must be >= 1, got {max_batch}")
     run = open_run(run_dir)
     selected = resolve_tiers(run, tiers)
-    check_tiers(run, selected)
+    check_tiers_exportable(run, selected)
     out = Path(out).expanduser().absolute()
     check_output(out)
     key_created = False
@@ -566,7 +566,7 @@ def _export(
             backend = _export_backend(run, work, bar.callback("backend", 1))
         report = _report(run, tier_reports, backend, threads, latency_runs, max_batch)
         _check_gate(tier_reports, allow_failed_variants)
-        reports = write_report(work, report)
+        reports = write_verification_report(work, report)
         manifest = _sign_manifest(run, work, entries, backend, reports, *signing_keys, previous=out)
         _move_into_place(work, out)
     except BaseException:

@@ -424,7 +424,7 @@ def _coreml_section(report: dict) -> list[str]:
     return lines
 
 
-def write_report(directory: str | Path, report: dict) -> list[str]:
+def write_verification_report(directory: str | Path, report: dict) -> list[str]:
     """verification.json + verification.md in `directory`; returns their relative paths."""
     directory = Path(directory)
     (directory / "verification.json").write_text(json.dumps(report, indent=2) + "\n")

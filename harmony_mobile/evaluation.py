@@ -23,7 +23,7 @@ OOD_FRACTIONS = (0.0, 0.2, 0.5)
 
 
 @dataclass
-class ServedBackend:
+class BackendWithSlots:
     """What the server serves: g and its slot table (the label tokens of its slots, in order)."""
 
     backend: Backend
@@ -58,7 +58,7 @@ class SplitAnswers(NamedTuple):
 
 
 @torch.no_grad()
-def split_answers(client: Client, backend: ServedBackend, images: torch.Tensor) -> SplitAnswers:
+def split_answers(client: Client, backend: BackendWithSlots, images: torch.Tensor) -> SplitAnswers:
     """The exit's answer and the class of the server's top slot (decoded with the phone's secret;
     a slot with no class of the phone: the exit's answer), for every image."""
     exit_logits, features = client.model(images, client.split_depth)
@@ -70,7 +70,7 @@ def split_answers(client: Client, backend: ServedBackend, images: torch.Tensor) 
 
 @torch.no_grad()
 def predict(
-    client: Client, backend: ServedBackend | None, images: torch.Tensor, exit_rule: str = "max_softmax"
+    client: Client, backend: BackendWithSlots | None, images: torch.Tensor, exit_rule: str = "max_softmax"
 ) -> dict[str, torch.Tensor]:
     """What the phone answers: its exit when confident, else the class of the server's top slot
     (`split_answers`).
@@ -108,7 +108,7 @@ class EvaluationSetting:
 
 
 def evaluate_client(
-    client: Client, backend: ServedBackend | None, setting: EvaluationSetting, p: float
+    client: Client, backend: BackendWithSlots | None, setting: EvaluationSetting, p: float
 ) -> dict[str, float]:
     """One client's metrics on its ID test samples mixed with OOD ones at fraction `p`."""
     images, labels, partition = setting.images, setting.labels, setting.partition
@@ -164,7 +164,7 @@ def alignment_score(
     return float(np.mean(scores)) if scores else float("nan")
 
 
-def evaluate(clients: list[Client], backend: ServedBackend | None, setting: EvaluationSetting) -> dict:
+def evaluate(clients: list[Client], backend: BackendWithSlots | None, setting: EvaluationSetting) -> dict:
     """Per client and mean metrics for every OOD fraction, plus the alignment score."""
     per_client = {client.name: evaluate_client_at(client, backend, setting) for client in clients}
     results = summarize(per_client, setting.ood_fractions)
@@ -177,7 +177,7 @@ def evaluate(clients: list[Client], backend: ServedBackend | None, setting: Eval
 
 
 def evaluate_client_at(
-    client: Client, backend: ServedBackend | None, setting: EvaluationSetting
+    client: Client, backend: BackendWithSlots | None, setting: EvaluationSetting
 ) -> dict[str, dict[str, float]]:
     """One client's metrics at every OOD fraction (what a client reports in federated evaluation)."""
     return {f"p={p:g}": evaluate_client(client, backend, setting, p) for p in setting.ood_fractions}

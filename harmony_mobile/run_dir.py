@@ -240,7 +240,10 @@ def save_backend_onnx(path: Path, *args: Any) -> float:
 
 
 @dataclass
-class LoadedBackend:
+class BackendFileContents:
+    """What a backend.pt file holds (load_backend_file): g, its projection head, and what serving
+    and alignment need with them."""
+
     backend: Backend
     projection: ProjectionHead
     model_version: str
@@ -301,7 +304,7 @@ def _backend_modules(path: Path, state: dict[str, Any]) -> tuple[Backend, Projec
     return backend, projection
 
 
-def load_backend_file(path: str | Path) -> LoadedBackend:
+def load_backend_file(path: str | Path) -> BackendFileContents:
     """Read a file written by `save_backend` (RUN_DIR/backend.pt, or the export's copy); modules in eval mode.
     Anything else (a truncated or placeholder file, another pickle) is a one-line RunDirError."""
     path = Path(path)
@@ -317,7 +320,7 @@ def load_backend_file(path: str | Path) -> LoadedBackend:
         raise RunDirError(
             f"{path}: replay features have shape {shape}, not N rows of {list(backend.interface.shape)}"
         )
-    return LoadedBackend(
+    return BackendFileContents(
         backend.eval(),
         projection.eval(),
         str(state["model_version"]),
@@ -398,7 +401,7 @@ class RunDir:
         front_end.load_state_dict(client.front_end_state)
         return front_end.eval()
 
-    def backend(self) -> LoadedBackend:
+    def backend(self) -> BackendFileContents:
         return load_backend_file(self.path / "backend.pt")
 
     def dataset(self):

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import dataset_info, load_dataset
 from harmony_mobile.data.partition import ClientSplit, Partition, make_partition
-from harmony_mobile.evaluation import EvaluationSetting, ServedBackend, evaluate
+from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.rounds import (
@@ -176,7 +176,7 @@ def initial_family_weights(config: TrainConfig, tiers: TierSet, dataset, interfa
     return weights
 
 
-def check_tiers(tiers: TierSet) -> None:
+def check_family_widths(tiers: TierSet) -> None:
     widths: dict[str, float] = {}
     for tier in tiers.tiers:
         if widths.setdefault(tier.family, tier.width) != tier.width:
@@ -305,7 +305,7 @@ class TrainingRun:
 def check_config(config: TrainConfig) -> TierSet:
     """Bad tiers or algorithm settings fail before the run directory is touched."""
     tiers = load_tiers(config.tiers_file)
-    check_tiers(tiers)
+    check_family_widths(tiers)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
     fixed = [t.name for t in tiers.tiers if t.threshold is not None]
     if fixed and algorithm.exit_rule != "max_softmax":
@@ -434,7 +434,7 @@ def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | 
     """Evaluate the personalized clients, write their artifacts, the back-end and final metrics."""
     config, algorithm = run.config, run.federation.algorithm
     server = run.federation.server
-    served = ServedBackend(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
+    served = BackendWithSlots(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     images, labels = run.dataset.images, run.dataset.labels
     setting = EvaluationSetting(images, labels, run.partition, config.seed, algorithm.exit_rule)
     results = evaluate(run.clients, served, setting)

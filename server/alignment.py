@@ -47,10 +47,10 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from harmony_mobile.server.registry import ServedModel
+from harmony_mobile.server.registry import ServedVersion
 from harmony_mobile.server.round_outcomes import NotEnoughRows, RoundCancelled
 from harmony_mobile.server.schemas import AlignmentParams
-from harmony_mobile.server.torch_runtime import served_model
+from harmony_mobile.server.torch_runtime import served_version
 from harmony_mobile.server.uploads import stored_to_feature_upload
 
 from harmony_mobile.models.losses import distillation_loss, supcon_loss
@@ -158,7 +158,7 @@ def _sample(rows: torch.Tensor, size: int, generator: torch.Generator) -> torch.
 def run_alignment(
     uploads: list[FeatureUpload],
     replay: ReplaySet,
-    teacher: ServedModel,
+    teacher: ServedVersion,
     params: AlignmentParams,
     progress: Callable[[float, dict], None] = lambda fraction, metrics: None,
     cancelled: Callable[[], bool] = lambda: False,
@@ -339,7 +339,7 @@ def align_and_publish(worker: AlignmentWorker, round_id: int, params: AlignmentP
         return  # its lease expired and another process marked it interrupted: do not publish
     version = f"{teacher.version}-r{round_id}"
     # the replay set is inherited unchanged: uploaded features stay in their sealed envelopes
-    model = served_model(
+    model = served_version(
         version, "", result.backend, result.projection, teacher.class_names, teacher.replay, result.slot_table
     )
     worker.registry.publish(version, teacher.version, result.metrics, model)

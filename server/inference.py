@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 from harmony_mobile.server.metrics import ServerMetrics
-from harmony_mobile.server.registry import ServedModel, predict
+from harmony_mobile.server.registry import ServedVersion, predict
 
 
 class QueueFull(RuntimeError):
@@ -57,7 +57,7 @@ class VersionStats:
 @dataclass
 class _Job:
     features: np.ndarray
-    model: ServedModel
+    model: ServedVersion
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued_ns: int = 0
@@ -128,7 +128,7 @@ class MicroBatcher:
             self._thread.join(timeout=10)
             self._thread = None
 
-    async def infer(self, features: np.ndarray, model: ServedModel) -> Prediction:
+    async def infer(self, features: np.ndarray, model: ServedVersion) -> Prediction:
         if len(self._waiting) >= self.queue_size:
             self.metrics.queue_full.inc()
             raise QueueFull(f"the inference queue is full ({self.queue_size} requests waiting)")

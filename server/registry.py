@@ -54,7 +54,7 @@ class NoParentVersion(LookupError):
 
 
 @dataclass
-class ServedModel:
+class ServedVersion:
     """One loaded back-end version. Read-only once built: inference threads share it."""
 
     version: str
@@ -90,8 +90,8 @@ class ModelRegistry:
         self.artifacts = Path(data_dir) / ARTIFACTS_DIR
         self.artifacts.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._loaded: dict[str, ServedModel] = {}
-        self._default: ServedModel | None = None
+        self._loaded: dict[str, ServedVersion] = {}
+        self._default: ServedVersion | None = None
 
     # ---------------------------------------------------------------- startup
 
@@ -116,7 +116,7 @@ class ModelRegistry:
         # another process may have registered the same file since the look-up above
         return self.store.add_imported_version(VersionRecord(name, sha, None, "import", utc_now(), metrics))
 
-    def load_default(self) -> ServedModel | None:
+    def load_default(self) -> ServedVersion | None:
         name = self.store.default_version()
         if name is None:
             return None
@@ -127,16 +127,16 @@ class ModelRegistry:
 
     # ---------------------------------------------------------------- reads
 
-    def default(self) -> ServedModel | None:
+    def default(self) -> ServedVersion | None:
         with self._lock:
             return self._default
 
-    def loaded(self, version: str | None) -> ServedModel | None:
+    def loaded(self, version: str | None) -> ServedVersion | None:
         """The model if it is already in memory (no disk or database access: safe on the event loop)."""
         with self._lock:
             return self._default if version is None else self._loaded.get(version)
 
-    def resolve(self, version: str | None) -> ServedModel:
+    def resolve(self, version: str | None) -> ServedVersion:
         if version is None:
             model = self.default()
             if model is None:
@@ -144,7 +144,7 @@ class ModelRegistry:
             return model
         return self.get(version)
 
-    def get(self, version: str) -> ServedModel:
+    def get(self, version: str) -> ServedVersion:
         with self._lock:
             if version in self._loaded:
                 return self._loaded[version]
@@ -160,7 +160,7 @@ class ModelRegistry:
 
     # ---------------------------------------------------------------- writes
 
-    def publish(self, version: str, parent: str, metrics: dict, model: ServedModel) -> ServedModel:
+    def publish(self, version: str, parent: str, metrics: dict, model: ServedVersion) -> ServedVersion:
         """Store an alignment round's version (the torch runtime writes its files) and serve it."""
         with tempfile.TemporaryDirectory(dir=self.artifacts) as scratch:
             pt_file, onnx_file = self.runtime.write_version(Path(scratch), model)
@@ -176,14 +176,14 @@ class ModelRegistry:
             self._default = model
         return model
 
-    def set_default(self, version: str) -> ServedModel:
+    def set_default(self, version: str) -> ServedVersion:
         model = self.get(version)  # raises UnknownVersion
         self.store.set_default_version(version)
         with self._lock:
             self._default = model
         return model
 
-    def rollback(self) -> ServedModel:
+    def rollback(self) -> ServedVersion:
         current = self.store.default_version()
         record = self.store.version(current) if current else None
         if record is None or record.parent is None:
@@ -234,7 +234,7 @@ def _softmax(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
-def predict(model: ServedModel, features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def predict(model: ServedVersion, features: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Slot scores (N, S) float32 over the S slots of the version's table, top slot (int64) and
     confidence (max softmax over those slots, float32). The server answers in slots: only a phone
     knows their classes. Same arithmetic for both runtimes: only g's forward differs."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from harmony_mobile.server.backend_files import BackendFileError, read_onnx_backend
-from harmony_mobile.server.registry import ONNX_SUFFIX, ModelRegistry, ServedModel
+from harmony_mobile.server.registry import ONNX_SUFFIX, ModelRegistry, ServedVersion
 from harmony_mobile.server.settings import Settings
 
 log = logging.getLogger("harmony_mobile.server.runtimes")
@@ -38,11 +38,11 @@ class Runtime(Protocol):
 
     def onnx_matches(self, onnx_file: Path, sha: str) -> bool: ...
 
-    def load(self, registry: ModelRegistry, version: str, sha: str) -> ServedModel: ...
+    def load(self, registry: ModelRegistry, version: str, sha: str) -> ServedVersion: ...
 
-    def write_version(self, scratch: Path, model: ServedModel) -> tuple[Path, Path]: ...
+    def write_version(self, scratch: Path, model: ServedVersion) -> tuple[Path, Path]: ...
 
-    def write_onnx(self, pt_file: Path, onnx_file: Path, model: ServedModel) -> bool: ...
+    def write_onnx(self, pt_file: Path, onnx_file: Path, model: ServedVersion) -> bool: ...
 
 
 def choose_runtime(runtime: str, run_alignment: bool) -> str:
@@ -105,7 +105,7 @@ class OnnxRuntime:
     def onnx_matches(self, onnx_file: Path, sha: str) -> bool:
         return onnx_file.is_file()  # check_import has checked it, or refused the export
 
-    def load(self, registry: ModelRegistry, version: str, sha: str) -> ServedModel:
+    def load(self, registry: ModelRegistry, version: str, sha: str) -> ServedVersion:
         try:
             path = registry.local_artifact(sha + ONNX_SUFFIX)
         except FileNotFoundError:
@@ -114,7 +114,7 @@ class OnnxRuntime:
                 " could not write one): serve it from a replica on the torch runtime"
             ) from None
         loaded = read_onnx_backend(path, self.threads)
-        return ServedModel(
+        return ServedVersion(
             version,
             sha,
             loaded.slot_table,
@@ -124,8 +124,8 @@ class OnnxRuntime:
             self.name,
         )
 
-    def write_version(self, scratch: Path, model: ServedModel) -> tuple[Path, Path]:
+    def write_version(self, scratch: Path, model: ServedVersion) -> tuple[Path, Path]:
         raise RuntimeChoiceError("the onnx runtime publishes no version: alignment rounds need torch")
 
-    def write_onnx(self, pt_file: Path, onnx_file: Path, model: ServedModel) -> bool:
+    def write_onnx(self, pt_file: Path, onnx_file: Path, model: ServedVersion) -> bool:
         return False

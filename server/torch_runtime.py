@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from harmony_mobile.server.backend_files import BackendFileError, read_onnx_backend
-from harmony_mobile.server.registry import ModelRegistry, ServedModel, sha256_file
+from harmony_mobile.server.registry import ModelRegistry, ServedVersion, sha256_file
 
 from harmony_mobile.models import Backend, ProjectionHead
 from harmony_mobile.protocol.slots import SlotTable
@@ -20,7 +20,7 @@ log = logging.getLogger("harmony_mobile.server.torch_runtime")
 CHECK_ROWS = 64  # replay rows an ONNX back-end is checked on against PyTorch before it is stored
 
 
-def served_model(
+def served_version(
     version: str,
     sha: str,
     backend: Backend,
@@ -28,14 +28,14 @@ def served_model(
     class_names: tuple[str, ...],
     replay: torch.Tensor,
     slot_table: SlotTable,
-) -> ServedModel:
+) -> ServedVersion:
     backend, projection = backend.eval(), projection.eval()
 
     def forward(features: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return backend(torch.from_numpy(features)).numpy()
 
-    return ServedModel(
+    return ServedVersion(
         version,
         sha,
         slot_table,
@@ -81,9 +81,9 @@ class TorchRuntime:
             log.warning("not storing %s: it was converted from another backend.pt", onnx_file)
         return matches
 
-    def load(self, registry: ModelRegistry, version: str, sha: str) -> ServedModel:
+    def load(self, registry: ModelRegistry, version: str, sha: str) -> ServedVersion:
         loaded = load_backend_file(registry.local_artifact(sha))
-        return served_model(
+        return served_version(
             version,
             sha,
             loaded.backend,
@@ -93,7 +93,7 @@ class TorchRuntime:
             loaded.slot_table,
         )
 
-    def write_version(self, scratch: Path, model: ServedModel) -> tuple[Path, Path]:
+    def write_version(self, scratch: Path, model: ServedVersion) -> tuple[Path, Path]:
         pt_file = scratch / "backend.pt"
         save_backend(
             pt_file,
@@ -106,7 +106,7 @@ class TorchRuntime:
         )
         return pt_file, scratch / "backend.onnx"
 
-    def write_onnx(self, pt_file: Path, onnx_file: Path, model: ServedModel) -> bool:
+    def write_onnx(self, pt_file: Path, onnx_file: Path, model: ServedVersion) -> bool:
         """The version's ONNX back-end for replicas without torch; on failure (no onnxscript, a
         conversion beyond tolerance) the version is still published, for torch replicas only."""
         replay = model.replay

@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, status
 from fastapi.responses import JSONResponse
 from harmony_mobile.server.auth import AnyPrincipalDep, Principal
 from harmony_mobile.server.inference import Prediction
-from harmony_mobile.server.registry import ServedModel, UnknownVersion
+from harmony_mobile.server.registry import ServedVersion, UnknownVersion
 from harmony_mobile.server.schemas import (
     LiveResponse,
     ModelMetadata,
@@ -33,7 +33,7 @@ def _unprocessable(message: str) -> HTTPException:
     return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, message)
 
 
-def _resolve_model(state: ServerState, name: str, version: str | None) -> ServedModel:
+def _resolve_model(state: ServerState, name: str, version: str | None) -> ServedVersion:
     if name != state.settings.model_name:
         raise HTTPException(404, f"unknown model {name!r}; this server serves {state.settings.model_name!r}")
     try:
@@ -48,7 +48,7 @@ def _retry_after(state: ServerState) -> dict[str, str]:
     return {"Retry-After": str(state.settings.retry_after_seconds)}
 
 
-def check_features(array: np.ndarray, model: ServedModel, max_rows: int) -> np.ndarray:
+def check_features(array: np.ndarray, model: ServedVersion, max_rows: int) -> np.ndarray:
     """Shape, row count and finiteness; every failure says exactly what was wrong (422)."""
     expected = list(model.interface_shape)
     if array.ndim != 4 or list(array.shape[1:]) != expected:
@@ -99,7 +99,7 @@ def prediction_outputs(prediction: Prediction) -> list[OutputTensor]:
     ]
 
 
-def output_metadata(model: ServedModel) -> list[TensorMetadata]:
+def output_metadata(model: ServedVersion) -> list[TensorMetadata]:
     return [
         TensorMetadata(name="slot_scores", datatype="FP32", shape=[-1, len(model.slot_table)]),
         TensorMetadata(name="top_slot", datatype="INT64", shape=[-1]),
@@ -130,7 +130,7 @@ def server_metadata() -> ServerMetadata:
     return ServerMetadata(name="harmony-mobile", version=version("harmony-mobile"), extensions=EXTENSIONS)
 
 
-def _metadata(state: ServerState, model: ServedModel, name: str) -> ModelMetadata:
+def _metadata(state: ServerState, model: ServedVersion, name: str) -> ModelMetadata:
     shape = list(model.interface_shape)
     return ModelMetadata(
         name=name,

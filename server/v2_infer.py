@@ -13,7 +13,7 @@ from fastapi import APIRouter, Body, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from harmony_mobile.server.auth import AnyPrincipalDep, authenticate_header
 from harmony_mobile.server.inference import QueueFull, VersionStats
-from harmony_mobile.server.registry import ServedModel
+from harmony_mobile.server.registry import ServedVersion
 from harmony_mobile.server.schemas import (
     InferResponse,
     ModelConfig,
@@ -182,7 +182,7 @@ async def infer_version(request: Request) -> Response:
 # ---------------------------------------------------------------- configuration
 
 
-def _config(state: ServerState, name: str, model: ServedModel) -> ModelConfig:
+def _config(state: ServerState, name: str, model: ServedVersion) -> ModelConfig:
     settings = state.settings
     return ModelConfig(
         name=name,

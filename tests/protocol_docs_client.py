@@ -125,7 +125,7 @@ def fetch_manifest(base: str, token: str, keys: Provisioning) -> tuple[bytes, di
 # ---------------------------------------------------------------- step 4 and 5: the tier's front-end
 
 
-def tier_entry(manifest: dict, tier: str) -> dict:
+def find_tier_entry(manifest: dict, tier: str) -> dict:
     return next(entry for entry in manifest["tiers"] if entry["name"] == tier)
 
 
@@ -351,7 +351,7 @@ def run_ten_steps(
     token, seen = device["token"], Seen(tier)
     manifest_bytes, manifest = fetch_manifest(base, token, keys)  # 3
     assert device["manifest"].encode("utf-8") == manifest_bytes
-    entry = tier_entry(manifest, tier)  # 4
+    entry = find_tier_entry(manifest, tier)  # 4
     front_end = FrontEnd(verified_artifact(export_dir, entry), entry)
     names, epoch = manifest["class_names"], manifest["label_epoch"]
     order = seen.exit_order = exit_order(federation_secret, epoch, names)

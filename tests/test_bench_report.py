@@ -10,7 +10,7 @@ from scipy import stats
 
 from harmony_mobile.bench.latency import expected_latency_ms
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, load_profile
-from harmony_mobile.bench.report import aggregate, paired_gap, repo_relative, write_report
+from harmony_mobile.bench.report import aggregate, paired_gap, repo_relative, write_bench_report
 from harmony_mobile.bench.stats import paired_ci
 
 METHODS = ["harmony", "harmony-full-softmax", "splitgp", "fedavg", "centralized"]
@@ -176,7 +176,7 @@ def test_expected_latency_weighs_device_and_fallback_time():
 
 def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_path):
     results = synthetic_results()
-    report = write_report(results, tmp_path)
+    report = write_bench_report(results, tmp_path)
     text = report.read_text()
     assert "## toy-family" in text
     assert "| method | acc p=0 | acc p=0.2 | acc p=0.5 | acc with OOD |" in text
@@ -226,12 +226,12 @@ def test_report_has_tables_cis_targets_convergence_latency_tuning_and_plots(tmp_
     assert loaded["aggregated"]["toy-family"]["fedavg"]["alignment_score"]["mean"] is None  # NaN -> null
     assert loaded["targets_evaluated"]["mechanisms"]["harmony-full-softmax"]["met"] is True
     # the report re-renders from its own results.json (NaN stored as null) with the same tables
-    rerendered = write_report(loaded, tmp_path / "again").read_text()
+    rerendered = write_bench_report(loaded, tmp_path / "again").read_text()
     assert rerendered.split("## Plots")[0] == text.split("## Plots")[0]
 
 
 def test_each_ablation_is_judged_on_the_back_end_too(tmp_path):
-    text = write_report(synthetic_results(), tmp_path).read_text()
+    text = write_bench_report(synthetic_results(), tmp_path).read_text()
     # family-unseen acc (half the accuracy in fake_run) falls on every seed without the restricted
     # softmax; alignment (0.5 for every split run) does not move
     unseen = paired_ci([(0.85 - 0.9 - NOISE[s]) / 2 for s in SEEDS])
@@ -250,14 +250,14 @@ def test_a_back_end_measure_that_rises_without_the_mechanism_is_named_too(tmp_pa
     for run in results["runs"]:
         if run["method"] == "harmony-full-softmax":  # alignment up by 0.1 + noise on every seed
             run["summary"]["alignment_score"] = 0.6 + NOISE[run["seed"]]
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     assert "alignment with a CI below 0 in no setting (CI excludes 0 in: toy-family)" in text
 
 
 def test_a_mechanism_whose_ablation_was_not_run_is_not_measured_rather_than_not_met(tmp_path):
     results = synthetic_results()
     results["runs"] = [r for r in results["runs"] if r["method"] != "harmony-full-softmax"]
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     line = next(line for line in text.splitlines() if "(`harmony-full-softmax`)" in line)
     assert line.endswith("not measured (no setting has paired runs of it) -> **not measured**")
     assert "Each ablation on the back-end" not in text
@@ -269,21 +269,21 @@ def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
     results["tuning"]["run_wall_seconds"] = 60.0
     results["narrowed"] = {"settings": None, "seeds": None, "methods": None}  # the whole profile
     # runs: 10 + seed seconds each, 5 methods x seeds 0-4 = 300 s; (300 + 60) / 2 jobs = 3 min
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     assert "0.1 h summed, about 3 min with 2 job(s) (goal: within 1 min: **not met**)" in text
     results["profile"]["time_limit_minutes"] = 3.0
-    assert "(goal: within 3 min: met)" in write_report(results, tmp_path / "again").read_text()
+    assert "(goal: within 3 min: met)" in write_bench_report(results, tmp_path / "again").read_text()
 
 
 def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocation(tmp_path):
     results = synthetic_results()
     assert (
         "The invocation that produced these results took 2.0 min on"
-        in write_report(results, tmp_path).read_text()
+        in write_bench_report(results, tmp_path).read_text()
     )
     for run in results["runs"][:7]:
         run["reused"] = True
-    text = write_report(results, tmp_path / "resumed").read_text()
+    text = write_bench_report(results, tmp_path / "resumed").read_text()
     total = len(results["runs"])
     assert (
         f"took 2.0 min (7 of {total} evaluation runs read back from earlier invocations with `--resume`)"
@@ -295,7 +295,7 @@ def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocat
         **{"rows": [], "settings": ["toy"], "seeds": [101], "tolerance": 0.01},
         "run_provenance": [{"reused": True, "code": None}] * 4,
     }
-    text = write_report(results, tmp_path / "stages").read_text()
+    text = write_bench_report(results, tmp_path / "stages").read_text()
     assert (
         f"(12 of {total + 6} runs read back from earlier invocations with `--resume`: "
         f"evaluation 7 of {total}, tuning 1 of 2, budget check 4 of 4)"
@@ -305,12 +305,12 @@ def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocat
 def test_the_code_line_names_the_cpus_that_made_the_runs_once_any_run_recorded_one(tmp_path):
     results = synthetic_results()
     results["machine"]["code"] = {"commit": "bbb2222", "uncommitted": []}
-    assert "CPUs:" not in write_report(results, tmp_path / "older").read_text()  # none recorded
+    assert "CPUs:" not in write_bench_report(results, tmp_path / "older").read_text()  # none recorded
     epyc = {"cpu_model": "AMD EPYC", "torch_cpu_capability": "AVX512"}
     for run in results["runs"][1:]:
         run["cpu"] = epyc
     results["tuning"]["run_provenance"] = [{"reused": True, "code": None, "cpu": epyc}]
-    text = write_report(results, tmp_path / "now").read_text()
+    text = write_bench_report(results, tmp_path / "now").read_text()
     total = len(results["runs"])
     assert f"CPUs: runs made on AMD EPYC (torch kernels AVX512) ({total}), an unrecorded CPU (1)." in text
 
@@ -320,17 +320,17 @@ def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp
     results["machine"]["code"] = {"commit": "bbb2222", "uncommitted": []}
     for run in results["runs"]:
         run["code"] = {"commit": "bbb2222", "uncommitted": []}
-    assert "Code: commit `bbb2222`.\n" in write_report(results, tmp_path).read_text()
+    assert "Code: commit `bbb2222`.\n" in write_bench_report(results, tmp_path).read_text()
     total = len(results["runs"])
     for run in results["runs"][:3]:
         run["code"] = {"commit": "aaa1111", "uncommitted": []}
     del results["runs"][3]["code"]  # a record of older code
     results["runs"][4]["code"] = {"commit": "bbb2222", "uncommitted": ["harmony_mobile/training.py"]}
-    text = write_report(results, tmp_path / "mixed").read_text()
+    text = write_bench_report(results, tmp_path / "mixed").read_text()
     assert f"Code: commit `bbb2222`; evaluation runs made at `bbb2222` ({total - 5}), `aaa1111` (3)" in text
     # with the other stages' provenance kept, their runs are named too
     results["tuning"]["run_provenance"] = [{"reused": True, "code": {"commit": "ccc3333", "uncommitted": []}}]
-    text = write_report(results, tmp_path / "stages").read_text()
+    text = write_bench_report(results, tmp_path / "stages").read_text()
     assert (
         f"Code: commit `bbb2222`; runs made at `bbb2222` ({total - 5}), `aaa1111` (3), "
         "an unrecorded commit (1), `bbb2222` with uncommitted changes in `harmony_mobile/training.py` (1), "
@@ -340,10 +340,10 @@ def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp
 
 def test_a_narrowed_benchmark_names_what_it_ran_in_its_command(tmp_path):
     results = synthetic_results()
-    assert "Produced by `harmony bench --profile toy`." in write_report(results, tmp_path).read_text()
+    assert "Produced by `harmony bench --profile toy`." in write_bench_report(results, tmp_path).read_text()
     results["narrowed"] = {"settings": ["toy-family"], "seeds": [0, 1], "methods": None}
     results["profile"]["time_limit_minutes"] = 120.0
-    text = write_report(results, tmp_path / "narrowed").read_text()
+    text = write_bench_report(results, tmp_path / "narrowed").read_text()
     assert "Produced by `harmony bench --profile toy --settings toy-family --seeds 0,1`." in text
     assert "(the 120-minute goal is for the whole profile, not judged on a partial run)" in text
 
@@ -357,7 +357,7 @@ def test_a_report_made_from_a_profile_file_names_that_file_in_its_command(tmp_pa
     assert profile_argument(tmp_path / "mine.yaml") == str(tmp_path / "mine.yaml")  # outside the repository
     results = synthetic_results()
     results["profile_argument"] = "benchmarks/results/split-budget-probe/profile-96.yaml"
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     assert (
         "Produced by `harmony bench --profile benchmarks/results/split-budget-probe/profile-96.yaml`." in text
     )
@@ -368,10 +368,10 @@ def test_the_report_names_a_tiers_file_of_the_repository_relative_to_it(tmp_path
 
     results = synthetic_results()
     results["profile"]["train"]["tiers_file"] = str(CONFIG_DIR / "tiers-standard.yaml")
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     assert '"tiers_file": "benchmarks/configs/tiers-standard.yaml"' in text
     results["profile"]["train"]["tiers_file"] = "/elsewhere/tiers.yaml"  # outside: kept as it is
-    assert '"tiers_file": "/elsewhere/tiers.yaml"' in write_report(results, tmp_path / "b").read_text()
+    assert '"tiers_file": "/elsewhere/tiers.yaml"' in write_bench_report(results, tmp_path / "b").read_text()
 
 
 def test_every_method_of_a_twelve_method_profile_has_its_own_colour():
@@ -384,7 +384,7 @@ def test_every_method_of_a_twelve_method_profile_has_its_own_colour():
 def test_results_of_older_code_are_not_judged_against_the_time_goal(tmp_path):
     results = synthetic_results()  # no "narrowed", no tuning run time: written before they were kept
     results["profile"]["time_limit_minutes"] = 120.0
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     assert "not judged on a partial run" in text and "met)" not in text
 
 
@@ -396,9 +396,9 @@ def test_a_learning_rate_decay_must_span_the_methods_rounds():
 
 
 def test_a_converged_reference_passes_the_convergence_line(tmp_path):
-    just_under = write_report(synthetic_results(centralized=0.9496), tmp_path / "under").read_text()
+    just_under = write_bench_report(synthetic_results(centralized=0.9496), tmp_path / "under").read_text()
     assert "without OOD 94.96 % (threshold 95 %): **FAIL: not converged**" in just_under
-    text = write_report(synthetic_results(centralized=0.97), tmp_path).read_text()
+    text = write_bench_report(synthetic_results(centralized=0.97), tmp_path).read_text()
     assert "`centralized` without OOD 97.00 % (threshold 95 %): **converged**" in text
 
 
@@ -490,7 +490,7 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
 
     from harmony_mobile.data import load_dataset
     from harmony_mobile.data.partition import make_partition
-    from harmony_mobile.evaluation import EvaluationSetting, ServedBackend, evaluate
+    from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting, evaluate
     from harmony_mobile.models import Backend, InterfaceSpec, load_tiers
     from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
     from harmony_mobile.training import TrainConfig, build_clients
@@ -503,7 +503,7 @@ def test_a_client_holding_every_class_is_evaluated_without_ood():
     clients = build_clients(
         TrainConfig(clients_per_tier=3), tiers, dataset, partition, InterfaceSpec(), b"S" * 32, "e-test"
     )
-    served = ServedBackend(
+    served = BackendWithSlots(
         Backend(InterfaceSpec(), 10).eval(),
         list(class_tokens(epoch_key(b"S" * 32, "e-test"), dataset.class_names)),
     )
@@ -562,14 +562,14 @@ def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_
         "tolerance": 0.01,
         "run_wall_seconds": 60.0,
     }
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     assert "at its budget (see the budget check): **not met**: still improving: harmony." in text
     assert "| harmony | 70.0 | 74.5 | +4.5 | **no** |" in text
     assert "| splitgp | 60.0 | 60.5 | +0.5 | yes, at 2 rounds |" in text
     # its runs count in the profile's time: (300 s of runs + 60 s) / 2 jobs
     assert "about 3 min with 2 job(s)" in text
     results["budget_check"]["rows"] = results["budget_check"]["rows"][1:]
-    assert "budget check): met." in write_report(results, tmp_path / "met").read_text()
+    assert "budget check): met." in write_bench_report(results, tmp_path / "met").read_text()
 
 
 def test_a_budget_checked_on_two_settings_is_judged_per_setting(tmp_path):
@@ -591,7 +591,7 @@ def test_a_budget_checked_on_two_settings_is_judged_per_setting(tmp_path):
         "tolerance": 0.01,
         "run_wall_seconds": 60.0,
     }
-    text = write_report(results, tmp_path).read_text()
+    text = write_bench_report(results, tmp_path).read_text()
     assert "**not met**: still improving: harmony (toy-dirichlet)." in text
     assert (
         "| setting | method | 2 rounds | 4 rounds | best gain | stopped improving |\n|---|---|---|---|---|---|"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from harmony_mobile.bench.profile import BenchProfile, load_profile
-from harmony_mobile.bench.report import write_report
+from harmony_mobile.bench.report import write_bench_report
 from harmony_mobile.bench.runner import (
     RECORD,
     RunSpec,
@@ -101,7 +101,7 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
         assert runs[method, 0]["train_config"]["algorithm_config"] == results["method_configs"][method]
     assert (work / "tune" / "digits-family" / "harmony" / "seed-7" / "trial-1" / RECORD).is_file()
     assert set(results["projections"]["methods"]) == {"splitgp", "harmony"}
-    text = write_report(results, tmp_path / "report").read_text()
+    text = write_bench_report(results, tmp_path / "report").read_text()
     assert "| harmony |" in text and "## Tuning (validation only)" in text
 
 
@@ -178,7 +178,7 @@ def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial
     )
 
     work, results, _ = serial
-    write_report(results, tmp_path / "earlier")  # the source as a report keeps it (results.json)
+    write_bench_report(results, tmp_path / "earlier")  # the source as a report keeps it (results.json)
     copy = tmp_path / "work"
     shutil.copytree(work / "tune", copy / "tune")  # the tuning trials only: no evaluation run
     profile = BenchProfile(**TINY)
@@ -197,7 +197,7 @@ def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial
     assert {m for m, r in by_method.items() if r.get("copied_from")} == {"fedavg", "local"}
     source = str((tmp_path / "earlier" / "results.json").resolve())
     assert by_method["local"]["copied_from"] == source and by_method["local"]["reused"]
-    text = write_report(reused, tmp_path / "report").read_text()
+    text = write_bench_report(reused, tmp_path / "report").read_text()
     # the report's numbers are the source report's (harmony and splitgp trained again, the same)
     aggregated = [
         json.loads((tmp_path / d / "results.json").read_text())["aggregated"] for d in ("earlier", "report")

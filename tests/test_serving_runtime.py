@@ -20,7 +20,7 @@ from harmony_mobile.server import create_app
 from harmony_mobile.server.registry import ModelRegistry
 from harmony_mobile.server.runtimes import OnnxRuntime, RuntimeChoiceError, choose_runtime
 from harmony_mobile.server.store import Store
-from harmony_mobile.server.torch_runtime import TorchRuntime, served_model
+from harmony_mobile.server.torch_runtime import TorchRuntime, served_version
 
 from harmony_mobile.onnx_backend import METADATA_FIELDS, METADATA_KEY, TOLERANCE, load_onnx_backend
 from harmony_mobile.protocol.digests import sha256_file
@@ -119,7 +119,7 @@ def test_an_onnx_replica_serves_what_a_torch_replica_publishes(export_dir, tmp_p
     backend.load_state_dict(teacher.backend.state_dict())
     with torch.no_grad():
         backend.classifier.bias += 0.5  # a different version, like an alignment round's
-    model = served_model(
+    model = served_version(
         "v1-r1", "", backend, teacher.projection, teacher.class_names, teacher.replay, teacher.slot_table
     )
     trainer.publish("v1-r1", teacher.version, {}, model)

@@ -9,7 +9,7 @@ the report (markdown table per setting, PNG plots, results.json).
 """
 
 from harmony_mobile.bench.profile import BenchProfile, load_profile
-from harmony_mobile.bench.report import aggregate, write_report
+from harmony_mobile.bench.report import aggregate, write_bench_report
 from harmony_mobile.bench.runner import run_benchmark
 
-__all__ = ["BenchProfile", "aggregate", "load_profile", "run_benchmark", "write_report"]
+__all__ = ["BenchProfile", "aggregate", "load_profile", "run_benchmark", "write_bench_report"]

@@ -31,7 +31,7 @@ from harmony_mobile.device.engine import FrontEndProgram
 from harmony_mobile.federation.rounds import CHECKPOINT
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.privacy.feature_noise import clip_rows
-from harmony_mobile.run_dir import LoadedBackend, RunInfo, load_backend_file
+from harmony_mobile.run_dir import BackendFileContents, RunInfo, load_backend_file
 
 
 @dataclass
@@ -40,7 +40,7 @@ class OperatorView:
 
     manifest: dict
     program: FrontEndProgram
-    backend: LoadedBackend
+    backend: BackendFileContents
 
     @classmethod
     def load(cls, model_dir: Path, server_part: Path, tier: str) -> OperatorView:

@@ -869,7 +869,7 @@ def header_lines(results: dict) -> list[str]:
     ]
 
 
-def write_report(results: dict, out_dir: Path, notes: str = "") -> Path:
+def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     """Write report.md, results.json and the PNG plots into `out_dir`; returns the report path."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

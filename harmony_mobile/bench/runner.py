@@ -846,7 +846,7 @@ def extend(
 def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -> Path:
     """The report written again from `out_dir`'s results.json: numbers unchanged, prose from the
     current profile unless its budget changed since (then the results' own prose is kept)."""
-    from harmony_mobile.bench.report import write_report
+    from harmony_mobile.bench.report import write_bench_report
 
     results_file = _results_file(out_dir, "re-render", "run the benchmark first")
     results = json.loads(results_file.read_text())
@@ -854,7 +854,7 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
         results["profile"].update(description=profile.description, notes=profile.notes)
     else:
         log("the profile's budget changed since these results: their own description and notes are kept")
-    report = write_report(results, out_dir)
+    report = write_bench_report(results, out_dir)
     log(f"report: {report} (re-rendered from {results_file})")
     return report
 
@@ -886,7 +886,7 @@ def extend_and_report(
     however it ends, keeps a second invocation from writing the report over this one's settings."""
     from filelock import FileLock, Timeout
 
-    from harmony_mobile.bench.report import write_report
+    from harmony_mobile.bench.report import write_bench_report
 
     _check_extension_args(profile, settings, narrowing)
     # the lock lives beside the report, so there must be one; the report is read under the lock
@@ -907,7 +907,7 @@ def extend_and_report(
         results = extend(
             profile, earlier, settings, work_dir, data_root, resume, log, jobs, recorded, argument
         )
-        report = write_report(results, out_dir)
+        report = write_bench_report(results, out_dir)
     finally:
         lock.release()
     log(f"report: {report} ({(time.perf_counter() - started) / 60:.1f} min)")
@@ -964,7 +964,7 @@ def bench(
     Defaults: report in benchmarks/results/<profile>/, runs in ~/.cache/harmony-mobile/bench/<profile>/
     (deleted and redone unless `resume`; extending never deletes the earlier settings' runs)."""
     from harmony_mobile.bench.profile import load_profile
-    from harmony_mobile.bench.report import write_report
+    from harmony_mobile.bench.report import write_bench_report
 
     _check_bench_args(jobs, resume, report_only, reuse_runs_from)
     whole = load_profile(profile_name)
@@ -993,6 +993,6 @@ def bench(
     results = run_benchmark(profile, work_dir, data_root, resume, log, jobs, recorded)
     results["narrowed"] = {"settings": settings, "seeds": seeds, "methods": methods}
     results["profile_argument"] = profile_argument(profile_name)
-    report = write_report(results, out_dir)
+    report = write_bench_report(results, out_dir)
     log(f"report: {report} ({(time.perf_counter() - started) / 60:.1f} min)")
     return report

@@ -15,7 +15,7 @@ import torch
 from harmony_mobile import training
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data.partition import Partition
-from harmony_mobile.evaluation import ServedBackend
+from harmony_mobile.evaluation import BackendWithSlots
 from harmony_mobile.federation.client import Client
 from harmony_mobile.run_dir import RunDir
 
@@ -23,7 +23,7 @@ from harmony_mobile.run_dir import RunDir
 @dataclass
 class FinishedRun:
     clients: list[Client]
-    served: ServedBackend | None
+    served: BackendWithSlots | None
     images: torch.Tensor
     labels: torch.Tensor
     partition: Partition
@@ -46,6 +46,6 @@ def load_finished_run(path: str | Path) -> FinishedRun:
         client.model.eval()
         client.threshold = artifact.threshold
     loaded = run.backend()
-    served = ServedBackend(loaded.backend.eval(), loaded.slot_table.tokens)
+    served = BackendWithSlots(loaded.backend.eval(), loaded.slot_table.tokens)
     exit_rule = build_algorithm(config.algorithm, config.algorithm_config).exit_rule
     return FinishedRun(clients, served, dataset.images, dataset.labels, partition, config.seed, exit_rule)

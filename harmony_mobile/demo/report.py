@@ -131,7 +131,7 @@ def recovery_rows(report: dict) -> list[list[str]]:
     return rows
 
 
-def write_report(out: Path, report: dict, console: Console) -> None:
+def write_demo_report(out: Path, report: dict, console: Console) -> None:
     (out / "demo-report.json").write_text(json.dumps(report, indent=2, default=str))
     plots = make_plots(out, report)
     table = Table(title="harmony demo: per tier, before drift / after drift / after alignment (p = 0.5 OOD)")

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from harmony_mobile.demo.config import DemoConfig, DemoError, ProgressReport
 from harmony_mobile.demo.drift import calibrate_on_device, calibration_target, personalize_on_device
 from harmony_mobile.demo.phones import PhoneData, classify_all, confirm, deliver, phone_data
-from harmony_mobile.demo.report import show_phase, write_report
+from harmony_mobile.demo.report import show_phase, write_demo_report
 from harmony_mobile.demo.server_process import ServerProcess, terminate_on_sigterm
 from harmony_mobile.device import (
     DeviceCredentials,
@@ -461,5 +461,5 @@ def run_demo(config: DemoConfig, console: Console | None = None) -> dict:
         finally:
             stop_phones_and_server(demo)
     report = demo_report(config, train_results, export, demo, clock.stop())
-    write_report(out, report, console)
+    write_demo_report(out, report, console)
     return report

@@ -59,13 +59,13 @@ from harmony_mobile.device.manifest import (
     RollbackError,
     choose_artifact,
     decode_public_key,
+    find_tier_entry,
     is_update,
     load_manifest,
     manifest_version,
     normalize,
     pte_artifact,
     read_verified_artifact,
-    tier_entry,
     upload_privacy,
     verify_manifest_bytes,
 )
@@ -122,7 +122,7 @@ __all__ = [
     "parse_slot_table",
     "pte_artifact",
     "read_verified_artifact",
-    "tier_entry",
+    "find_tier_entry",
     "upload_privacy",
     "verify_manifest_bytes",
 ]

@@ -12,7 +12,12 @@ from pathlib import Path
 
 import torch
 
-from harmony_mobile.device.manifest import choose_artifact, pte_artifact, read_verified_artifact, tier_entry
+from harmony_mobile.device.manifest import (
+    choose_artifact,
+    find_tier_entry,
+    pte_artifact,
+    read_verified_artifact,
+)
 from harmony_mobile.logs import native_stderr_to_log_file
 
 
@@ -50,6 +55,6 @@ def load_front_end(
 ) -> FrontEndProgram:
     """The tier's .pte after checking its sha256 and size against the (verified) manifest: the
     given quantization, or by default the variant `choose_artifact` prefers (a passing one first)."""
-    entry = tier_entry(manifest, tier)
+    entry = find_tier_entry(manifest, tier)
     artifact = choose_artifact(entry) if quantization is None else pte_artifact(entry, quantization)
     return FrontEndProgram(read_verified_artifact(export_dir, artifact), artifact["path"])

@@ -115,7 +115,7 @@ def choose_artifact(
     return min(candidates, key=rank)
 
 
-def tier_entry(manifest: dict, tier: str) -> dict:
+def find_tier_entry(manifest: dict, tier: str) -> dict:
     for entry in manifest["tiers"]:
         if entry["name"] == tier:
             return entry

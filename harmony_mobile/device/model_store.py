@@ -35,10 +35,10 @@ from harmony_mobile.device.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
     choose_artifact,
+    find_tier_entry,
     is_update,
     manifest_version,
     read_verified_artifact,
-    tier_entry,
     verify_manifest_bytes,
 )
 
@@ -86,7 +86,7 @@ class ModelStore:
         sha256 = hashlib.sha256(data).hexdigest()
         if sha256 != pointer["manifest_sha256"] or manifest_version(manifest) != pointer["manifest_version"]:
             raise DeviceError("the installed manifest is not the one current.json names")
-        read_verified_artifact(directory, choose_artifact(tier_entry(manifest, self.tier)))
+        read_verified_artifact(directory, choose_artifact(find_tier_entry(manifest, self.tier)))
         return InstalledModel(manifest, directory, pointer["manifest_version"], sha256)
 
     def install(
@@ -98,7 +98,7 @@ class ModelStore:
         candidate = verify_manifest_bytes(manifest_bytes, signature, self.pinned_key)
         if not is_update(self.installed_version(), candidate, manifest_bytes):
             return None
-        artifact = choose_artifact(tier_entry(candidate, self.tier))
+        artifact = choose_artifact(find_tier_entry(candidate, self.tier))
         if Path(artifact["path"]).is_absolute() or ".." in Path(artifact["path"]).parts:
             raise DeviceError(f"unsafe artifact path in the manifest: {artifact['path']!r}")
         self.root.mkdir(parents=True, exist_ok=True)

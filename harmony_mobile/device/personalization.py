@@ -30,12 +30,12 @@ import torch
 
 from harmony_mobile.device.engine import FrontEndProgram
 from harmony_mobile.device.errors import DeviceError
-from harmony_mobile.device.manifest import normalize, read_verified_artifact, tier_entry
+from harmony_mobile.device.manifest import find_tier_entry, normalize, read_verified_artifact
 from harmony_mobile.logs import native_stderr_to_log_file
 
 
 def personalization_entry(manifest: dict, tier: str) -> dict:
-    entry = tier_entry(manifest, tier).get("personalization")
+    entry = find_tier_entry(manifest, tier).get("personalization")
     if entry is None:
         raise DeviceError(f"tier {tier} of this export ships no personalization programs (export it again)")
     return entry

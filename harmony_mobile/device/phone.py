@@ -28,7 +28,7 @@ from harmony_mobile.device.fallback_client import (
     parse_slot_table,
 )
 from harmony_mobile.device.label_draws import LabelDraws, feature_sample_ids
-from harmony_mobile.device.manifest import normalize, tier_entry, upload_privacy
+from harmony_mobile.device.manifest import find_tier_entry, normalize, upload_privacy
 from harmony_mobile.device.queue import PendingUpload, UploadQueue
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.protocol.label_tokens import (
@@ -115,7 +115,7 @@ class Phone:
     ):
         """`threshold`: the exit threshold tau; None = the tier's threshold in the manifest."""
         self.manifest = manifest
-        self.entry = tier_entry(manifest, tier)
+        self.entry = find_tier_entry(manifest, tier)
         self.tier = tier
         self.program = program
         self.threshold = exit_threshold(self.entry["threshold"] if threshold is None else threshold)

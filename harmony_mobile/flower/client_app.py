@@ -39,7 +39,7 @@ from flwr.clientapp import ClientApp
 
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import DatasetInfo, dataset_info, load_labels, load_rows, ood_test_indices
-from harmony_mobile.evaluation import OOD_FRACTIONS, EvaluationSetting, ServedBackend, evaluate_client_at
+from harmony_mobile.evaluation import OOD_FRACTIONS, BackendWithSlots, EvaluationSetting, evaluate_client_at
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import client_replay
 from harmony_mobile.federation.rounds import seed_turn
@@ -317,7 +317,7 @@ def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettin
     client.threshold = float(context.state.config_records[PERSONALIZED_THRESHOLD]["threshold"])
     data = _client_data(config.model_dump_json(), partition_of(context, config), client.federation_secret)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
-    served = served_backend(content, data.info.num_classes, config) if SERVED_RECORD in content else None
+    served = backend_with_slots(content, data.info.num_classes, config) if SERVED_RECORD in content else None
     setting = EvaluationSetting(data.rows, data.labels, data.partition, config.seed, algorithm.exit_rule)
     metrics = evaluate_client_at(client, served, setting)
     save_client(client_dir(context, settings), client_artifact(client, data.split))
@@ -335,11 +335,11 @@ def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettin
     return reply
 
 
-def served_backend(content: RecordDict, num_classes: int, config: TrainConfig) -> ServedBackend:
+def backend_with_slots(content: RecordDict, num_classes: int, config: TrainConfig) -> BackendWithSlots:
     backend = Backend(InterfaceSpec(config.interface_channels, config.interface_size), num_classes)
     backend.load_state_dict(record_to_tensor_dict(content[SERVED_RECORD]))
     tokens = parse_slot_table(json.loads(str(content.config_records["slots"]["tokens"])))
-    return ServedBackend(backend.eval(), tokens)
+    return BackendWithSlots(backend.eval(), tokens)
 
 
 def client_dir(context: Context, settings: FlowerSettings) -> Path:
