@@ -212,7 +212,7 @@ def fmt(value) -> str:
     return "-" if value is None else f"{value:.6f}" if isinstance(value, float) else str(value)
 
 
-def write_report(args, commits, config_text, load, pairs, results, started, elapsed, out: Path) -> None:
+def report_header(args, commits, config_text, load, started, elapsed) -> list[str]:
     lines = [
         "# Refactor equivalence: same seeds, same lineage, before and after",
         "",
@@ -268,6 +268,11 @@ def write_report(args, commits, config_text, load, pairs, results, started, elap
         "| verdict |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    return lines
+
+
+def pair_rows(pairs, results) -> list[str]:
+    lines = []
     for pair, res in zip(pairs, results, strict=True):
         same = res["metrics_jsonl"] == "identical" and res["final_metrics"] == "identical"
         same = same and res["weights"].startswith("identical")
@@ -280,6 +285,11 @@ def write_report(args, commits, config_text, load, pairs, results, started, elap
             f"{'identical' if pair.expected_identical else 'may differ'} | {res['metrics_jsonl']} | "
             f"{res['final_metrics']} | {res['weights']} | {verdict} |"
         )
+    return lines
+
+
+def headline_rows(pairs, results) -> list[str]:
+    lines: list[str] = []
     lines += [
         "",
         "## Headline numbers side by side (final_metrics.json summary; a / b)",
@@ -295,12 +305,20 @@ def write_report(args, commits, config_text, load, pairs, results, started, elap
             + " | ".join(cells)
             + f" | {fmt(ta)} / {fmt(tb)} |"
         )
-    lines.append("")
+
+    return lines
+
+
+def write_equivalence_report(
+    args, commits, config_text, load, pairs, results, started, elapsed, out: Path
+) -> None:
+    lines = report_header(args, commits, config_text, load, started, elapsed)
+    lines += pair_rows(pairs, results) + headline_rows(pairs, results) + [""]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines))
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("base", help="commit where the refactors start")
     parser.add_argument("split", help="last commit meant to change split methods' numbers")
@@ -314,7 +332,37 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time")
     parser.add_argument("--out", type=Path, default=REPORT)
     parser.add_argument("--keep", action="store_true", help="keep the worktrees, run dirs and logs")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def train_all(pairs: list[Pair], worktrees: dict[str, Path], work: Path, config: Path, jobs: int) -> dict:
+    """Every run of the pairs, `jobs` at a time; the first run of a (method, seed) draws the
+    lineage and the others share it. Returns each run's folder."""
+    runs = list(dict.fromkeys(r for p in pairs for r in (p.a, p.b)))
+    sources: dict[tuple[str, int], Run] = {}
+    for run in runs:
+        sources.setdefault((run.algorithm, run.seed), run)
+    dirs: dict[Run, Path] = {}
+    with ThreadPoolExecutor(jobs) as pool:
+        firsts = list(sources.values())
+
+        def first(r: Run) -> dict:
+            return train(r, worktrees[r.commit], work, config, None)
+
+        for run, res in zip(firsts, pool.map(first, firsts), strict=True):
+            dirs[run] = res["dir"]
+        rest = [r for r in runs if r not in dirs]
+
+        def follow(r: Run) -> dict:
+            return train(r, worktrees[r.commit], work, config, dirs[sources[(r.algorithm, r.seed)]])
+
+        for run, res in zip(rest, pool.map(follow, rest), strict=True):
+            dirs[run] = res["dir"]
+    return dirs
+
+
+def main() -> None:
+    args = parse_args()
 
     load = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -339,29 +387,9 @@ def main() -> None:
         for commit in sorted({r.commit for p in pairs for r in (p.a, p.b)}):
             worktrees[commit] = work / f"wt-{commit[:9]}"
             git("worktree", "add", "--detach", str(worktrees[commit]), commit)
-        runs = list(dict.fromkeys(r for p in pairs for r in (p.a, p.b)))
-        # the first run of a (method, seed) draws the lineage; the others share it
-        sources: dict[tuple[str, int], Run] = {}
-        for run in runs:
-            sources.setdefault((run.algorithm, run.seed), run)
-        dirs: dict[Run, Path] = {}
-        with ThreadPoolExecutor(args.jobs) as pool:
-            firsts = list(sources.values())
-
-            def first(r: Run) -> dict:
-                return train(r, worktrees[r.commit], work, config, None)
-
-            for run, res in zip(firsts, pool.map(first, firsts), strict=True):
-                dirs[run] = res["dir"]
-            rest = [r for r in runs if r not in dirs]
-
-            def follow(r: Run) -> dict:
-                return train(r, worktrees[r.commit], work, config, dirs[sources[(r.algorithm, r.seed)]])
-
-            for run, res in zip(rest, pool.map(follow, rest), strict=True):
-                dirs[run] = res["dir"]
+        dirs = train_all(pairs, worktrees, work, config, args.jobs)
         results = [compare(p, dirs) for p in pairs]
-        write_report(
+        write_equivalence_report(
             args, commits, config_text, load, pairs, results, started, time.monotonic() - t0, args.out
         )
         for pair, res in zip(pairs, results, strict=True):
