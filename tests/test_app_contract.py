@@ -71,7 +71,12 @@ def test_the_provisioning_link_and_managed_config_reach_both_apps():
     assert (
         "com.apple.configuration.managed" in ios_store and "ProvisioningPayload.managedConfigKey" in ios_store
     )
-    assert "kSecAttrAccessibleAfterFirstUnlockThisDeviceOnly" in ios_store
+    # the secret sits in the app's one Keychain item type, never leaving the device
+    assert 'KeychainItem(account: "federation-secret")' in ios_store
+    keychain = _code(SWIFT / "CredentialStore.swift")
+    assert (
+        "struct KeychainItem" in keychain and "kSecAttrAccessibleAfterFirstUnlockThisDeviceOnly" in keychain
+    )
 
 
 def test_android_keeps_the_model_in_a_view_model_and_closes_every_session():

@@ -2,48 +2,62 @@ import Foundation
 import HarmonyKit
 import Security
 
-/// Keeps the enrolment credentials (device id, bearer token, pinned server key) in the Keychain,
-/// readable after the first unlock so queued uploads can be sent from the background.
-enum CredentialStore {
-    private static let service = "org.harmonymobile.demo"
-    private static let account = "device-credentials"
+/// One generic-password Keychain item of the demo app, readable after the first unlock so queued
+/// uploads can be sent from the background and never copied to another device.
+struct KeychainItem {
+    static let service = "org.harmonymobile.demo"
+    let account: String
 
-    static func load() -> DeviceCredentials? {
+    func read() -> Data? {
         let query: [String: Any] = [
             kSecClass as String: kSecClassGenericPassword,
-            kSecAttrService as String: service,
+            kSecAttrService as String: KeychainItem.service,
             kSecAttrAccount as String: account,
             kSecReturnData as String: true,
             kSecMatchLimit as String: kSecMatchLimitOne,
         ]
         var item: CFTypeRef?
-        guard SecItemCopyMatching(query as CFDictionary, &item) == errSecSuccess, let data = item as? Data else {
-            return nil
-        }
-        return try? JSONDecoder().decode(DeviceCredentials.self, from: data)
+        guard SecItemCopyMatching(query as CFDictionary, &item) == errSecSuccess else { return nil }
+        return item as? Data
     }
 
-    static func save(_ credentials: DeviceCredentials) throws {
+    /// Replaces the item's value.
+    func write(_ value: Data) throws {
         delete()
         let attributes: [String: Any] = [
             kSecClass as String: kSecClassGenericPassword,
-            kSecAttrService as String: service,
+            kSecAttrService as String: KeychainItem.service,
             kSecAttrAccount as String: account,
             kSecAttrAccessible as String: kSecAttrAccessibleAfterFirstUnlockThisDeviceOnly,
-            kSecValueData as String: try JSONEncoder().encode(credentials),
+            kSecValueData as String: value,
         ]
         let status = SecItemAdd(attributes as CFDictionary, nil)
-        guard status == errSecSuccess else {
-            throw NSError(domain: NSOSStatusErrorDomain, code: Int(status))
-        }
+        guard status == errSecSuccess else { throw NSError(domain: NSOSStatusErrorDomain, code: Int(status)) }
     }
 
-    static func delete() {
+    func delete() {
         let query: [String: Any] = [
             kSecClass as String: kSecClassGenericPassword,
-            kSecAttrService as String: service,
+            kSecAttrService as String: KeychainItem.service,
             kSecAttrAccount as String: account,
         ]
         SecItemDelete(query as CFDictionary)
+    }
+}
+
+/// Keeps the enrolment credentials (device id, bearer token, pinned server key) in the Keychain.
+enum CredentialStore {
+    private static let item = KeychainItem(account: "device-credentials")
+
+    static func load() -> DeviceCredentials? {
+        item.read().flatMap { try? JSONDecoder().decode(DeviceCredentials.self, from: $0) }
+    }
+
+    static func save(_ credentials: DeviceCredentials) throws {
+        try item.write(try JSONEncoder().encode(credentials))
+    }
+
+    static func delete() {
+        item.delete()
     }
 }

@@ -160,8 +160,7 @@ enum ModelFiles {
 /// (`provisioning_payload` in `com.apple.configuration.managed`), docs/PROVISIONING.md. Nothing
 /// secret ships in the app; without a provisioned secret the app tokenizes and decodes nothing.
 enum ProvisioningStore {
-    private static let service = "org.harmonymobile.demo"
-    private static let account = "federation-secret"
+    private static let item = KeychainItem(account: "federation-secret")
 
     /// The payload an MDM set as managed app config, if any.
     static var managedPayload: String? {
@@ -170,43 +169,18 @@ enum ProvisioningStore {
     }
 
     static func federationKey() -> FederationKey? {
-        let query: [String: Any] = [
-            kSecClass as String: kSecClassGenericPassword,
-            kSecAttrService as String: service,
-            kSecAttrAccount as String: account,
-            kSecReturnData as String: true,
-            kSecMatchLimit as String: kSecMatchLimitOne,
-        ]
-        var item: CFTypeRef?
-        guard SecItemCopyMatching(query as CFDictionary, &item) == errSecSuccess, let secret = item as? Data else {
-            return nil
-        }
-        return try? FederationKey(secret: secret)
+        item.read().flatMap { try? FederationKey(secret: $0) }
     }
 
     /// Stores a parsed payload's secret (and its enrolment, if it carries one).
     static func apply(_ payload: ProvisioningPayload) throws {
-        delete()
-        let attributes: [String: Any] = [
-            kSecClass as String: kSecClassGenericPassword,
-            kSecAttrService as String: service,
-            kSecAttrAccount as String: account,
-            kSecAttrAccessible as String: kSecAttrAccessibleAfterFirstUnlockThisDeviceOnly,
-            kSecValueData as String: payload.federationSecret,
-        ]
-        let status = SecItemAdd(attributes as CFDictionary, nil)
-        guard status == errSecSuccess else { throw NSError(domain: NSOSStatusErrorDomain, code: Int(status)) }
+        try item.write(payload.federationSecret)
         if let device = payload.device {
             try CredentialStore.save(device)
         }
     }
 
     static func delete() {
-        let query: [String: Any] = [
-            kSecClass as String: kSecClassGenericPassword,
-            kSecAttrService as String: service,
-            kSecAttrAccount as String: account,
-        ]
-        SecItemDelete(query as CFDictionary)
+        item.delete()
     }
 }
