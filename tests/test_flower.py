@@ -239,6 +239,27 @@ def test_split_turns_cost_their_steps_once_where_the_process_lives_and_replay_wh
         assert len(computed) > len(answered)
 
 
+def test_a_refused_split_step_leaves_its_client_out_and_the_lockstep_round_goes_on(tmp_path, monkeypatch):
+    """A step request the server refuses ends that client's turn; the others' ticks no longer
+    wait for it, so the round finishes with the rest (no hang, no silent loss of the others)."""
+    from harmony_mobile.flower.server_app import FlowerClients
+
+    answer_step, refused = FlowerClients.answer_step, []
+
+    def refuse_client_0(self, federation, client_id, request):
+        if client_id == 0:
+            refused.append(client_id)
+            return None
+        return answer_step(self, federation, client_id, request)
+
+    monkeypatch.setattr(FlowerClients, "answer_step", refuse_client_0)
+    config = tiny_config("harmony", rounds=1, clients_per_round=4)  # every client, client 0 among them
+    results, run_path = run_on_loopback(tmp_path, config)
+    transport = [json.loads(line) for line in (run_path / "flower_rounds.jsonl").read_text().splitlines()]
+    assert refused and [t["sampled"] for t in transport] == [4] and [t["replied"] for t in transport] == [3]
+    assert results["clients_without_personalization"] == [0]  # refused there too, the others went on
+
+
 def test_a_silent_client_is_left_out_and_the_round_proceeds(tmp_path):
     results, run_path = run_on_loopback(tmp_path, tiny_config(), dead=[1])
     assert [m["clients"] for m in metric_lines(run_path)] == [3, 3]

@@ -165,7 +165,7 @@ class FlowerClients:
                     self.take_reply(reply, waiting, held, finals, open_turns)
             if not lockstep or (held and open_turns <= set(held)):
                 ready = [(c, *held.pop(c)) for c in order if c in held]
-                self.push(self.answer_steps(federation, ready), round_id, waiting)
+                self.push(self.answer_steps(federation, ready, open_turns), round_id, waiting)
         return finals
 
     def take_reply(self, reply: Message, waiting: dict, held: dict, finals: dict, open_turns: set) -> None:
@@ -184,14 +184,16 @@ class FlowerClients:
             open_turns.discard(client_id)
 
     def answer_steps(
-        self, federation, ready: list[tuple[int, str, RecordDict]]
+        self, federation, ready: list[tuple[int, str, RecordDict]], open_turns: set[int]
     ) -> list[tuple[int, str, RecordDict]]:
-        """The server's answers to split-step requests, in the given order (a request a client may
-        not send gets none: that client is left out)."""
+        """The server's answers to split-step requests, in the given order. A request a client may
+        not send gets none: that client is left out, and its turn no longer holds up a tick."""
         answers = []
         for client_id, message_type, request in ready:
             answer = self.answer_step(federation, client_id, request)
-            if answer is not None:
+            if answer is None:
+                open_turns.discard(client_id)
+            else:
                 answers.append((client_id, message_type, answer))
         return answers
 
