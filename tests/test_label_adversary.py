@@ -116,11 +116,18 @@ def _wiretap(federation: Federation, view: ServerView, leak_gradients: bool) -> 
     server, algorithm = federation.server, federation.algorithm
     step, aggregate = server.step, algorithm.aggregate
 
+    # each upload's true labels, kept until the server steps on it: a round's clients run in
+    # lockstep, so other clients may upload between a client's upload and its step
+    pending: dict[int, tuple[torch.Tensor, list[str]]] = {}
+
     def recorded_step(upload, update=True):
+        labels, names = pending.pop(id(upload))
         view.uploads.append(upload)
+        view.truth.append(labels)
+        view.truth_names.append(names)
         if leak_gradients:  # the first version's U-shaped message: dL/dlogits, computed from y
             logits = server.backend(upload.features).detach()
-            onehot = torch.nn.functional.one_hot(view.truth[-1], NUM_CLASSES)
+            onehot = torch.nn.functional.one_hot(labels, NUM_CLASSES)
             view.leaked.append(logits.softmax(1) - onehot)
         return step(upload, update)
 
@@ -132,9 +139,9 @@ def _wiretap(federation: Federation, view: ServerView, leak_gradients: bool) -> 
         upload = client.upload
 
         def truthful_upload(features, labels, depths, round_id, upload=upload, client=client):
-            view.truth.append(labels.clone())
-            view.truth_names.append([client.exit_names[y] for y in labels.tolist()])
-            return upload(features, labels, depths, round_id)
+            message, sent = upload(features, labels, depths, round_id)
+            pending[id(message)] = (labels.clone(), [client.exit_names[y] for y in labels.tolist()])
+            return message, sent
 
         client.upload = truthful_upload
     server.step, algorithm.aggregate = recorded_step, recorded_aggregate

@@ -16,8 +16,8 @@ from contextlib import ExitStack
 from types import SimpleNamespace
 
 import pytest
-from harmony_mobile.server.alignment import AlignmentWorker
 from harmony_mobile.server.app import _follow_default_version
+from harmony_mobile.server.rounds import AlignmentWorker
 from sqlalchemy.exc import OperationalError
 
 from tests.helpers.fallback_server import make_model_dir
