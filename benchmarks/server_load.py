@@ -38,10 +38,12 @@ import numpy as np
 import torch
 
 from harmony_mobile.models import Backend, InterfaceSpec, ProjectionHead
+from harmony_mobile.onnx_backend import load_onnx_backend
+from harmony_mobile.protocol.digests import sha256_file
 from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 from harmony_mobile.protocol.slots import SlotTable
 from harmony_mobile.protocol.wire import encode_tensor
-from harmony_mobile.run_dir import save_backend
+from harmony_mobile.run_dir import backend_onnx_bytes, save_backend, save_backend_onnx
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the server helpers the tests use
@@ -58,33 +60,49 @@ TARGET_FLOOR_RATIO = 0.6  # 1-row infer requests/s against the async floor's
 POOL_LIMIT = 256  # connections per Poisson load-generator process
 
 
-def make_model_dir(root: Path) -> Path:
+def make_model_dir(root: Path, runtime: str) -> Path:
+    """A model dir with a random back-end, and its backend.onnx when the onnx runtime serves it."""
     torch.manual_seed(0)
     backend = Backend(InterfaceSpec(), 10)
-    model_dir = root / "model"
-    save_backend(
-        model_dir / "backend" / "backend.pt",
-        backend,
-        ProjectionHead(backend.feature_dim, 128),
-        "bench",
-        CLASS_NAMES,
-        SlotTable("bench", len(CLASS_NAMES), class_tokens(epoch_key(os.urandom(32), "bench"), CLASS_NAMES)),
+    pt_file = root / "model" / "backend" / "backend.pt"
+    table = SlotTable(
+        "bench", len(CLASS_NAMES), class_tokens(epoch_key(os.urandom(32), "bench"), CLASS_NAMES)
     )
-    return model_dir
+    save_backend(pt_file, backend, ProjectionHead(backend.feature_dim, 128), "bench", CLASS_NAMES, table)
+    if runtime == "onnx":
+        sample = torch.randn(4, *InterfaceSpec().shape)
+        save_backend_onnx(
+            pt_file.with_name("backend.onnx"), backend, "bench", table, sha256_file(pt_file), 0, sample
+        )
+    return root / "model"
 
 
-def raw_forward_rows_per_second(batch: int, seconds: float = 3.0) -> float:
-    """The back-end alone: rows/s of back-to-back forward passes at one batch size (no HTTP, no queue)."""
+def raw_forward(runtime: str):
+    """The back-end's forward on one thread, as the server's runtime runs it: numpy in, numpy out."""
     torch.manual_seed(0)
     backend = Backend(InterfaceSpec(), 10).eval()
-    x = torch.randn(batch, *InterfaceSpec().shape)
-    with torch.inference_mode():
-        for _ in range(20):
-            backend(x)
-        rows, started = 0, time.perf_counter()
-        while time.perf_counter() - started < seconds:
-            backend(x)
-            rows += batch
+    if runtime == "onnx":
+        sample = torch.randn(4, *InterfaceSpec().shape)
+        content, _ = backend_onnx_bytes(backend, "bench", SlotTable("bench", 10), "0" * 64, 0, sample)
+        return load_onnx_backend(content, threads=1).forward
+
+    def forward(features: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return backend(torch.from_numpy(features)).numpy()
+
+    return forward
+
+
+def raw_forward_rows_per_second(runtime: str, batch: int, seconds: float = 3.0) -> float:
+    """The back-end alone: rows/s of back-to-back forward passes at one batch size (no HTTP, no queue)."""
+    forward = raw_forward(runtime)
+    x = np.random.default_rng(0).standard_normal((batch, *InterfaceSpec().shape), dtype=np.float32)
+    for _ in range(20):
+        forward(x)
+    rows, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        forward(x)
+        rows += batch
     return rows / (time.perf_counter() - started)
 
 
@@ -97,8 +115,11 @@ class Server:
             "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(args.workers),
             "--data-dir", str(data_dir), "--model-dir", str(model_dir),
             "--max-batch", str(max_batch), "--max-wait-ms", str(args.max_wait_ms),
-            "--torch-threads", str(args.torch_threads), "--log-level", "warning",
+            "--torch-threads", str(args.torch_threads), "--onnx-threads", str(args.torch_threads),
+            "--runtime", args.runtime, "--log-level", "warning",
         ]  # fmt: skip
+        if args.runtime == "onnx":
+            command.append("--no-alignment")
         env = {
             **os.environ,
             "HARMONY_ADMIN_TOKEN": ADMIN_TOKEN,
@@ -328,9 +349,9 @@ def poisson(server: Server, kind: str, rate: float, args: argparse.Namespace, la
 def with_adjacent_ceiling(run, args: argparse.Namespace) -> dict:
     """The run, with the raw batched forward measured just before and just after it (the machine's
     speed drifts when others share it): the mean of the two is that run's ceiling."""
-    before = raw_forward_rows_per_second(args.max_batch, 2.0)
+    before = raw_forward_rows_per_second(args.runtime, args.max_batch, 2.0)
     result = run()
-    after = raw_forward_rows_per_second(args.max_batch, 2.0)
+    after = raw_forward_rows_per_second(args.runtime, args.max_batch, 2.0)
     return result | {"adjacent_raw_forward": [before, after], "ceiling": (before + after) / 2}
 
 
@@ -364,10 +385,10 @@ def unbatched_server_run(model_dir: Path, scratch: Path, args: argparse.Namespac
         server.stop()
 
 
-def raw_ceilings(max_batch: int) -> dict[str, float]:
+def raw_ceilings(runtime: str, max_batch: int) -> dict[str, float]:
     return {
-        "batch_1": raw_forward_rows_per_second(1),
-        f"batch_{max_batch}": raw_forward_rows_per_second(max_batch),
+        "batch_1": raw_forward_rows_per_second(runtime, 1),
+        f"batch_{max_batch}": raw_forward_rows_per_second(runtime, max_batch),
     }
 
 
@@ -377,6 +398,7 @@ def setup_record(args: argparse.Namespace, load_at_start: float) -> dict:
         "cpus": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": args.torch_threads,
+        "runtime": args.runtime,
         "workers": args.workers,
         "clients": args.clients,
         "rows": args.rows,
@@ -398,6 +420,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--driver-processes", type=int, default=2, help="load-generator processes")
     parser.add_argument("--workers", type=int, default=1, help="server processes")
     parser.add_argument("--torch-threads", type=int, default=1, help="server and raw forward")
+    parser.add_argument(
+        "--runtime",
+        choices=["torch", "onnx"],
+        default="onnx",
+        help="what runs the back-end (serve --runtime)",
+    )
     parser.add_argument("--max-batch", type=int, default=64)
     parser.add_argument("--max-wait-ms", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=3, help="repeats of each Poisson latency run")
@@ -411,12 +439,12 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.torch_threads)
     load_at_start = os.getloadavg()[0]
-    raw_before = raw_ceilings(args.max_batch)
+    raw_before = raw_ceilings(args.runtime, args.max_batch)
     with tempfile.TemporaryDirectory() as scratch:
-        model_dir = make_model_dir(Path(scratch))
+        model_dir = make_model_dir(Path(scratch), args.runtime)
         runs = batching_server_runs(model_dir, Path(scratch), args)
         runs.append(unbatched_server_run(model_dir, Path(scratch), args))
-    raw_after = raw_ceilings(args.max_batch)
+    raw_after = raw_ceilings(args.runtime, args.max_batch)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "setup": setup_record(args, load_at_start),
@@ -517,7 +545,7 @@ def write_server_load_report(result: dict) -> None:
         "# Fallback server load benchmark",
         "",
         f"Generated by `benchmarks/server_load.py` on {result['date']} ({setup['machine']}, {setup['cpus']} CPUs, "
-        f"torch {setup['torch']}, torch threads {setup['torch_threads']}; 1-min load average "
+        f"torch {setup['torch']}, runtime {setup.get('runtime', 'torch')} on {setup['torch_threads']} thread(s); 1-min load average "
         f"{setup['load_average_at_start']} at start and {setup['load_average_at_end']} at end: the CPUs were shared "
         "with other work, and the load generator runs on them too). One run: real `harmony serve` processes "
         f"({setup['workers']} worker process(es), max_wait_ms {setup['max_wait_ms']}) on 127.0.0.1; saturation = "

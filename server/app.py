@@ -17,6 +17,7 @@ from harmony_mobile.server import admin, artifacts, devices, status, uploads, v2
 from harmony_mobile.server.auth import RateLimiter, TokenCache
 from harmony_mobile.server.errors import FailureRun, install_error_handlers
 from harmony_mobile.server.http_guards import GuardedHttpToolsProtocol
+from harmony_mobile.server.infer_dispatch import INFER_PATHS, InferDispatch
 from harmony_mobile.server.inference import MicroBatcher
 from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
 from harmony_mobile.server.limits import BodySizeLimitMiddleware
@@ -191,6 +192,11 @@ def create_app(settings: Settings) -> FastAPI:
     # v2_infer first: its /v2/models/stats must win over /v2/models/{name}
     for module in (v2_infer, v2, devices, artifacts, uploads, admin, status):
         app.include_router(module.router)
+    # Added first = innermost: the infer routes skip the router, behind the same limits and metrics.
+    routes = {route.path: route for route in v2_infer.router.routes if route.path in INFER_PATHS}
+    app.add_middleware(
+        InferDispatch, handle=v2_infer.infer, routes=routes, exception_handlers=app.exception_handlers
+    )
     # Added last = outermost: the metrics middleware also counts requests the body limit refuses.
     app.add_middleware(
         BodySizeLimitMiddleware,

@@ -39,6 +39,7 @@ class Prediction:
     slot_scores: np.ndarray  # (N, S) float32, S = slots of the version's slot table
     top_slot: np.ndarray  # (N,) int64
     confidence: np.ndarray  # (N,) float32
+    finite: bool = True  # False when g overflowed on a finite input (checked per batch, off the loop)
 
 
 @dataclass
@@ -209,11 +210,16 @@ class MicroBatcher:
         self.metrics.batch_rows.observe(features.shape[0])
         self.metrics.inferred_rows.inc(features.shape[0])
         self._count(model.version, jobs, started, failed=False)
+        finite_rows = np.isfinite(slot_scores).all(axis=1) & np.isfinite(confidence)
         outcomes, start = [], 0
         for job in jobs:
             end = start + job.rows
             result = Prediction(
-                model.version, slot_scores[start:end], top_slot[start:end], confidence[start:end]
+                model.version,
+                slot_scores[start:end],
+                top_slot[start:end],
+                confidence[start:end],
+                bool(finite_rows[start:end].all()),
             )
             outcomes.append((job, result, None))
             start = end

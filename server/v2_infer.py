@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import numpy as np
 from fastapi import APIRouter, Body, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from harmony_mobile.server.auth import AnyPrincipalDep, authenticate_header
@@ -96,7 +95,7 @@ INFER_OPENAPI = {
 }
 
 
-async def _infer(request: Request, name: str, version: str | None) -> Response:
+async def infer(request: Request, name: str, version: str | None) -> Response:
     state: ServerState = request.app.state.harmony
     headers = request.headers
     principal = await authenticate_header(state, headers.get("authorization"))
@@ -129,15 +128,13 @@ async def _infer(request: Request, name: str, version: str | None) -> Response:
         prediction = await state.batcher.infer(features, model)
     except QueueFull as error:
         raise HTTPException(503, str(error), headers=_retry_after(state)) from None
-    outputs = prediction_outputs(prediction)
-    if not all(np.isfinite(o.array).all() for o in outputs):
+    if not prediction.finite:
         raise HTTPException(
             422, f"input {INPUT_NAME!r} is finite but so large that the model output overflows"
         )
     state.metrics.count_fallback_rows(_tier_label(state, parsed.tier), features.shape[0])
-    content, response_headers = encode_response(
-        name, prediction.model_version, parsed, select_outputs(outputs, parsed.requested)
-    )
+    outputs = select_outputs(prediction_outputs(prediction), parsed.requested)
+    content, response_headers = encode_response(name, prediction.model_version, parsed, outputs)
     content = maybe_gzip(content, response_headers, headers.get("accept-encoding", ""))
     return Response(content, headers=response_headers)
 
@@ -164,7 +161,7 @@ def _infer_openapi(*path_parameters: str) -> dict:
 )
 async def infer_default(request: Request) -> Response:
     """Infer with the default back-end version."""
-    return await _infer(request, request.path_params["name"], None)
+    return await infer(request, request.path_params["name"], None)
 
 
 @router.post(
@@ -176,7 +173,7 @@ async def infer_default(request: Request) -> Response:
 async def infer_version(request: Request) -> Response:
     """Infer with one back-end version."""
     path = request.path_params
-    return await _infer(request, path["name"], path["version"])
+    return await infer(request, path["name"], path["version"])
 
 
 # ---------------------------------------------------------------- configuration
