@@ -1,6 +1,9 @@
 """A round's split turns in lockstep: the server answers step k of every open turn, in the round's
 order, before any step k + 1; each turn keeps its own torch random stream; an error surfaces."""
 
+import threading
+import time
+
 import pytest
 import torch
 
@@ -61,3 +64,31 @@ def test_an_error_in_a_turn_is_raised_to_the_round():
 
     with pytest.raises(RuntimeError, match="client broke"):
         run_in_lockstep(RecordingServer(), [(0, turn("a", 2, [])), (1, failing)])
+
+
+def test_a_failing_turn_ends_the_turns_still_waiting_for_the_server():
+    """Without this, the other turns' threads stayed blocked on an answer for the process's life."""
+
+    def failing(server):
+        server.step(("x", 0))
+        raise RuntimeError("client broke")
+
+    class FailingServer(RecordingServer):
+        def step(self, upload, update=True):
+            if upload == ("b", 1):
+                raise ValueError("server refused")
+            return super().step(upload, update)
+
+    before = set(threading.enumerate())
+
+    def new_threads() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.is_alive()} - before
+
+    with pytest.raises(RuntimeError, match="client broke"):
+        run_in_lockstep(RecordingServer(), [(0, turn("a", 5, [])), (1, failing), (2, turn("c", 5, []))])
+    with pytest.raises(ValueError, match="server refused"):
+        run_in_lockstep(FailingServer(), [(0, turn("a", 5, [])), (1, turn("b", 5, []))])
+    deadline = time.monotonic() + 10
+    while new_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert new_threads() == set()

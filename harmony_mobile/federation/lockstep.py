@@ -29,71 +29,99 @@ from harmony_mobile.protocol.messages import ClientUpdate, FeatureUpload, Interf
 TurnBody = Callable[[Any], ClientUpdate]
 
 
-class PausedServer:
-    """The server as one turn's thread sees it: a split step hands the upload to the scheduler and
-    waits for the answer; the thread's torch global random state is kept across the wait (other
-    turns run meanwhile), as a process of its own would keep it."""
+class TurnAbandonedError(RuntimeError):
+    """Nobody will answer this paused turn: its thread ends quietly."""
 
-    def __init__(self, server: SplitTrainer):
-        self.server = server
-        self.requests: queue.SimpleQueue = queue.SimpleQueue()  # turn -> scheduler: events
-        self.answers: queue.SimpleQueue = queue.SimpleQueue()  # scheduler -> turn: gradients
 
-    def step(self, upload: FeatureUpload, update: bool = True) -> InterfaceGradients:
+_ABANDONED = object()
+
+
+class PausableTurn:
+    """A body run in a thread of its own, only while its driver waits for it. The body calls `pause`
+    at each split step; `start` and `answer` hand control to the turn and return its next event:
+    ("step", request) when it pauses, ("done", result) when it ends; an error inside the body is
+    raised from them. Its torch global random state is kept across pauses (other turns run
+    meanwhile), as a process of its own would keep it, and so is its OpenMP thread count."""
+
+    def __init__(self, name: str = "turn"):
+        self.name = name
+        self.threads = torch.get_num_threads()  # OpenMP's thread count is per thread
+        self.events: queue.SimpleQueue = queue.SimpleQueue()  # turn -> driver
+        self.answers: queue.SimpleQueue = queue.SimpleQueue()  # driver -> turn
+
+    def start(self, body: Callable[[], Any]) -> tuple[str, Any]:
+        threading.Thread(target=self._main, args=(body,), daemon=True, name=self.name).start()
+        return self.next_event()
+
+    def answer(self, value: Any) -> tuple[str, Any]:
+        self.answers.put(value)
+        return self.next_event()
+
+    def abandon(self) -> None:
+        """End a paused turn without an answer (its `pause` raises TurnAbandonedError)."""
+        self.answers.put(_ABANDONED)
+
+    def pause(self, request: Any) -> Any:
+        """In the turn's thread: hand `request` to the driver and wait for its answer."""
         random_state = torch.get_rng_state()
-        self.requests.put(("step", (upload, update)))
+        self.events.put(("step", request))
         answer = self.answers.get()
+        if answer is _ABANDONED:
+            raise TurnAbandonedError(f"{self.name} abandoned")
         torch.set_rng_state(random_state)
         return answer
 
-    def take_diagnostics(self, client_id: str) -> dict[str, float]:
-        return self.server.take_diagnostics(client_id)  # the scheduler waits while a turn runs
-
-
-class ThreadedTurn:
-    """One client's turn in a thread of its own, run only while the scheduler waits for it."""
-
-    def __init__(self, body: TurnBody, server: SplitTrainer):
-        self.view = PausedServer(server)
-        threads = torch.get_num_threads()  # OpenMP's thread count is per thread
-        self.thread = threading.Thread(target=self._main, args=(body, threads), daemon=True)
-
-    def _main(self, body: TurnBody, threads: int) -> None:
-        torch.set_num_threads(threads)
-        try:
-            self.view.requests.put(("done", body(self.view)))
-        except BaseException as error:  # noqa: BLE001 (re-raised in the scheduler's thread)
-            self.view.requests.put(("error", error))
-
-    def start(self) -> tuple[str, Any]:
-        self.thread.start()
-        return self._next_event()
-
-    def answer(self, gradients: InterfaceGradients) -> tuple[str, Any]:
-        self.view.answers.put(gradients)
-        return self._next_event()
-
-    def _next_event(self) -> tuple[str, Any]:
-        kind, value = self.view.requests.get()
+    def next_event(self) -> tuple[str, Any]:
+        kind, value = self.events.get()
         if kind == "error":
-            self.thread.join()
             raise value
         return kind, value
+
+    def _main(self, body: Callable[[], Any]) -> None:
+        torch.set_num_threads(self.threads)
+        try:
+            self.events.put(("done", body()))
+        except TurnAbandonedError:
+            pass
+        except BaseException as error:  # noqa: BLE001 (re-raised in the driver's thread)
+            self.events.put(("error", error))
+
+
+class PausedServer:
+    """The server as one turn's thread sees it: a split step pauses the turn until the driver has
+    the server answer it."""
+
+    def __init__(self, server: SplitTrainer, turn: PausableTurn):
+        self.server, self.turn = server, turn
+
+    def step(self, upload: FeatureUpload, update: bool = True) -> InterfaceGradients:
+        return self.turn.pause((upload, update))
+
+    def take_diagnostics(self, client_id: str) -> dict[str, float]:
+        return self.server.take_diagnostics(client_id)  # the driver waits while a turn runs
 
 
 def run_in_lockstep(server: SplitTrainer, turns: list[tuple[int, TurnBody]]) -> dict[int, ClientUpdate]:
     """Run the turns (client id, body) in lockstep; each client's update by id. One tick answers
-    the waiting split step of every open turn, in the order of `turns`."""
-    threaded = {client_id: ThreadedTurn(body, server) for client_id, body in turns}
-    events = {client_id: turn.start() for client_id, turn in threaded.items()}
-    updates: dict[int, ClientUpdate] = {}
-    while events:
-        for client_id in list(events):  # dict order: the order of `turns`
-            kind, value = events[client_id]
-            if kind == "done":
-                updates[client_id] = value
-                del events[client_id]
-                continue
-            upload, update = value
-            events[client_id] = threaded[client_id].answer(server.step(upload, update=update))
-    return updates
+    the waiting split step of every open turn, in the order of `turns`. A turn that fails ends
+    the others (their threads end) and its error is raised."""
+    threaded = {client_id: PausableTurn(f"turn-{client_id}") for client_id, _ in turns}
+    events: dict[int, tuple[str, Any]] = {}
+    try:
+        for client_id, body in turns:
+            view = PausedServer(server, threaded[client_id])
+            events[client_id] = threaded[client_id].start(lambda body=body, view=view: body(view))
+        updates: dict[int, ClientUpdate] = {}
+        while events:
+            for client_id in list(events):  # dict order: the order of `turns`
+                kind, value = events[client_id]
+                if kind == "done":
+                    updates[client_id] = value
+                    del events[client_id]
+                    continue
+                upload, update = value
+                events[client_id] = threaded[client_id].answer(server.step(upload, update=update))
+        return updates
+    finally:
+        for client_id in events:  # turns still open when one failed (abandoning an ended one is a no-op)
+            threaded[client_id].abandon()

@@ -284,7 +284,7 @@ def split_reply(context: Context, live: split.LiveTurn, event, keep_turns: bool)
     if isinstance(event, split.SplitStepNeeded):
         split.set_pending(context.state, event.digest)
         if not keep_turns:
-            split.LiveTurn.abandon(live.key)
+            split.LiveTurn.abandon_node(live.key)
         return split.step_request(event)
     split.forget_turn(context.state)
     return end_turn(context, live.turn, event)

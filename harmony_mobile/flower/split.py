@@ -25,14 +25,12 @@ process that keeps nothing between messages.
 from __future__ import annotations
 
 import hashlib
-import queue
-import threading
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-import torch
 from flwr.app import ConfigRecord, RecordDict
 
+from harmony_mobile.federation.lockstep import PausableTurn
 from harmony_mobile.flower.records import message_to_record, record_to_message
 from harmony_mobile.protocol.messages import FeatureUpload, InterfaceGradients
 
@@ -57,10 +55,6 @@ def upload_digest(upload: FeatureUpload, update: bool) -> str:
     digest.update(b"".join(upload.label_tokens))
     digest.update(repr((upload.split_depths, update)).encode())
     return digest.hexdigest()
-
-
-class TurnAbandonedError(RuntimeError):
-    """The server will not answer this paused turn (another turn started): its thread ends."""
 
 
 class ReplayServer:
@@ -95,24 +89,21 @@ class ReplayServer:
         return {}
 
 
-class LiveTurn:
+class LiveTurn(PausableTurn):
     """A client's split turn running in a thread of this process, paused at each new split step
     until the server's answer comes in the next message (see the module docstring). One process
     may serve several nodes whose turns are open at once (a round's clients run concurrently), so
     paused turns are kept per node, at most `MAX_PAUSED`: beyond that the oldest is ended and its
-    node replays when its answer comes. Only one turn computes at a time (the ClientApp's thread
-    waits for its next event), and each keeps its own torch global random state across pauses.
-    The ClientApp calls `start`/`resume`, which return the turn's next event: a SplitStepNeeded
-    (the turn is paused) or the turn's result; an error inside the turn is raised from them."""
+    node replays when its answer comes. The ClientApp calls `start`/`resume`, which return the
+    turn's next event: a SplitStepNeeded (the turn is paused) or the turn's result."""
 
     MAX_PAUSED: ClassVar[int] = 64  # each holds a client's models; a round's turns of one process
     paused: ClassVar[dict[tuple[int, int], LiveTurn]] = {}
 
     def __init__(self, key: tuple[int, int], threads: int, turn: Any = None):
+        super().__init__(name=f"turn-{key}")
         self.key, self.threads = key, threads
         self.turn = turn  # what the ClientApp needs when the turn ends (its algorithm, client, stream)
-        self.events: queue.SimpleQueue = queue.SimpleQueue()
-        self.answers: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = ""
 
     @classmethod
@@ -122,50 +113,27 @@ class LiveTurn:
         return turn if turn is not None and turn.pending == digest else None
 
     @classmethod
-    def abandon(cls, key: tuple[int, int]) -> None:
+    def abandon_node(cls, key: tuple[int, int]) -> None:
         turn = cls.paused.pop(key, None)
         if turn is not None:
-            turn.answers.put(None)
+            turn.abandon()
 
     def start(self, body: Callable[[], Any]):
-        LiveTurn.abandon(self.key)  # a node runs one turn at a time: a new start ends its old one
-        threading.Thread(target=self._main, args=(body,), daemon=True, name=f"turn-{self.key}").start()
-        return self._next_event()
+        LiveTurn.abandon_node(self.key)  # a node runs one turn at a time: a new start ends its old one
+        return self._registered(super().start(body))
 
     def resume(self, gradients: InterfaceGradients):
         LiveTurn.paused.pop(self.key, None)
-        self.answers.put(gradients)
-        return self._next_event()
+        return self._registered(self.answer(gradients))
 
-    def pause(self, needed: SplitStepNeeded) -> InterfaceGradients:
-        """ReplayServer's `on_new_step`, in the turn's thread: wait for the server's answer."""
-        random_state = torch.get_rng_state()  # other nodes' turns run while this one waits
-        self.events.put(("step", needed))
-        answer = self.answers.get()
-        if answer is None:
-            raise TurnAbandonedError(f"turn of node {self.key[1]} abandoned")
-        torch.set_rng_state(random_state)
-        return answer
-
-    def _main(self, body: Callable[[], Any]) -> None:
-        torch.set_num_threads(self.threads)  # OpenMP's thread count is per thread
-        try:
-            self.events.put(("done", body()))
-        except TurnAbandonedError:
-            pass
-        except BaseException as error:  # noqa: BLE001 (re-raised in the ClientApp's thread)
-            self.events.put(("error", error))
-
-    def _next_event(self):
-        kind, value = self.events.get()
+    def _registered(self, event: tuple[str, Any]):
+        """A paused turn joins the paused ones; either way, the event's value."""
+        kind, value = event
         if kind == "step":
             self.pending = value.digest
             LiveTurn.paused[self.key] = self
             while len(LiveTurn.paused) > LiveTurn.MAX_PAUSED:
-                LiveTurn.abandon(next(iter(LiveTurn.paused)))
-            return value
-        if kind == "error":
-            raise value
+                LiveTurn.abandon_node(next(iter(LiveTurn.paused)))
         return value
 
 
