@@ -23,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harmony_mobile.server import create_app
-from harmony_mobile.server.settings import Settings
+from harmony_mobile.server import Settings, create_app
 from server_load import ADMIN_TOKEN, INFER, make_model_dir
 
 from harmony_mobile.protocol.wire import encode_tensor

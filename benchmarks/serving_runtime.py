@@ -33,8 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harmony_mobile.export import steps  # noqa: E402
-from harmony_mobile.server import create_app  # noqa: E402
-from harmony_mobile.server.settings import Settings  # noqa: E402
+from harmony_mobile.server import Settings, create_app  # noqa: E402
 from server_infer_cpu import drive  # noqa: E402
 from server_load import ADMIN_TOKEN, RESULTS, make_model_dir  # noqa: E402
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from harmony_mobile.server.settings import Settings
+    from harmony_mobile.server.core.settings import Settings
 
 app = typer.Typer(
     help="harmony-mobile: hybrid split federated learning on phones (train, bench, export, serve, demo).",
@@ -679,7 +679,7 @@ def _serve_settings(explicit: dict[str, Any]) -> Settings:
     from rich.markup import escape
 
     from harmony_mobile.server.launch import ModelDirError, check_model_dir, resolve_settings
-    from harmony_mobile.server.runtimes import RuntimeChoiceError, make_runtime
+    from harmony_mobile.server.services.runtimes import RuntimeChoiceError, make_runtime
 
     try:
         settings = resolve_settings(explicit)

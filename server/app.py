@@ -13,23 +13,23 @@ from pathlib import Path
 from fastapi import FastAPI
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
-from harmony_mobile.server import admin, artifacts, devices, status, uploads, v2, v2_infer
-from harmony_mobile.server.auth import RateLimiter, TokenCache
-from harmony_mobile.server.errors import FailureRun, install_error_handlers
-from harmony_mobile.server.http_guards import GuardedHttpToolsProtocol
-from harmony_mobile.server.infer_dispatch import INFER_PATHS, InferDispatch
-from harmony_mobile.server.inference import MicroBatcher
-from harmony_mobile.server.keys import load_or_create_admin_token, load_or_create_server_key
-from harmony_mobile.server.limits import BodySizeLimitMiddleware
-from harmony_mobile.server.metrics import MetricsMiddleware, ServerMetrics
-from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ModelRegistry
-from harmony_mobile.server.rounds import AlignmentWorker
-from harmony_mobile.server.runtimes import make_runtime
-from harmony_mobile.server.settings import Settings
-from harmony_mobile.server.spec import install_openapi
-from harmony_mobile.server.state import ServerState
-from harmony_mobile.server.status_history import sample_of
-from harmony_mobile.server.store import Store
+from harmony_mobile.server.core.errors import FailureRun, install_error_handlers
+from harmony_mobile.server.core.http_guards import GuardedHttpToolsProtocol
+from harmony_mobile.server.core.infer_dispatch import INFER_PATHS, InferDispatch
+from harmony_mobile.server.core.keys import load_or_create_admin_token, load_or_create_server_key
+from harmony_mobile.server.core.limits import BodySizeLimitMiddleware
+from harmony_mobile.server.core.metrics import MetricsMiddleware, ServerMetrics
+from harmony_mobile.server.core.security import RateLimiter, TokenCache
+from harmony_mobile.server.core.settings import Settings
+from harmony_mobile.server.core.spec import install_openapi
+from harmony_mobile.server.core.status_history import sample_of
+from harmony_mobile.server.routes import admin, artifacts, devices, status, uploads, v2, v2_infer
+from harmony_mobile.server.services.inference import MicroBatcher
+from harmony_mobile.server.services.registry import BACKEND_IN_MODEL_DIR, ModelRegistry
+from harmony_mobile.server.services.rounds import AlignmentWorker
+from harmony_mobile.server.services.runtimes import make_runtime
+from harmony_mobile.server.services.state import ServerState
+from harmony_mobile.server.services.store import Store
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from harmony_mobile.models import load_tiers

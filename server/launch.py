@@ -1,7 +1,7 @@
 """Run the server under uvicorn: one process, or `workers` processes sharing the port.
 
 Settings come from the command line *only where the user gave a flag*; everything else is read from
-the environment (HARMONY_*), then from the defaults in server/settings.py. With several workers
+the environment (HARMONY_*), then from the defaults in server/core/settings.py. With several workers
 each process builds its own app from the environment (`app_from_environment`), so the flags given
 are exported to it first, and their metrics go to a shared folder (prometheus-client's multiprocess
 mode) so that `/metrics` and the status page count the whole server, not the worker that answered.
@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any
 import uvicorn
 from fastapi import FastAPI
 from harmony_mobile.server.app import create_app
-from harmony_mobile.server.metrics import MULTIPROCESS_ENV, process_is_running
-from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.core.metrics import MULTIPROCESS_ENV, process_is_running
+from harmony_mobile.server.core.settings import Settings
 
 if TYPE_CHECKING:
-    from harmony_mobile.server.runtimes import Runtime
+    from harmony_mobile.server.services.runtimes import Runtime
 
 DEFAULT_DATA_DIR = "serve-data"
 # By import path, not the class: uvicorn pickles its config into each worker process, and unpickling
 # the class would import the whole server (torch included) before the worker starts answering the
 # supervisor's health pings.
-GUARDED_PROTOCOL = "harmony_mobile.server.http_guards:GuardedHttpToolsProtocol"
+GUARDED_PROTOCOL = "harmony_mobile.server.core.http_guards:GuardedHttpToolsProtocol"
 # uvicorn kills and replaces a worker that does not answer a health ping within this (its default, 5 s,
 # is shorter than a worker's start on a busy machine: importing torch and loading the back-end).
 WORKER_HEALTHCHECK_SECONDS = 60
@@ -47,8 +47,8 @@ def check_model_dir(model_dir: Path | None, runtime: Runtime) -> None:
     if model_dir is None:
         return
     from harmony_mobile.server.app import MANIFEST_FILE, P256_SIGNATURE_FILE, SIGNATURE_FILE
-    from harmony_mobile.server.backend_files import BackendFileError
-    from harmony_mobile.server.registry import BACKEND_IN_MODEL_DIR, ONNX_IN_MODEL_DIR, sha256_file
+    from harmony_mobile.server.services.backend_files import BackendFileError
+    from harmony_mobile.server.services.registry import BACKEND_IN_MODEL_DIR, ONNX_IN_MODEL_DIR, sha256_file
 
     if not model_dir.is_dir():
         raise ModelDirError(
@@ -122,7 +122,8 @@ def run(
         log_level=log_level,
         http=GUARDED_PROTOCOL,
         timeout_keep_alive=5,
-        # uvicorn's own limit answers in plain text; ours (http_guards.py) answers JSON and counts first
+        # uvicorn's own limit answers in plain text; ours (server/core/http_guards.py) answers JSON
+        # and counts first
         limit_concurrency=None,
         access_log=False,
     )

@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from harmony_mobile.server.app import create_app
-from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.core.settings import Settings
 
 
 def openapi_document() -> str:

@@ -226,9 +226,9 @@ def _features(encoded: str) -> np.ndarray:
 
 
 def test_java_client_against_the_real_server(built_core, live_server, tmp_path):
-    from harmony_mobile.server.keys import load_or_create_server_key
-    from harmony_mobile.server.store import Store
-    from harmony_mobile.server.uploads import open_upload
+    from harmony_mobile.server.core.keys import load_or_create_server_key
+    from harmony_mobile.server.services.store import Store
+    from harmony_mobile.server.services.uploads import open_upload
 
     sent = _run_java_client(live_server, tmp_path)
 

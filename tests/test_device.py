@@ -19,7 +19,7 @@ from fastapi.testclient import TestClient
 from harmony_mobile.export.keys import encode_public_key, load_or_create_signing_key
 from harmony_mobile.export.pipeline import export_run
 from harmony_mobile.server import create_app
-from harmony_mobile.server.uploads import stored_to_feature_upload
+from harmony_mobile.server.services.uploads import stored_to_feature_upload
 
 from harmony_mobile.device import (
     DeviceCredentials,

@@ -1,4 +1,4 @@
-"""Infer requests skip FastAPI's router (server/infer_dispatch.py): the same answers, error bodies,
+"""Infer requests skip FastAPI's router (server/core/infer_dispatch.py): the same answers, error bodies,
 metrics labels and exception handling as through the router, and every other request untouched."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
-from harmony_mobile.server.infer_dispatch import DEFAULT_PATH, VERSION_PATH, match_infer_path
+from harmony_mobile.server.core.infer_dispatch import DEFAULT_PATH, VERSION_PATH, match_infer_path
 from sqlalchemy.exc import OperationalError
 
 from harmony_mobile.protocol.wire import encode_tensor
@@ -40,7 +40,9 @@ def test_only_the_two_infer_paths_match(path, expected):
 def client(tmp_path_factory):
     root = tmp_path_factory.mktemp("dispatch")
     model_dir = make_model_dir(root / "model")
-    with TestClient(create_app(make_settings(root / "server", model_dir)), raise_server_exceptions=False) as c:
+    with TestClient(
+        create_app(make_settings(root / "server", model_dir)), raise_server_exceptions=False
+    ) as c:
         yield c
 
 
@@ -49,7 +51,9 @@ def one_row() -> bytes:
 
 
 def test_both_infer_paths_answer_and_are_labelled_by_their_route(client):
-    assert client.post("/v2/models/harmony-backend/infer", content=one_row(), headers=BINARY).status_code == 200
+    assert (
+        client.post("/v2/models/harmony-backend/infer", content=one_row(), headers=BINARY).status_code == 200
+    )
     versioned = client.post("/v2/models/harmony-backend/versions/v1/infer", content=one_row(), headers=BINARY)
     assert versioned.status_code == 200 and versioned.json()["model_version"] == "v1"
     text = client.get("/metrics").text

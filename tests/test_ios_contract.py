@@ -489,7 +489,7 @@ def test_endpoints_exist_in_openapi_and_the_protocol():
         assert f"{method} {documented}" in PROTOCOL, (
             f"Endpoint.{name}: PROTOCOL.md does not document {method} {path}"
         )
-    settings = _module_constants(ROOT / "server" / "settings.py")
+    settings = _module_constants(ROOT / "server" / "core" / "settings.py")
     assert model == settings["MODEL_NAME"]
 
 

@@ -7,7 +7,7 @@ import harmony_mobile.server
 import pytest
 import torch
 import torch.nn.functional as F
-from harmony_mobile.server.schemas import AlignmentParams
+from harmony_mobile.server.core.schemas import AlignmentParams
 
 import harmony_mobile
 from harmony_mobile.algorithms.registry import ALGORITHMS, build_algorithm

@@ -10,14 +10,14 @@ import threading
 import time
 from contextlib import contextmanager
 
-import harmony_mobile.server.alignment as alignment_module
+import harmony_mobile.server.services.alignment as alignment_module
 import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
-from harmony_mobile.server.alignment import SlotRows, slot_accuracy
-from harmony_mobile.server.store import NewUpload
+from harmony_mobile.server.services.alignment import SlotRows, slot_accuracy
+from harmony_mobile.server.services.store import NewUpload
 
 from harmony_mobile.protocol.messages import FeatureUpload
 from harmony_mobile.protocol.slots import SlotTable

@@ -1,4 +1,4 @@
-"""The dynamic batcher (server/inference.py): a batch leaves when it holds max_batch rows or when
+"""The dynamic batcher (server/services/inference.py): a batch leaves when it holds max_batch rows or when
 its oldest request has waited max_wait_ms, never while the worker runs the previous one; requests
 that arrive during a forward pass leave together in the next. The model configuration reports
 the batcher's settings as Triton's dynamic_batching block."""

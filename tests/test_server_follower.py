@@ -1,5 +1,5 @@
 """Background loops through a store outage: the default-version follower (server/app.py) and the
-alignment lease heartbeat (server/alignment.py). While the database is unreachable a process logs
+alignment lease heartbeat (server/services/alignment.py). While the database is unreachable a process logs
 one warning line when the outage starts and one info line when the store answers again, never a
 traceback per attempt; an unexpected error keeps its traceback, once per run of it. The store and
 registry are stand-ins that fail on cue; the last test stops a real PostgreSQL under a running
@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import pytest
 from harmony_mobile.server.app import _follow_default_version
-from harmony_mobile.server.rounds import AlignmentWorker
+from harmony_mobile.server.services.rounds import AlignmentWorker
 from sqlalchemy.exc import OperationalError
 
 from tests.helpers.fallback_server import make_model_dir

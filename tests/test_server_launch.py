@@ -7,7 +7,7 @@ import os
 
 import harmony_mobile.server.launch as launch
 import pytest
-from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.core.settings import Settings
 from typer.testing import CliRunner
 
 from harmony_mobile.cli import app
@@ -71,7 +71,7 @@ def test_workers_answer_health_pings_before_importing_the_server(monkeypatch, tm
     """uvicorn unpickles its config in each worker before the worker answers the supervisor's health
     pings, and kills a worker that misses one: the config names the protocol by import path (the
     class would import torch first) and the pings wait longer than a busy machine's worker start."""
-    from harmony_mobile.server.http_guards import GuardedHttpToolsProtocol
+    from harmony_mobile.server.core.http_guards import GuardedHttpToolsProtocol
     from uvicorn.importer import import_from_string
 
     monkeypatch.setenv("HARMONY_DATA_DIR", str(tmp_path))  # restored after the export in `run`

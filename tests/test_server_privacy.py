@@ -19,7 +19,9 @@ import pytest
 import torch
 from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
-from harmony_mobile.server import admin, create_app, devices, schemas, status, uploads, v2, v2_infer
+from harmony_mobile.server import create_app
+from harmony_mobile.server.core import schemas
+from harmony_mobile.server.routes import admin, devices, status, uploads, v2, v2_infer
 from pydantic import BaseModel
 
 from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
@@ -75,8 +77,8 @@ def model_field_names(model: type, seen=None) -> set[str]:
 
 
 def server_modules():
-    for info in pkgutil.iter_modules(server_package.__path__):
-        yield importlib.import_module(f"harmony_mobile.server.{info.name}")
+    for info in pkgutil.walk_packages(server_package.__path__, prefix="harmony_mobile.server."):
+        yield importlib.import_module(info.name)
 
 
 def test_no_request_or_response_model_has_a_label_field():

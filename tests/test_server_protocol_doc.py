@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 
 from fastapi.routing import APIRoute
-from harmony_mobile.server import admin, artifacts, create_app, devices, uploads, v2, v2_infer
-from harmony_mobile.server.schemas import AlignmentParams
-from harmony_mobile.server.settings import Settings
+from harmony_mobile.server import create_app
+from harmony_mobile.server.core.schemas import AlignmentParams
+from harmony_mobile.server.core.settings import Settings
+from harmony_mobile.server.routes import admin, artifacts, devices, uploads, v2, v2_infer
 
 from tests.helpers.fallback_server import make_settings
 

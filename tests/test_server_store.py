@@ -14,7 +14,7 @@ import time
 import uuid
 
 import pytest
-from harmony_mobile.server.store import (
+from harmony_mobile.server.services.store import (
     INT64_MAX,
     LEASE_COLUMNS,
     NewUpload,
@@ -236,7 +236,7 @@ WRITER = textwrap.dedent(
     """
     import sys, uuid
     from tests.test_server_store import new_upload
-    from harmony_mobile.server.store import Store
+    from harmony_mobile.server.services.store import Store
     store = Store(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
     while True:
         message_id = str(uuid.uuid4())

@@ -14,8 +14,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.server import create_app
-from harmony_mobile.server.store import Store
-from harmony_mobile.server.uploads import stored_to_feature_upload
+from harmony_mobile.server.services.store import Store
+from harmony_mobile.server.services.uploads import stored_to_feature_upload
 
 from harmony_mobile.protocol.wire import UploadMetadata, encode_upload
 from tests.conftest import STORE_BACKENDS, database_url_for

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import numpy as np
-from harmony_mobile.server.store import Store
+from harmony_mobile.server.services.store import Store
 
 from tests.helpers.fallback_server import (
     ADMIN,

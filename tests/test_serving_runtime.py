@@ -17,10 +17,10 @@ import torch
 from fastapi.testclient import TestClient
 from harmony_mobile.export import steps
 from harmony_mobile.server import create_app
-from harmony_mobile.server.registry import ModelRegistry
-from harmony_mobile.server.runtimes import OnnxRuntime, RuntimeChoiceError, choose_runtime
-from harmony_mobile.server.store import Store
-from harmony_mobile.server.torch_runtime import TorchRuntime, served_version
+from harmony_mobile.server.services.registry import ModelRegistry
+from harmony_mobile.server.services.runtimes import OnnxRuntime, RuntimeChoiceError, choose_runtime
+from harmony_mobile.server.services.store import Store
+from harmony_mobile.server.services.torch_runtime import TorchRuntime, served_version
 
 from harmony_mobile.onnx_backend import METADATA_FIELDS, METADATA_KEY, TOLERANCE, load_onnx_backend
 from harmony_mobile.protocol.digests import sha256_file
@@ -160,7 +160,7 @@ NO_TORCH_SERVER = BLOCK_TORCH + textwrap.dedent(
     import numpy as np
     from fastapi.testclient import TestClient
     from harmony_mobile.server import Settings, create_app
-    from harmony_mobile.server.runtimes import RuntimeChoiceError
+    from harmony_mobile.server.services.runtimes import RuntimeChoiceError
 
     root, model_dir, features = sys.argv[1], sys.argv[2], np.load(sys.argv[3])
     admin = {"Authorization": "Bearer admin-token-for-tests-0123456789"}

@@ -1,12 +1,12 @@
-"""The status page's history (server/status_history.py): quantiles from histogram buckets as
+"""The status page's history (server/core/status_history.py): quantiles from histogram buckets as
 Prometheus' histogram_quantile computes them, and per-interval rates and shares per tier; the
 store's log of default-version changes behind the default-history plot."""
 
 from __future__ import annotations
 
 import pytest
-from harmony_mobile.server.status_history import MetricHistory, Sample, quantile
-from harmony_mobile.server.store import Store
+from harmony_mobile.server.core.status_history import MetricHistory, Sample, quantile
+from harmony_mobile.server.services.store import Store
 
 
 def test_quantile_interpolates_inside_the_bucket_like_prometheus():

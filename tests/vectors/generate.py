@@ -2,7 +2,7 @@
 
 Every number here is computed by the project's own Python functions (export/manifest.py,
 harmony_mobile/protocol/sealing.py, harmony_mobile/protocol/label_tokens.py,
-harmony_mobile/protocol/wire.py, harmony_mobile/algorithms/base.py, server/errors.py), from fixed
+harmony_mobile/protocol/wire.py, harmony_mobile/algorithms/base.py, server/core/errors.py), from fixed
 keys, nonces and inputs, so the phone implementations can assert byte equality against them. The
 server cases of error_bodies.json also carry the request that makes a live server write them
 (tests/test_protocol_replay.py replays them).
@@ -47,7 +47,7 @@ from harmony_mobile.export.manifest import (
     sign_manifest,
     sign_manifest_p256,
 )
-from harmony_mobile.server.errors import error_response
+from harmony_mobile.server.core.errors import error_response
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.device.label_draws import feature_sample_ids
@@ -807,7 +807,7 @@ def error_body_vectors() -> dict:
     for name, status, body in FOREIGN_ERRORS:
         cases.append({"name": name, "status": status, "path": None, "body": body, "message": body})
     return _document(
-        "Error bodies (server/errors.py error_response) -> the message a client shows. The server puts "
+        "Error bodies (server/core/errors.py error_response) -> the message a client shows. The server puts "
         "its one sentence under `error` on /v2 routes (the V2 inference protocol) and under `detail` "
         "everywhere else; a client reads a string `error`, else a string `detail`, else shows the body "
         "text itself (cases with path null: what a proxy in between may send). Bodies are UTF-8. "

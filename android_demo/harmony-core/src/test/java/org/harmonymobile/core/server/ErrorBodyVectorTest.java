@@ -15,7 +15,7 @@ import org.junit.jupiter.api.Test;
 
 /**
  * The server writes its error sentence under {@code error} on /v2 routes and under {@code detail} on
- * /v1 routes (tests/vectors/error_bodies.json, from server/errors.py); the client shows that
+ * /v1 routes (tests/vectors/error_bodies.json, from server/core/errors.py); the client shows that
  * sentence either way, and the body itself when whatever answered sent something else.
  */
 class ErrorBodyVectorTest {

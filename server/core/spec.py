@@ -5,7 +5,7 @@
   413 (body limit), and on
   authenticated routes 401 / 403 / 429 (token bucket) / 503 (the store is unreachable).
 * The request body schemas of the routes that read their body themselves: `InferRequest` (infer)
-  and the /v1 bodies read after authentication (server/bodies.py).
+  and the /v1 bodies read after authentication (server/routes/bodies.py).
 * int64 bounds as integers (pydantic writes 2**63 - 1 as a float, which is 2**63).
 """
 
@@ -15,8 +15,8 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from harmony_mobile.server.errors import error_key
-from harmony_mobile.server.schemas import (
+from harmony_mobile.server.core.errors import error_key
+from harmony_mobile.server.core.schemas import (
     INT64_MAX,
     AlignmentParams,
     EnrolRequest,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from pathlib import Path
 
-from harmony_mobile.server.status_history import MetricHistory
+from harmony_mobile.server.core.status_history import MetricHistory
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector

@@ -1,5 +1,5 @@
-"""Reading an ONNX back-end file, for both runtimes: server/runtimes.py (which imports no torch) and
-server/torch_runtime.py (which runtimes.py imports only when the torch runtime is chosen)."""
+"""Reading an ONNX back-end file, for both runtimes: server/services/runtimes.py (which imports no torch) and
+server/services/torch_runtime.py (which server/services/runtimes.py imports only when the torch runtime is chosen)."""
 
 from __future__ import annotations
 

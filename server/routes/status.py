@@ -9,8 +9,9 @@ from html import escape
 
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
-from harmony_mobile.server import status_plots
-from harmony_mobile.server.state import ServerState, StateDep
+from harmony_mobile.server.routes.deps import StateDep
+from harmony_mobile.server.services import status_plots
+from harmony_mobile.server.services.state import ServerState
 
 router = APIRouter(tags=["status"])
 

@@ -2,14 +2,14 @@
 ASGI middleware checks Content-Length up front and also counts the bytes actually streamed (chunked
 bodies lie by omission); and the whole body must arrive within `body_timeout` seconds of the
 headers, so a client that declares a length and stalls is answered 408 instead of holding its
-connection and a worker slot forever (the header timeout is in server/http_guards.py)."""
+connection and a worker slot forever (the header timeout is in server/core/http_guards.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
 from fastapi import HTTPException
-from harmony_mobile.server.errors import error_response
+from harmony_mobile.server.core.errors import error_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 

@@ -1,5 +1,5 @@
 """GET /v1/artifacts/{path}: the served manifest's artifacts, for phones that install it
-(docs/PROTOCOL.md 2.3). What is served, and why nothing else can be: server/served_files.py."""
+(docs/PROTOCOL.md 2.3). What is served, and why nothing else can be: server/services/served_files.py."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ import logging
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from harmony_mobile.server.auth import AnyPrincipalDep
-from harmony_mobile.server.schemas import ErrorBody
-from harmony_mobile.server.state import StateDep
+from harmony_mobile.server.core.schemas import ErrorBody
+from harmony_mobile.server.routes.deps import AnyPrincipalDep, StateDep
 
 log = logging.getLogger("harmony_mobile.server")
 router = APIRouter(prefix="/v1", tags=["devices"])

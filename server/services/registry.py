@@ -11,7 +11,7 @@ versions inside one request. Every file carries its lineage's replay set (run_di
 a published version inherits its parent's unchanged, so uploaded features never leave their
 sealed envelopes.
 
-Two runtimes serve a version (server/runtimes.py): PyTorch loads <sha256>.pt; ONNX Runtime, on a
+Two runtimes serve a version (server/services/runtimes.py): PyTorch loads <sha256>.pt; ONNX Runtime, on a
 replica installed without torch, loads the version's ONNX back-end <sha256>.onnx, which export and
 every publish write beside it (harmony_mobile/onnx_backend.py). This module imports no torch.
 """
@@ -29,12 +29,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from harmony_mobile.server.store import Store, VersionRecord, utc_now
+from harmony_mobile.server.services.store import Store, VersionRecord, utc_now
 
 from harmony_mobile.protocol.digests import sha256_file
 
 if TYPE_CHECKING:
-    from harmony_mobile.server.runtimes import Runtime
+    from harmony_mobile.server.services.runtimes import Runtime
 
 ARTIFACTS_DIR = "artifacts"
 BACKEND_IN_MODEL_DIR = Path("backend") / "backend.pt"

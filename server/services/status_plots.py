@@ -14,8 +14,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from html import escape
 
-from harmony_mobile.server.status_history import Interval
-from harmony_mobile.server.store import RoundRecord
+from harmony_mobile.server.core.status_history import Interval
+from harmony_mobile.server.services.store import RoundRecord
 
 _draw_lock = threading.Lock()
 SIZE = (6.4, 2.7)

@@ -1,4 +1,5 @@
-"""The per-app state object and the FastAPI dependencies that hand its parts to endpoints.
+"""The per-app state object: the settings and services one app runs with (the request dependencies
+in server/routes/deps.py hand its parts to endpoints).
 
 Everything lives on `app.state.harmony` (built by `create_app`), never in module globals, so a
 test can build many apps side by side, each with its own data dir and metrics registry.
@@ -7,21 +8,20 @@ test can build many apps side by side, each with its own data dir and metrics re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from fastapi import Depends, Request
-from harmony_mobile.server.served_files import ServedFile, served_artifacts
-from harmony_mobile.server.served_tiers import ServedManifest, served_manifest
-from harmony_mobile.server.settings import Settings
-from harmony_mobile.server.store import Store
+from harmony_mobile.server.core.settings import Settings
+from harmony_mobile.server.services.served_files import ServedFile, served_artifacts
+from harmony_mobile.server.services.served_tiers import ServedManifest, served_manifest
+from harmony_mobile.server.services.store import Store
 
 if TYPE_CHECKING:
-    from harmony_mobile.server.alignment import AlignmentWorker
-    from harmony_mobile.server.auth import RateLimiter, TokenCache
-    from harmony_mobile.server.inference import MicroBatcher
-    from harmony_mobile.server.metrics import ServerMetrics
-    from harmony_mobile.server.registry import ModelRegistry
+    from harmony_mobile.server.core.metrics import ServerMetrics
+    from harmony_mobile.server.core.security import RateLimiter, TokenCache
+    from harmony_mobile.server.services.alignment import AlignmentWorker
+    from harmony_mobile.server.services.inference import MicroBatcher
+    from harmony_mobile.server.services.registry import ModelRegistry
 
 
 @dataclass
@@ -50,23 +50,3 @@ class ServerState:
     def __post_init__(self) -> None:
         self.served = served_manifest(self.manifest_text)
         self.artifacts = served_artifacts(self.manifest_text)
-
-
-async def get_state(request: Request) -> ServerState:
-    # async: a plain `def` dependency would cost a thread-pool hop on every request
-    return request.app.state.harmony
-
-
-StateDep = Annotated[ServerState, Depends(get_state)]
-
-
-async def get_settings(state: StateDep) -> Settings:
-    return state.settings
-
-
-async def get_store(state: StateDep) -> Store:
-    return state.store
-
-
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-StoreDep = Annotated[Store, Depends(get_store)]

@@ -25,8 +25,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from harmony_mobile.server.metrics import ServerMetrics
-from harmony_mobile.server.registry import ServedVersion, predict
+from harmony_mobile.server.core.metrics import ServerMetrics
+from harmony_mobile.server.services.registry import ServedVersion, predict
 
 
 class QueueFull(RuntimeError):

@@ -5,10 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request, status
-from harmony_mobile.server.auth import AdminDep
-from harmony_mobile.server.bodies import openapi_body, read_json_body
-from harmony_mobile.server.registry import NoParentVersion, UnknownVersion
-from harmony_mobile.server.schemas import (
+from harmony_mobile.server.core.schemas import (
     INT64_MAX,
     AlignmentParams,
     ErrorBody,
@@ -17,8 +14,10 @@ from harmony_mobile.server.schemas import (
     SetDefaultRequest,
     VersionInfo,
 )
-from harmony_mobile.server.state import StateDep, StoreDep
-from harmony_mobile.server.store import RoundRecord, Store
+from harmony_mobile.server.routes.bodies import openapi_body, read_json_body
+from harmony_mobile.server.routes.deps import AdminDep, StateDep, StoreDep
+from harmony_mobile.server.services.registry import NoParentVersion, UnknownVersion
+from harmony_mobile.server.services.store import RoundRecord, Store
 
 router = APIRouter(prefix="/v1", tags=["alignment and registry (admin)"])
 ERRORS = {code: {"model": ErrorBody} for code in (401, 403, 404, 409, 413, 422)}

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from harmony_mobile.server.v2_codec import InferBodyError, decompress
+from harmony_mobile.server.core.v2_codec import InferBodyError, decompress
 from pydantic import BaseModel, ValidationError
 
 Model = TypeVar("Model", bound=BaseModel)

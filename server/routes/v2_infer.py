@@ -1,6 +1,6 @@
 """KServe V2 inference, model configuration, statistics and the repository index.
 
-The infer endpoints build their response bytes themselves (server/v2_codec.py) instead of letting
+The infer endpoints build their response bytes themselves (server/core/v2_codec.py) instead of letting
 FastAPI validate and re-serialize a response model: that is most of a request's Python time.
 """
 
@@ -10,10 +10,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, HTTPException, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from harmony_mobile.server.auth import AnyPrincipalDep, authenticate_header
-from harmony_mobile.server.inference import QueueFull, VersionStats
-from harmony_mobile.server.registry import ServedVersion
-from harmony_mobile.server.schemas import (
+from harmony_mobile.server.core.schemas import (
     InferResponse,
     ModelConfig,
     ModelStatistics,
@@ -22,17 +19,7 @@ from harmony_mobile.server.schemas import (
     StatisticsResponse,
     V2ErrorBody,
 )
-from harmony_mobile.server.state import ServerState, StateDep
-from harmony_mobile.server.v2 import (
-    _resolve_model,
-    _retry_after,
-    _tier_label,
-    check_features,
-    check_request_tier,
-    output_metadata,
-    prediction_outputs,
-)
-from harmony_mobile.server.v2_codec import (
+from harmony_mobile.server.core.v2_codec import (
     BINARY_TYPE,
     HEADER_LENGTH,
     HMFT_FORM,
@@ -48,6 +35,19 @@ from harmony_mobile.server.v2_codec import (
     request_form,
     select_outputs,
 )
+from harmony_mobile.server.routes.deps import AnyPrincipalDep, StateDep, authenticate_header
+from harmony_mobile.server.routes.v2_common import (
+    check_features,
+    check_request_tier,
+    output_metadata,
+    prediction_outputs,
+    resolve_model,
+    retry_after,
+    tier_label,
+)
+from harmony_mobile.server.services.inference import QueueFull, VersionStats
+from harmony_mobile.server.services.registry import ServedVersion
+from harmony_mobile.server.services.state import ServerState
 
 router = APIRouter(prefix="/v2", tags=["inference (KServe V2)"])
 
@@ -104,7 +104,7 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
         raise HTTPException(422, f"Inference-Header-Content-Length {length!r} is not a decimal byte count")
     model = state.registry.loaded(version) if name == state.settings.model_name else None
     if model is None:  # first use of a version reads its file and the store: not on the event loop
-        model = await run_in_threadpool(_resolve_model, state, name, version)
+        model = await run_in_threadpool(resolve_model, state, name, version)
     content_type = headers.get("content-type", "").split(";")[0].strip().lower()
     body = await request.body()
     try:
@@ -127,12 +127,12 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     try:
         prediction = await state.batcher.infer(features, model)
     except QueueFull as error:
-        raise HTTPException(503, str(error), headers=_retry_after(state)) from None
+        raise HTTPException(503, str(error), headers=retry_after(state)) from None
     if not prediction.finite:
         raise HTTPException(
             422, f"input {INPUT_NAME!r} is finite but so large that the model output overflows"
         )
-    state.metrics.count_fallback_rows(_tier_label(state, parsed.tier), features.shape[0])
+    state.metrics.count_fallback_rows(tier_label(state, parsed.tier), features.shape[0])
     outputs = select_outputs(prediction_outputs(prediction), parsed.requested)
     content, response_headers = encode_response(name, prediction.model_version, parsed, outputs)
     content = maybe_gzip(content, response_headers, headers.get("accept-encoding", ""))
@@ -183,7 +183,7 @@ def _config(state: ServerState, name: str, model: ServedVersion) -> ModelConfig:
     settings = state.settings
     return ModelConfig(
         name=name,
-        # Triton's names for what runs the back-end (server/runtimes.py)
+        # Triton's names for what runs the back-end (server/services/runtimes.py)
         platform="onnxruntime_onnx" if model.runtime == "onnx" else "pytorch_libtorch",
         backend="onnxruntime" if model.runtime == "onnx" else "pytorch",
         max_batch_size=settings.max_request_rows,
@@ -204,12 +204,12 @@ def _config(state: ServerState, name: str, model: ServedVersion) -> ModelConfig:
 @router.get("/models/{name}/config", response_model=ModelConfig, responses=LOOKUP_ERRORS)
 def model_config(name: str, state: StateDep, _: AnyPrincipalDep) -> ModelConfig:
     """Triton-style model configuration of the default version."""
-    return _config(state, name, _resolve_model(state, name, None))
+    return _config(state, name, resolve_model(state, name, None))
 
 
 @router.get("/models/{name}/versions/{version}/config", response_model=ModelConfig, responses=LOOKUP_ERRORS)
 def model_version_config(name: str, version: str, state: StateDep, _: AnyPrincipalDep) -> ModelConfig:
-    return _config(state, name, _resolve_model(state, name, version))
+    return _config(state, name, resolve_model(state, name, version))
 
 
 # ---------------------------------------------------------------- statistics
@@ -243,7 +243,7 @@ def _model_stats(name: str, version: str, stats: VersionStats) -> ModelStatistic
 
 def _statistics(state: ServerState, name: str | None, version: str | None) -> StatisticsResponse:
     if name is not None:
-        _resolve_model(state, name, version)  # 404 / 503 like every other model route
+        resolve_model(state, name, version)  # 404 / 503 like every other model route
     counters = state.batcher.stats()
     versions = [version] if version is not None else state.registry.version_names()
     model_name = state.settings.model_name

@@ -47,18 +47,18 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from harmony_mobile.server.registry import ServedVersion
-from harmony_mobile.server.round_outcomes import NotEnoughRows, RoundCancelled
-from harmony_mobile.server.schemas import AlignmentParams
-from harmony_mobile.server.torch_runtime import served_version
-from harmony_mobile.server.uploads import stored_to_feature_upload
+from harmony_mobile.server.core.schemas import AlignmentParams
+from harmony_mobile.server.services.registry import ServedVersion
+from harmony_mobile.server.services.round_outcomes import NotEnoughRows, RoundCancelled
+from harmony_mobile.server.services.torch_runtime import served_version
+from harmony_mobile.server.services.uploads import stored_to_feature_upload
 
 from harmony_mobile.models.losses import distillation_loss, supcon_loss
 from harmony_mobile.protocol.messages import FeatureUpload
 from harmony_mobile.protocol.slots import SlotTable, SlotTableFull
 
 if TYPE_CHECKING:  # rounds.py imports this module when a round runs: no import back at run time
-    from harmony_mobile.server.rounds import AlignmentWorker
+    from harmony_mobile.server.services.rounds import AlignmentWorker
 
 log = logging.getLogger("harmony_mobile.server.alignment")
 PROGRESS_UPDATES = 10

@@ -7,10 +7,10 @@ import secrets
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response, status
-from harmony_mobile.server.auth import AdminDep, AnyPrincipalDep, hash_token, new_device_token
-from harmony_mobile.server.bodies import openapi_body, read_json_body
-from harmony_mobile.server.schemas import DeviceInfo, EnrolRequest, EnrolResponse, ErrorBody, Limits
-from harmony_mobile.server.state import StateDep, StoreDep
+from harmony_mobile.server.core.schemas import DeviceInfo, EnrolRequest, EnrolResponse, ErrorBody, Limits
+from harmony_mobile.server.core.security import hash_token, new_device_token
+from harmony_mobile.server.routes.bodies import openapi_body, read_json_body
+from harmony_mobile.server.routes.deps import AdminDep, AnyPrincipalDep, StateDep, StoreDep
 
 from harmony_mobile.protocol.sealing import ENVELOPE_VERSION, public_key_bytes
 

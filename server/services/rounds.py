@@ -1,7 +1,7 @@
 """Alignment rounds across processes: the queue, the leases and the worker thread of each process.
 
 Every process sweeps expired leases (a round whose process died is marked interrupted), also one
-that runs no round itself; training a round is server/alignment.py, imported only when a round runs,
+that runs no round itself; training a round is server/services/alignment.py, imported only when a round runs,
 so a serving replica without torch keeps this module's part.
 """
 
@@ -14,12 +14,12 @@ import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from harmony_mobile.server.errors import FailureRun, first_line
-from harmony_mobile.server.metrics import ServerMetrics
-from harmony_mobile.server.registry import ModelRegistry
-from harmony_mobile.server.round_outcomes import NotEnoughRows, RoundCancelled
-from harmony_mobile.server.schemas import AlignmentParams
-from harmony_mobile.server.store import Store
+from harmony_mobile.server.core.errors import FailureRun, first_line
+from harmony_mobile.server.core.metrics import ServerMetrics
+from harmony_mobile.server.core.schemas import AlignmentParams
+from harmony_mobile.server.services.registry import ModelRegistry
+from harmony_mobile.server.services.round_outcomes import NotEnoughRows, RoundCancelled
+from harmony_mobile.server.services.store import Store
 from sqlalchemy.exc import OperationalError
 
 log = logging.getLogger("harmony_mobile.server.alignment")
@@ -125,7 +125,7 @@ class AlignmentWorker:
             return
         try:
             # imported here: it imports torch, which a replica that runs no round may not have
-            from harmony_mobile.server.alignment import align_and_publish
+            from harmony_mobile.server.services.alignment import align_and_publish
 
             align_and_publish(self, round_id, params)
         except RoundCancelled:  # stopping (a lost lease already made the round interrupted)

@@ -3,7 +3,7 @@
 A replica installed with `[server]` alone has no torch: it serves each version's ONNX back-end
 (<sha256>.onnx, harmony_mobile/onnx_backend.py) through ONNX Runtime and runs no alignment round,
 since rounds train g with torch. `[alignment]` adds torch; such a replica serves backend.pt through
-PyTorch (server/torch_runtime.py) and writes the ONNX back-end of every version it publishes, so
+PyTorch (server/services/torch_runtime.py) and writes the ONNX back-end of every version it publishes, so
 replicas of both kinds can follow the same store. `auto` picks torch when it is importable.
 
 This module imports no torch: torch_runtime is imported only when the torch runtime is chosen.
@@ -16,9 +16,9 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from harmony_mobile.server.backend_files import BackendFileError, read_onnx_backend
-from harmony_mobile.server.registry import ONNX_SUFFIX, ModelRegistry, ServedVersion
-from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.core.settings import Settings
+from harmony_mobile.server.services.backend_files import BackendFileError, read_onnx_backend
+from harmony_mobile.server.services.registry import ONNX_SUFFIX, ModelRegistry, ServedVersion
 
 log = logging.getLogger("harmony_mobile.server.runtimes")
 RUNTIMES = ("auto", "torch", "onnx")
@@ -69,7 +69,7 @@ def choose_runtime(runtime: str, run_alignment: bool) -> str:
 
 def make_runtime(settings: Settings) -> Runtime:
     if choose_runtime(settings.runtime, settings.run_alignment) == "torch":
-        from harmony_mobile.server.torch_runtime import TorchRuntime
+        from harmony_mobile.server.services.torch_runtime import TorchRuntime
 
         return TorchRuntime(settings.torch_threads)
     return OnnxRuntime(settings.onnx_threads)

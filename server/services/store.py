@@ -21,11 +21,19 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from harmony_mobile.server.core.records import (
+    DeviceRecord,
+    NewUpload,
+    RoundRecord,
+    StoredEnvelope,
+    UploadReceipt,
+    VersionRecord,
+)
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -167,76 +175,6 @@ def _sqlite_epoch_now(element, compiler, **kw) -> str:
 
 def utc_now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-@dataclass(frozen=True)
-class DeviceRecord:
-    id: str
-    name: str | None
-    tier: str | None
-    created_at: str
-    revoked_at: str | None
-
-
-@dataclass(frozen=True)
-class UploadReceipt:
-    upload_id: int
-    message_id: str
-    rows: int
-    received_at: str
-    envelope_sha256: str
-
-
-@dataclass(frozen=True)
-class NewUpload:
-    device_id: str
-    message_id: str
-    label_epoch: str
-    envelope: bytes
-    envelope_sha256: str
-    rows: int
-    tier: str
-    family: str
-    model_version: str
-    clip_norm: float | None
-    noise_multiplier: float | None
-    label_dp_epsilon: float | None = None
-
-
-@dataclass(frozen=True)
-class StoredEnvelope:
-    """What the alignment worker reads back: enough to rebuild the AD and open the envelope."""
-
-    upload_id: int
-    device_id: str
-    message_id: str
-    label_epoch: str
-    envelope: bytes
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    id: int
-    status: str
-    params: dict[str, Any]
-    parent_version: str | None
-    new_version: str | None
-    progress: float
-    metrics: dict[str, Any]
-    error: str | None
-    created_at: str
-    started_at: str | None
-    finished_at: str | None
-
-
-@dataclass(frozen=True)
-class VersionRecord:
-    version: str
-    sha256: str
-    parent: str | None
-    source: str
-    created_at: str
-    metrics: dict[str, Any]
 
 
 def database_url(data_dir: Path, url: str | None) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any, Literal
 
-from harmony_mobile.server.store import VersionRecord
+from harmony_mobile.server.core.records import VersionRecord
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from harmony_mobile.models.constants import DISTILLATION_TEMPERATURE, SUPCON_TEMPERATURE

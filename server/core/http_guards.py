@@ -9,9 +9,9 @@
   Retry-After and closed as soon as its request line arrived (at most REFUSAL_WAIT_SECONDS),
   before it can hold a slot;
 * malformed HTTP is answered with a JSON 400 instead of uvicorn's plain text.
-Their JSON bodies use the error key of the path asked for (server/errors.py: `error` on /v2, which
+Their JSON bodies use the error key of the path asked for (server/core/errors.py: `error` on /v2, which
 tritonclient reads, `detail` elsewhere); with no request line yet, both keys.
-The body-read timeout lives in the app (server/limits.py), so the 408 it produces is an ordinary
+The body-read timeout lives in the app (server/core/limits.py), so the 408 it produces is an ordinary
 JSON response that the metrics count. Limits are class attributes set by `configure` from Settings
 in each worker process (uvicorn builds one protocol object per connection).
 """
@@ -23,8 +23,8 @@ import json
 import re
 from urllib.parse import urlsplit
 
-from harmony_mobile.server.errors import error_key
-from harmony_mobile.server.settings import Settings
+from harmony_mobile.server.core.errors import error_key
+from harmony_mobile.server.core.settings import Settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}

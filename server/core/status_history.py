@@ -1,6 +1,6 @@
 """The status page's memory of the fallback traffic: every `status_sample_seconds` each process
 samples the whole server's counters (with several workers: the sum over all of them, see
-server/metrics.py) and keeps the last hour or so; the plots are the differences between samples.
+server/core/metrics.py) and keeps the last hour or so; the plots are the differences between samples.
 
 Kept in memory, per process: a restart (or a worker uvicorn replaced) starts an empty history, and
 a worker that started later has a shorter one. The long view is Prometheus (deploy/)."""
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # metrics.py keeps the history: no import at run time
-    from harmony_mobile.server.metrics import MetricSnapshot
+    from harmony_mobile.server.core.metrics import MetricSnapshot
 
 FALLBACK_ROWS = "harmony_fallback_rows_total"
 LATENCY_BUCKETS = "harmony_fallback_request_duration_seconds_bucket"

@@ -1,6 +1,6 @@
 """The PyTorch runtime: serves backend.pt and writes the files of the versions alignment publishes.
 
-Only a replica with torch installed (`[alignment]`) imports this module (server/runtimes.py)."""
+Only a replica with torch installed (`[alignment]`) imports this module (server/services/runtimes.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from harmony_mobile.server.backend_files import BackendFileError, read_onnx_backend
-from harmony_mobile.server.registry import ModelRegistry, ServedVersion, sha256_file
+from harmony_mobile.server.services.backend_files import BackendFileError, read_onnx_backend
+from harmony_mobile.server.services.registry import ModelRegistry, ServedVersion, sha256_file
 
 from harmony_mobile.models import Backend, ProjectionHead
 from harmony_mobile.protocol.slots import SlotTable

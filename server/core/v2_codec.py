@@ -24,7 +24,7 @@ import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
-from harmony_mobile.server.schemas import InferRequest
+from harmony_mobile.server.core.schemas import InferRequest
 from pydantic import ValidationError
 
 from harmony_mobile.protocol.wire import WireFormatError, decode_tensor
