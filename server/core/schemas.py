@@ -246,7 +246,7 @@ class UploadReceiptResponse(BaseModel):
 
 
 class AlignmentParams(_Strict):
-    """One alignment round (server/alignment.py): slot CE + SupCon on the new stored rows, distillation
+    """One alignment round (server/services/alignment.py): slot CE + SupCon on the new stored rows, distillation
     to the current version on the replay rows (features it was trained on), and a two-part publish check."""
 
     steps: JsonInt = Field(default=60, ge=1, le=10_000, description="optimizer steps")
