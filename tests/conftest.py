@@ -16,7 +16,12 @@ STORE_BACKENDS = ("sqlite", "postgresql")
 # Files whose tests mostly wait on other processes (SuperNode heartbeats, a demo's server and
 # phones) go first: `make pytest` hands whole files to its two workers in collection order, and a
 # long file collected late ends the run alone on one worker while the other idles.
-LONGEST_FIRST = ("test_flower_engines.py", "test_demo_e2e.py", "test_export_pipeline.py")
+LONGEST_FIRST = (
+    "test_flower_deploy_doc.py",
+    "test_flower_engines.py",
+    "test_demo_e2e.py",
+    "test_export_pipeline.py",
+)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
