@@ -14,11 +14,13 @@ from tests.postgres import create_database, running_postgres  # noqa: E402
 STORE_BACKENDS = ("sqlite", "postgresql")
 
 # Files whose tests mostly wait on other processes (SuperNode heartbeats, a demo's server and
-# phones) go first: `make pytest` hands whole files to its two workers in collection order, and a
-# long file collected late ends the run alone on one worker while the other idles.
+# phones) or run longest go first: `make pytest` hands whole files to its workers in collection
+# order, and a long file collected late ends the run alone on one worker while the others idle.
 LONGEST_FIRST = (
     "test_flower_deploy_doc.py",
     "test_flower_engines.py",
+    "test_flower_node_failure.py",
+    "test_operator_view.py",
     "test_demo_e2e.py",
     "test_export_pipeline.py",
 )
