@@ -98,3 +98,32 @@ def test_a_bug_in_infer_is_a_logged_json_500(client, monkeypatch, caplog):
 def test_other_methods_on_the_infer_path_still_reach_the_router(client):
     response = client.get("/v2/models/harmony-backend/infer", headers=ADMIN)
     assert response.status_code == 405 and response.headers["allow"] == "POST"
+
+
+@pytest.mark.parametrize(
+    "header,gzipped",
+    [
+        ("gzip", True),
+        ("gzip, deflate", True),
+        ("deflate, gzip;q=0.5", True),
+        ("x-gzip", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("gzip;q=0.0, deflate", False),
+        ("*, gzip;q=0", False),
+        ("*;q=0", False),
+        ("identity", False),
+        ("", False),
+        ("gzip;q=abc", False),
+    ],
+)
+def test_the_answer_is_gzipped_only_when_accept_encoding_accepts_gzip(client, header, gzipped):
+    plain = client.post(
+        "/v2/models/harmony-backend/infer", content=one_row(), headers={**BINARY, "Accept-Encoding": "identity"}
+    )
+    response = client.post(
+        "/v2/models/harmony-backend/infer", content=one_row(), headers={**BINARY, "Accept-Encoding": header}
+    )
+    assert response.status_code == 200
+    assert (response.headers.get("content-encoding") == "gzip") is gzipped
+    assert response.json() == plain.json()  # httpx decodes a gzipped body

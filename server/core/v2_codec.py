@@ -253,9 +253,35 @@ def encode_response(
     return header + b"".join(raw), headers
 
 
+def _quality(parameters: list[str]) -> float:
+    """The q value of one Accept-Encoding entry (1 when absent; 0 when it is not a number)."""
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "q":
+            try:
+                return float(value.strip())
+            except ValueError:
+                return 0.0
+    return 1.0
+
+
+def accepts_gzip(accept_encoding: str) -> bool:
+    """Whether an Accept-Encoding header (RFC 9110 12.5.3) accepts gzip: named (or as x-gzip) with
+    a q above 0, or covered by `*` with a q above 0 when not named; `gzip;q=0` refuses it."""
+    qualities: dict[str, float] = {}
+    for entry in accept_encoding.split(","):
+        coding, *parameters = entry.split(";")
+        coding = coding.strip().lower()
+        if coding:
+            qualities[coding] = _quality(parameters)
+    named = [qualities[c] for c in ("gzip", "x-gzip") if c in qualities]
+    if named:
+        return max(named) > 0
+    return qualities.get("*", 0.0) > 0
+
+
 def maybe_gzip(body: bytes, headers: dict[str, str], accept_encoding: str) -> bytes:
-    accepted = {part.split(";")[0].strip().lower() for part in accept_encoding.split(",")}
-    if "gzip" in accepted:
+    if accepts_gzip(accept_encoding):
         headers["Content-Encoding"] = "gzip"
         return gzip.compress(body, compresslevel=1)
     return body
