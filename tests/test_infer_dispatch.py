@@ -119,7 +119,9 @@ def test_other_methods_on_the_infer_path_still_reach_the_router(client):
 )
 def test_the_answer_is_gzipped_only_when_accept_encoding_accepts_gzip(client, header, gzipped):
     plain = client.post(
-        "/v2/models/harmony-backend/infer", content=one_row(), headers={**BINARY, "Accept-Encoding": "identity"}
+        "/v2/models/harmony-backend/infer",
+        content=one_row(),
+        headers={**BINARY, "Accept-Encoding": "identity"},
     )
     response = client.post(
         "/v2/models/harmony-backend/infer", content=one_row(), headers={**BINARY, "Accept-Encoding": header}
