@@ -39,6 +39,16 @@ def postgres_server():
         yield base_url
 
 
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    """A SuperLink and 2 SuperNodes as processes, one per test module that uses it
+    (tests/helpers/flower_deployment.py)."""
+    from tests.helpers.flower_deployment import local_deployment
+
+    with local_deployment(tmp_path_factory.mktemp("deployment")) as running:
+        yield running
+
+
 def database_url_for(backend: str, request: pytest.FixtureRequest) -> str | None:
     """None (SQLite in the data dir) or the URL of a fresh PostgreSQL database."""
     if backend == "sqlite":

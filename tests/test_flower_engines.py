@@ -14,16 +14,9 @@ from harmony_mobile.training import train
 from tests.helpers.flower_deployment import (
     REPLY_TIMEOUT,
     assert_same_run,
-    local_deployment,
     provisioned_run_dir,
 )
 from tests.test_flower import SPLIT_TINY, same_lineage, tiny_config
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    with local_deployment(tmp_path_factory.mktemp("deployment")) as running:
-        yield running
 
 
 # multi-exit's arithmetic on Flower is checked on the loopback Grid (test_flower.py) and harmony's

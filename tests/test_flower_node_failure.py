@@ -19,16 +19,9 @@ from harmony_mobile.run_dir import RunDir
 from tests.helpers.flower_deployment import (
     REPLY_TIMEOUT,
     assert_same_run,
-    local_deployment,
     provisioned_run_dir,
 )
 from tests.test_flower import metric_lines, run_on_loopback, same_lineage, tiny_config
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory):
-    with local_deployment(tmp_path_factory.mktemp("deployment")) as running:
-        yield running
 
 
 class KillOnTurn(threading.Thread):
