@@ -43,9 +43,10 @@ class PausableTurn:
     raised from them. Its torch global random state is kept across pauses (other turns run
     meanwhile), as a process of its own would keep it, and so is its OpenMP thread count."""
 
-    def __init__(self, name: str = "turn"):
+    def __init__(self, name: str = "turn", threads: int | None = None):
         self.name = name
-        self.threads = torch.get_num_threads()  # OpenMP's thread count is per thread
+        # OpenMP's thread count is per thread: the turn's thread takes its driver's, or `threads`
+        self.threads = threads if threads is not None else torch.get_num_threads()
         self.events: queue.SimpleQueue = queue.SimpleQueue()  # turn -> driver
         self.answers: queue.SimpleQueue = queue.SimpleQueue()  # driver -> turn
 

@@ -101,8 +101,8 @@ class LiveTurn(PausableTurn):
     paused: ClassVar[dict[tuple[int, int], LiveTurn]] = {}
 
     def __init__(self, key: tuple[int, int], threads: int, turn: Any = None):
-        super().__init__(name=f"turn-{key}")
-        self.key, self.threads = key, threads
+        super().__init__(name=f"turn-{key}", threads=threads)
+        self.key = key
         self.turn = turn  # what the ClientApp needs when the turn ends (its algorithm, client, stream)
         self.pending = ""
 
