@@ -13,16 +13,22 @@ from tests.postgres import create_database, running_postgres  # noqa: E402
 
 STORE_BACKENDS = ("sqlite", "postgresql")
 
-# Files whose tests mostly wait on other processes (SuperNode heartbeats, a demo's server and
-# phones) or run longest go first: `make pytest` hands whole files to its workers in collection
-# order, and a long file collected late ends the run alone on one worker while the others idle.
+# The order `make pytest` hands whole files to its workers in (it turns off xdist's own reordering
+# by test count, which would start a one-test file that waits on SuperNode heartbeats last, to end
+# the run alone). Each worker starts with two files: a waiting file goes with a CPU-heavy one, so
+# the waits overlap CPU work, and the longest files start early.
 LONGEST_FIRST = (
-    "test_flower_deploy_doc.py",
-    "test_flower_engines.py",
-    "test_flower_node_failure.py",
+    "test_flower_deploy_doc.py",  # waits on SuperNodes' polls and heartbeats
     "test_operator_view.py",
     "test_demo_e2e.py",
+    "test_bench_runner.py",
+    "test_flower_engines.py",  # waits
     "test_export_pipeline.py",
+    "test_flower_node_failure.py",  # waits
+    "test_flower.py",
+    "test_cli.py",
+    "test_export_steps.py",
+    "test_server_alignment.py",
 )
 
 

@@ -116,7 +116,10 @@ def test_bench_script_is_the_bench_command():
 def test_two_runs_share_a_lineage_on_purpose_and_then_give_the_same_numbers(tmp_path):
     """A run's federation secret and label epoch are random; --lineage-from copies another run's,
     so the same configuration trains to the same numbers (without it, two runs differ)."""
+    config = tmp_path / "small.yaml"
+    config.write_text("dataset_limit: 600\nalgorithm_config: {local_steps: 2, personalize_epochs: 1}\n")
     small = ["--dataset", "digits", "--rounds", "1", "--clients-per-tier", "1", "--seed", "3"]
+    small += ["--config", str(config)]
     runs = {}
     for name, extra in (
         ("first", []),

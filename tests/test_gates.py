@@ -68,6 +68,34 @@ def test_the_report_compares_curves_at_equal_fallback_rates_paired_by_seed():
     assert curve_table({"runs": runs[-1:]}, "s", ["fedavg"]) == []
 
 
+def test_the_curve_targets_name_the_closest_baseline_and_compare_with_server_only():
+    from harmony_mobile.bench.gate_report import curve_target_lines, curve_targets
+
+    verdict = {True: "**met**", False: "**not met**"}
+    runs = [fake_run("harmony", s, 0.05 + 0.01 * s) for s in range(3)]
+    runs += [fake_run("splitgp", s, 0.0, "neg_entropy") for s in range(3)]
+    runs += [fake_run("fedproto", s, 0.04) for s in range(3)]  # 2 points behind on average
+    runs += [{"setting": "s", "method": "fedavg", "seed": 0}]  # no gate: not compared
+    entry = curve_targets(runs, "harmony", ["splitgp", "fedproto", "fedavg"])
+    assert entry["above"]["met"] and entry["above"]["compared"] == ["fedproto", "splitgp"]
+    worst = entry["above"]["worst"]
+    assert worst["baseline"] == "fedproto" and worst["gap"]["mean"] == pytest.approx(0.02)
+    # at 50 % fallback: 0.5 + 0.2 + 0.06 = 0.76 against server-only 0.85: more than 2 points short
+    assert entry["server_only"]["hybrid_at_half"] == pytest.approx(0.76)
+    assert not entry["server_only"]["met"]
+    lines = curve_target_lines("s", "harmony", entry, verdict)
+    assert "closest `fedproto`" in lines[0] and lines[0].endswith("-> **met**")
+    assert "76.0 vs 85.0 -> **not met**" in lines[1]
+
+    # a baseline ahead at one rate fails the first target; a hybrid near server-only meets the second
+    runs = [fake_run("harmony", s, 0.14) for s in range(3)]
+    runs += [fake_run("fedproto", s, 0.15) for s in range(3)]
+    entry = curve_targets(runs, "harmony", ["fedproto"])
+    assert not entry["above"]["met"] and entry["above"]["worst"]["gap"]["mean"] < 0
+    assert entry["server_only"]["met"]  # 0.84 >= 0.85 - 0.02
+    assert curve_targets([r for r in runs if r["method"] == "fedproto"], "harmony", ["fedproto"]) is None
+
+
 def test_logit_norm_makes_the_exit_loss_blind_to_the_logits_scale():
     from harmony_mobile.algorithms.base import exit_loss
     from harmony_mobile.models import FamilyModel

@@ -21,6 +21,7 @@ import stat
 
 import pytest
 import torch
+import yaml
 from harmony_mobile.export.pipeline import export_run
 
 from harmony_mobile.bench.privacy_attacks import (
@@ -28,6 +29,7 @@ from harmony_mobile.bench.privacy_attacks import (
     checkpoint_naming,
     named_right,
 )
+from harmony_mobile.models.tiers import load_tiers
 from harmony_mobile.run_dir import CLIENT_PART, RunDir, save_client
 from harmony_mobile.training import TrainConfig, train
 
@@ -36,10 +38,28 @@ SEEDS = (11, 12)
 CONFIG = {"local_steps": 4, "personalize_epochs": 1}
 
 
+def served_tiers_file(root) -> str:
+    """The built-in tiers with the attacked tier exported as the one variant the attack reads (its
+    fp32 .pte): the int8 and Core ML variants cost most of an export and play no part here."""
+    tiers = load_tiers().model_dump(mode="json")
+    for tier in tiers["tiers"]:
+        if tier["name"] == TIER:
+            tier.update(quantization=["fp32"], backends=["xnnpack"])
+    path = root / "tiers.yaml"
+    path.write_text(yaml.safe_dump(tiers))
+    return str(path)
+
+
 def trial(root, seed: int, class_order: bool = False):
     """(operator view, truth per slot, run) of one tiny trained and exported run."""
     config = TrainConfig(
-        dataset="digits", dataset_limit=900, clients_per_tier=1, rounds=3, seed=seed, algorithm_config=CONFIG
+        dataset="digits",
+        dataset_limit=900,
+        clients_per_tier=1,
+        rounds=3,
+        seed=seed,
+        algorithm_config=CONFIG,
+        tiers_file=served_tiers_file(root),
     )
     train(config, root / "run", show_progress=False)
     if class_order:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from harmony_mobile.algorithms.registry import effective_config
-from harmony_mobile.bench.gate_report import curve_table, plot_gate_curves
+from harmony_mobile.bench.gate_report import curve_table, curve_target_lines, curve_targets, plot_gate_curves
 from harmony_mobile.bench.latency import latency_table
 from harmony_mobile.bench.profile import parent_method, repo_relative
 from harmony_mobile.bench.stats import paired_ci
@@ -450,8 +450,9 @@ def _bold_if(text: str, condition: bool) -> str:
 
 
 def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
-    """Per setting: the margin over the best baseline, the fraction of the reference, and per
-    mechanism whether turning it off costs accuracy with a CI below zero."""
+    """Per setting: the margin over the best baseline, the fraction of the reference, the gate
+    curves against the baselines' and server-only; per mechanism whether turning it off costs
+    accuracy with a CI below zero."""
     targets = results["profile"].get("targets")
     if not targets:
         return {}
@@ -475,6 +476,10 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
                 table[targets["method"]]["acc_with_ood"]["mean"] / table[reference]["acc_with_ood"]["mean"]
             )
             entry["reference"] = {"ratio": ratio, "met": bool(ratio >= targets["fraction_of_reference"])}
+        setting_runs = [r for r in results["runs"] if r["setting"] == setting]
+        curves = curve_targets(setting_runs, targets["method"], targets["baselines"])
+        if curves is not None:
+            entry["curves"] = curves
         out["settings"][setting] = entry
     for ablation, mechanism in targets["ablations"].items():
         per_setting = {s: g["ablations"][ablation] for s, g in gaps.items() if ablation in g["ablations"]}
@@ -524,6 +529,8 @@ def target_lines(targets: dict, spec: dict) -> list[str]:
                 f"- {setting}: {spec['method']} with OOD at least {100 * spec['fraction_of_reference']:g} % of "
                 f"`{spec['reference']}`: {100 * r['ratio']:.1f} % -> {verdict[r['met']]}"
             )
+        if "curves" in entry:
+            lines += curve_target_lines(setting, spec["method"], entry["curves"], verdict)
     for ablation, entry in targets["mechanisms"].items():
         lines.append(_mechanism_line(ablation, entry, verdict))
     return [*lines, ""]
