@@ -51,9 +51,9 @@ lint-imports: $(STAMP)
 	cd $(IMPORTS_CHECK) && PYTHONPATH=$(IMPORTS_CHECK):$(CURDIR) $(CURDIR)/$(BIN)/lint-imports $(CURDIR)/pyproject.toml --no-cache
 
 # Three workers on 2 cores: most tests run one torch thread, and the Flower deployment tests spend
-# most of their time waiting on SuperNodes' polls and heartbeats, which a third worker fills (one
-# run each way on this machine: 12:28 with 3 workers, 14:45 with 2). A file's tests stay on one
-# worker, so module fixtures (a SuperLink, a demo run, a server) are built once.
+# most of their time waiting on SuperNodes' polls and heartbeats, which a third worker fills. A
+# file's tests stay on one worker, so module fixtures (a SuperLink, a demo run, a server) are built
+# once; files go out in tests/conftest.py's order, not xdist's (docs/DECISIONS.md, "Test suite").
 pytest: $(STAMP)
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder
 

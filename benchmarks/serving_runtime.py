@@ -80,8 +80,8 @@ async def served_rows_per_second(app, requests: int, concurrency: int) -> float:
 
 def warm_up(model, max_batch: int) -> None:
     """One forward at every batch size micro-batching can form: the first forward of a shape sets
-    up its kernels (oneDNN primitives in PyTorch; measured: PyTorch served ~100 rows/s until every
-    shape had been seen, ~800 after), which a long-running server has long paid."""
+    up its kernels (oneDNN primitives in PyTorch: docs/DECISIONS.md), which a long-running server
+    has long paid."""
     for rows in range(1, max_batch + 1):
         for _ in range(3):
             model.forward(np.zeros((rows, 64, 8, 8), np.float32))

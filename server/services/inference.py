@@ -10,8 +10,8 @@ the back-end's batched forward. The worker runs one forward pass per model versi
 and hands every result back with one wake-up of the loop.
 
 One hand-off per batch, not per request, is the point: a thread that is woken for every request
-competes with the event loop for the GIL on every request (measured: it cost more than batching
-saved). More than `queue_size` waiting requests are refused at once (503 + Retry-After) so a phone
+competes with the event loop for the GIL on every request, which cost more than batching saved
+(docs/DECISIONS.md). More than `queue_size` waiting requests are refused at once (503 + Retry-After) so a phone
 keeps its own answer instead of waiting behind a backlog.
 """
 
