@@ -275,6 +275,23 @@ def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
     assert "(goal: within 3 min: met)" in write_bench_report(results, tmp_path / "again").read_text()
 
 
+def test_the_time_goal_is_judged_on_cpu_time_when_every_run_kept_it(tmp_path):
+    """Wall times count other work sharing the machine; one-thread runs' CPU time does not."""
+    results = synthetic_results()
+    results["profile"]["time_limit_minutes"] = 2.0
+    results["tuning"] |= {"run_wall_seconds": 60.0, "run_cpu_seconds": 30.0}
+    results["narrowed"] = {"settings": None, "seeds": None, "methods": None}
+    for run in results["runs"]:  # wall 10 + seed s, of which 5 s were the run's own CPU
+        run["cpu_seconds"] = 5.0
+    # CPU: 30 + 25 runs x 5 = 155 s = 0.04 h, / 2 jobs = 1.3 min: within 2 min; wall 3 min is not
+    text = write_bench_report(results, tmp_path).read_text()
+    assert "0.1 h summed, about 3 min with 2 job(s); their CPU time, 0.0 h, is about 1 min" in text
+    assert "(goal: within 2 min: met)" in text
+    del results["runs"][0]["cpu_seconds"]  # a record of older code: judged on wall time again
+    text = write_bench_report(results, tmp_path / "wall").read_text()
+    assert "their CPU time" not in text and "(goal: within 2 min: **not met**)" in text
+
+
 def test_a_resumed_report_says_its_runs_were_read_back_not_timed_by_this_invocation(tmp_path):
     results = synthetic_results()
     assert (

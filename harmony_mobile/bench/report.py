@@ -790,6 +790,13 @@ def time_line(results: dict) -> str:
     )
     minutes = run_seconds / 60 / jobs
     text = f"The training runs took {run_seconds / 3600:.1f} h summed, about {minutes:.0f} min with {jobs} job(s)"
+    cpu = cpu_minutes(results, jobs)
+    if cpu is not None:  # each run uses one thread: with `jobs` idle cores, its CPU time is its wall time
+        text += (
+            f"; their CPU time, {cpu * jobs / 60:.1f} h, is about {cpu:.0f} min with {jobs} job(s) on "
+            "otherwise idle cores (wall times also count other work sharing the machine)"
+        )
+        minutes = cpu
     limit = results["profile"].get("time_limit_minutes")
     # results of older code kept neither the narrowing nor the tuning's run time: not judged either
     recorded = "narrowed" in results and "run_wall_seconds" in results["tuning"]
@@ -799,6 +806,18 @@ def time_line(results: dict) -> str:
     elif limit:
         text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
     return text + "."
+
+
+def cpu_minutes(results: dict, jobs: int) -> float | None:
+    """The runs' summed CPU time in minutes per job; None if any part did not record it."""
+    parts = [
+        results["tuning"].get("run_cpu_seconds"),
+        (results.get("budget_check") or {"run_cpu_seconds": 0.0}).get("run_cpu_seconds"),
+        *(r.get("cpu_seconds") for r in results["runs"]),
+    ]
+    if any(part is None for part in parts):
+        return None
+    return sum(parts) / 60 / jobs
 
 
 def extended(results: dict) -> bool:

@@ -314,6 +314,17 @@ def provenance(records: list[dict]) -> list[dict]:
     return [{"reused": bool(r.get("reused")), "code": r.get("code"), "cpu": r.get("cpu")} for r in records]
 
 
+def _sum_known(values) -> float | None:
+    """The sum, or None if any value is unknown (None)."""
+    values = list(values)
+    return None if any(v is None for v in values) else float(sum(values))
+
+
+def cpu_seconds(records: list[dict]) -> float | None:
+    """The runs' summed CPU time; None if a record of older code did not keep it."""
+    return _sum_known(r.get("cpu_seconds") for r in records)
+
+
 def validation_score(record: dict) -> float:
     return record.get("validation", {}).get("accuracy_with_ood", float("nan"))
 
@@ -370,6 +381,7 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
         "chosen": chosen,
         "trials": trials,
         "run_wall_seconds": sum(r["wall_seconds"] for r in records),
+        "run_cpu_seconds": cpu_seconds(records),
         "run_provenance": provenance(records),
     }
 
@@ -459,6 +471,7 @@ def check_budget(
         mine = records_of(records, specs, setting=setting)
         by_setting[setting.name] = {
             "run_wall_seconds": sum(r["wall_seconds"] for r in mine),
+            "run_cpu_seconds": cpu_seconds(mine),
             "run_provenance": provenance(mine),
         }
     check_fields = {"seeds": check.seeds, "settings": list(by_setting), "tolerance": check.tolerance}
@@ -470,6 +483,7 @@ def _with_totals(check: dict, by_setting: dict) -> dict:
     return {
         **check,
         "run_wall_seconds": sum(part["run_wall_seconds"] for part in by_setting.values()),
+        "run_cpu_seconds": _sum_known(part.get("run_cpu_seconds") for part in by_setting.values()),
         "run_provenance": [p for part in by_setting.values() for p in part["run_provenance"]],
         "by_setting": by_setting,
     }
@@ -502,6 +516,7 @@ def merged_budget_check(earlier: dict | None, added: dict | None, order: list[st
         (only,) = earlier["settings"]
         times = {
             "run_wall_seconds": earlier.get("run_wall_seconds", 0.0),
+            "run_cpu_seconds": earlier.get("run_cpu_seconds"),
             "run_provenance": earlier.get("run_provenance", []),
         }
         earlier = {
