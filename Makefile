@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 IMPORTS_CHECK := $(CURDIR)/.imports-check
 
-.PHONY: demo test lint lint-imports pytest clean lock install-check
+.PHONY: demo test lint lint-imports pytest clean lock install-check bench-fashion
 
 LOCK := requirements.lock
 
@@ -35,6 +35,15 @@ lock: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/harmony demo
+
+# The recurring benchmark (benchmarks/configs/fashion.yaml): it reads Debian's dataset-fashion-mnist
+# package, installed here when missing, and goes on from the run records committed in its work dir.
+FASHION_DIR := /usr/share/datasets/fashion-mnist
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+bench-fashion: $(STAMP)
+	test -d $(FASHION_DIR) || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist
+	$(BIN)/harmony bench --profile fashion --jobs 2 --resume --work-dir benchmarks/results/fashion/work
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
