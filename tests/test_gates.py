@@ -75,25 +75,49 @@ def test_the_curve_targets_name_the_closest_baseline_and_compare_with_server_onl
     runs = [fake_run("harmony", s, 0.05 + 0.01 * s) for s in range(3)]
     runs += [fake_run("splitgp", s, 0.0, "neg_entropy") for s in range(3)]
     runs += [fake_run("fedproto", s, 0.04) for s in range(3)]  # 2 points behind on average
-    runs += [{"setting": "s", "method": "fedavg", "seed": 0}]  # no gate: not compared
+    runs += [{"setting": "s", "method": "fedavg", "seed": 0}]  # no split: not a curve to beat
     entry = curve_targets(runs, "harmony", ["splitgp", "fedproto", "fedavg"])
     assert entry["above"]["met"] and entry["above"]["compared"] == ["fedproto", "splitgp"]
     worst = entry["above"]["worst"]
     assert worst["baseline"] == "fedproto" and worst["gap"]["mean"] == pytest.approx(0.02)
+    assert worst["seeds"] == 3
     # at 50 % fallback: 0.5 + 0.2 + 0.06 = 0.76 against server-only 0.85: more than 2 points short
     assert entry["server_only"]["hybrid_at_half"] == pytest.approx(0.76)
     assert not entry["server_only"]["met"]
     lines = curve_target_lines("s", "harmony", entry, verdict)
-    assert "closest `fedproto`" in lines[0] and lines[0].endswith("-> **met**")
+    assert "closest `fedproto`" in lines[0] and "3 paired seeds" in lines[0] and lines[0].endswith("**met**")
     assert "76.0 vs 85.0 -> **not met**" in lines[1]
 
-    # a baseline ahead at one rate fails the first target; a hybrid near server-only meets the second
+
+def test_a_baseline_ahead_at_one_rate_of_ten_to_fifty_percent_fails_the_curve_target():
+    from harmony_mobile.bench.gate_report import curve_targets
+
     runs = [fake_run("harmony", s, 0.14) for s in range(3)]
-    runs += [fake_run("fedproto", s, 0.15) for s in range(3)]
-    entry = curve_targets(runs, "harmony", ["fedproto"])
-    assert not entry["above"]["met"] and entry["above"]["worst"]["gap"]["mean"] < 0
-    assert entry["server_only"]["met"]  # 0.84 >= 0.85 - 0.02
-    assert curve_targets([r for r in runs if r["method"] == "fedproto"], "harmony", ["fedproto"]) is None
+    ahead = [fake_run("fedproto", s, 0.0) for s in range(3)]
+    at = FALLBACK_GRID.index(0.4)  # a rate between the report's table columns
+    for run in ahead:
+        for row in run["gates"]["test"].values():
+            row["curve"]["max_softmax"] = [
+                v + (0.3 if i == at else 0.0) for i, v in enumerate(row["curve"]["max_softmax"])
+            ]
+    entry = curve_targets(runs + ahead, "harmony", ["fedproto"])
+    assert not entry["above"]["met"]
+    assert entry["above"]["worst"]["rate"] == 0.4 and entry["above"]["worst"]["gap"]["mean"] < 0
+    assert entry["server_only"]["met"]  # 0.84 at 50 % against 0.85: within 2 points
+    assert curve_targets(ahead, "harmony", ["fedproto"]) is None  # harmony has no curve
+
+
+def test_a_split_baseline_with_fewer_than_two_paired_seeds_leaves_the_curve_target_not_met():
+    from harmony_mobile.bench.gate_report import curve_target_lines, curve_targets
+
+    runs = [fake_run("harmony", s, 0.2) for s in range(3)]
+    runs += [fake_run("splitgp", s, 0.0) for s in range(3)]
+    runs += [fake_run("fedproto", s, 0.0) for s in (0, 7, 8)]  # one seed in common
+    entry = curve_targets(runs, "harmony", ["splitgp", "fedproto", "multi-exit"])
+    # fedproto pairs one seed, multi-exit (a split method) did not run: neither is measured
+    assert entry["above"]["unmeasured"] == ["fedproto", "multi-exit"] and not entry["above"]["met"]
+    line = curve_target_lines("s", "harmony", entry, {True: "met", False: "not met"})[0]
+    assert "fewer than 2 seeds paired with `harmony`: fedproto, multi-exit -> not met" in line
 
 
 def test_logit_norm_makes_the_exit_loss_blind_to_the_logits_scale():

@@ -793,16 +793,17 @@ def time_line(results: dict) -> str:
     cpu = cpu_minutes(results, jobs)
     if cpu is not None:  # each run uses one thread: with `jobs` idle cores, its CPU time is its wall time
         text += (
-            f"; their CPU time, {cpu * jobs / 60:.1f} h, is about {cpu:.0f} min with {jobs} job(s) on "
+            f"; their CPU time, {cpu * jobs:.0f} min summed, is about {cpu:.0f} min with {jobs} job(s) on "
             "otherwise idle cores (wall times also count other work sharing the machine)"
         )
         minutes = cpu
     limit = results["profile"].get("time_limit_minutes")
+    judged = ", judged on CPU time" if cpu is not None else ""
     # results of older code kept neither the narrowing nor the tuning's run time: not judged either
     recorded = "narrowed" in results and "run_wall_seconds" in results["tuning"]
     whole_profile = recorded and not any(results["narrowed"].values())
     if limit and whole_profile:
-        text += f" (goal: within {limit:.0f} min: {'met' if minutes <= limit else '**not met**'})"
+        text += f" (goal: within {limit:.0f} min{judged}: {'met' if minutes <= limit else '**not met**'})"
     elif limit:
         text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
     return text + "."

@@ -314,6 +314,9 @@ def provenance(records: list[dict]) -> list[dict]:
     return [{"reused": bool(r.get("reused")), "code": r.get("code"), "cpu": r.get("cpu")} for r in records]
 
 
+NO_RUN_TIME = {"run_wall_seconds": 0.0, "run_cpu_seconds": 0.0}  # a stage that ran nothing
+
+
 def _sum_known(values) -> float | None:
     """The sum, or None if any value is unknown (None)."""
     values = list(values)
@@ -333,7 +336,7 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
     """Run every trial of every tuned method on the tuning settings and seeds; each method keeps
     the trial with the best mean validation accuracy with OOD (ties: the earlier trial)."""
     if profile.tuning is None:
-        return {"chosen": {}, "trials": []}
+        return {"chosen": {}, "trials": [], "run_provenance": [], **NO_RUN_TIME}
     specs = [
         RunSpec(
             "tune",
