@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import multiprocessing
 import os
@@ -258,6 +259,9 @@ def _driver(
     port: int, kind: str, rows: int, mode: str, load: float, duration: float, seed: int, results
 ) -> None:
     requests = route_requests(kind, rows)
+    # the generator's own garbage collections would stall its loop and count as server latency (its
+    # heap grows with every request it keeps); a process of seconds can do without (as timeit does)
+    gc.disable()
     if mode == "closed":
         part = asyncio.run(closed_loop(port, requests, int(load), duration))
     else:
@@ -359,8 +363,7 @@ def with_adjacent_ceiling(run, args: argparse.Namespace) -> dict:
 
 def floor_pair(floor: dict, infer: dict) -> dict:
     """One floor run and the 1-row infer run right after it: the machine's speed drifts between
-    runs (two idle runs of the same code gave 0.58 and 0.49), so the verdict takes the median of
-    such adjacent pairs, not one run."""
+    runs, so the verdict takes the median of such adjacent pairs, not one run."""
     ratio = infer["requests_per_second"] / floor["requests_per_second"]
     return {"floor": floor["requests_per_second"], "infer": infer["requests_per_second"], "ratio": ratio}
 
