@@ -80,9 +80,15 @@ def curve_table(results: dict, setting: str, methods: list[str]) -> list[str]:
     return lines + [""] + curve_gap_lines(runs, methods)
 
 
+def _curves_by_seed(runs: list[dict], method: str) -> dict[int, np.ndarray]:
+    """Seed -> test curve of `method`'s runs that have one."""
+    curves = {r["seed"]: run_curve(r) for r in runs if r["method"] == method}
+    return {seed: curve for seed, curve in curves.items() if curve is not None}
+
+
 def curve_gap_lines(runs: list[dict], methods: list[str]) -> list[str]:
     """HARMONY's curve minus each other split method's, paired by seed, at each compared rate."""
-    harmony = {r["seed"]: run_curve(r) for r in runs if r["method"] == "harmony"}
+    harmony = _curves_by_seed(runs, "harmony")
     if not harmony:
         return []
     lines = ["| harmony - method | " + " | ".join(f"{r:.0%}" for r in COMPARED_RATES) + " |"]
@@ -90,7 +96,7 @@ def curve_gap_lines(runs: list[dict], methods: list[str]) -> list[str]:
     for method in methods:
         if method == "harmony":
             continue
-        other = {r["seed"]: run_curve(r) for r in runs if r["method"] == method}
+        other = _curves_by_seed(runs, method)
         seeds = sorted(set(harmony) & set(other))
         if not seeds:
             continue
@@ -109,10 +115,6 @@ def curve_gap_lines(runs: list[dict], methods: list[str]) -> list[str]:
 # the target's "fallback rates 10-50 %": every rate of the grid in that range
 TARGET_RATES = tuple(rate for rate in FALLBACK_GRID if 0.1 <= rate <= 0.5)
 SERVER_ONLY_TOLERANCE = 0.02  # the hybrid at most 2 points below the server answering everything
-
-
-def _curves_by_seed(runs: list[dict], method: str) -> dict[int, np.ndarray]:
-    return {r["seed"]: run_curve(r) for r in runs if r["method"] == method and run_curve(r) is not None}
 
 
 def _uses_split(method: str) -> bool:
@@ -145,7 +147,7 @@ def curve_targets(runs: list[dict], method: str, baselines: list[str]) -> dict |
         worst = {"baseline": baseline, "rate": rate, "gap": gap, "seeds": seeds_paired[baseline]}
     half = FALLBACK_GRID.index(0.5)
     at_half = float(np.mean([curve[half] for curve in mine.values()]))
-    own = [r for r in runs if r["method"] == method and run_curve(r) is not None]
+    own = [r for r in runs if r["method"] == method and r["seed"] in mine]
     server_only = float(np.mean([_run_extra(r, "server_only") for r in own]))
     return {
         "above": {

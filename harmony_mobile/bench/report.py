@@ -16,7 +16,7 @@ from harmony_mobile.algorithms.registry import effective_config
 from harmony_mobile.bench.gate_report import curve_table, curve_target_lines, curve_targets, plot_gate_curves
 from harmony_mobile.bench.latency import latency_table
 from harmony_mobile.bench.profile import parent_method, repo_relative
-from harmony_mobile.bench.stats import paired_ci
+from harmony_mobile.bench.stats import paired_ci, sum_known
 
 OOD_FRACTIONS = ("p=0", "p=0.2", "p=0.5")
 # (key, column header, format); the row value is read by `metric_value`
@@ -796,14 +796,15 @@ def time_line(results: dict) -> str:
             f"; their CPU time, {cpu * jobs:.0f} min summed, is about {cpu:.0f} min with {jobs} job(s) on "
             "otherwise idle cores (wall times also count other work sharing the machine)"
         )
-        minutes = cpu
+    judged_minutes = minutes if cpu is None else cpu
     limit = results["profile"].get("time_limit_minutes")
     judged = ", judged on CPU time" if cpu is not None else ""
     # results of older code kept neither the narrowing nor the tuning's run time: not judged either
     recorded = "narrowed" in results and "run_wall_seconds" in results["tuning"]
     whole_profile = recorded and not any(results["narrowed"].values())
     if limit and whole_profile:
-        text += f" (goal: within {limit:.0f} min{judged}: {'met' if minutes <= limit else '**not met**'})"
+        verdict = "met" if judged_minutes <= limit else "**not met**"
+        text += f" (goal: within {limit:.0f} min{judged}: {verdict})"
     elif limit:
         text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
     return text + "."
@@ -811,14 +812,14 @@ def time_line(results: dict) -> str:
 
 def cpu_minutes(results: dict, jobs: int) -> float | None:
     """The runs' summed CPU time in minutes per job; None if any part did not record it."""
-    parts = [
-        results["tuning"].get("run_cpu_seconds"),
-        (results.get("budget_check") or {"run_cpu_seconds": 0.0}).get("run_cpu_seconds"),
-        *(r.get("cpu_seconds") for r in results["runs"]),
-    ]
-    if any(part is None for part in parts):
-        return None
-    return sum(parts) / 60 / jobs
+    total = sum_known(
+        [
+            results["tuning"].get("run_cpu_seconds"),
+            (results.get("budget_check") or {"run_cpu_seconds": 0.0}).get("run_cpu_seconds"),
+            *(r.get("cpu_seconds") for r in results["runs"]),
+        ]
+    )
+    return None if total is None else total / 60 / jobs
 
 
 def extended(results: dict) -> bool:

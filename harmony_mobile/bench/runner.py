@@ -30,6 +30,7 @@ import torch
 from harmony_mobile import training
 from harmony_mobile.bench.hooks import BenchObserver, RunExtras, UplinkCounter
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Setting, repo_relative
+from harmony_mobile.bench.stats import sum_known
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.run_dir import RunDir
 
@@ -317,15 +318,9 @@ def provenance(records: list[dict]) -> list[dict]:
 NO_RUN_TIME = {"run_wall_seconds": 0.0, "run_cpu_seconds": 0.0}  # a stage that ran nothing
 
 
-def _sum_known(values) -> float | None:
-    """The sum, or None if any value is unknown (None)."""
-    values = list(values)
-    return None if any(v is None for v in values) else float(sum(values))
-
-
 def cpu_seconds(records: list[dict]) -> float | None:
     """The runs' summed CPU time; None if a record of older code did not keep it."""
-    return _sum_known(r.get("cpu_seconds") for r in records)
+    return sum_known(r.get("cpu_seconds") for r in records)
 
 
 def validation_score(record: dict) -> float:
@@ -486,7 +481,7 @@ def _with_totals(check: dict, by_setting: dict) -> dict:
     return {
         **check,
         "run_wall_seconds": sum(part["run_wall_seconds"] for part in by_setting.values()),
-        "run_cpu_seconds": _sum_known(part.get("run_cpu_seconds") for part in by_setting.values()),
+        "run_cpu_seconds": sum_known(part.get("run_cpu_seconds") for part in by_setting.values()),
         "run_provenance": [p for part in by_setting.values() for p in part["run_provenance"]],
         "by_setting": by_setting,
     }

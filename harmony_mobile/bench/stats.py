@@ -34,3 +34,10 @@ def paired_ci(differences: list[float], confidence: float = 0.95) -> dict:
         "excludes_zero": bool(n > 1 and (low > 0 or high < 0)),
         "per_seed": [float(v) for v in values],
     }
+
+
+def sum_known(values) -> float | None:
+    """The sum, or None if any value is unknown (None): a total over records of older code that
+    did not keep the value is not a total."""
+    values = list(values)
+    return None if any(v is None for v in values) else float(sum(values))
