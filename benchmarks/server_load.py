@@ -13,14 +13,18 @@
     .venv/bin/python benchmarks/server_load.py                  # 8 s per measurement
     .venv/bin/python benchmarks/server_load.py --duration 3
 
-Writes benchmarks/results/server_load.md and .json. The load generator runs on the same machine
-and competes with the server for CPU; the report records the core count and the load average.
+Writes benchmarks/results/server_load.md and .json. The load generator runs on the same machine.
+With one server process on a machine of 2+ CPUs (`--pin`, the default there) the server and the
+raw forward run on CPU 0 and the load generator on the others, so the ceilings and the server get
+the same one core and the generator never takes the server's; otherwise they share every CPU. The
+report records the core count, the pinning and what other work was running.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import gc
 import json
@@ -60,6 +64,25 @@ CLASS_NAMES = tuple("0123456789")
 TARGET_RAW_RATIO = 0.5  # 1-row infer rows/s at 64 clients against the raw batched forward
 TARGET_FLOOR_RATIO = 0.6  # 1-row infer requests/s against the async floor's
 POOL_LIMIT = 256  # connections per Poisson load-generator process
+SERVER_CPU = 0  # with --pin: the server's and the raw forward's core; the load generator gets the rest
+
+
+def load_cpus() -> set[int]:
+    return set(range(os.cpu_count() or 1)) - {SERVER_CPU}
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: set[int] | None):
+    """Run the block on `cpus` (None: wherever it runs now); processes started inside inherit them."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def make_model_dir(root: Path, runtime: str) -> Path:
@@ -96,8 +119,13 @@ def raw_forward(runtime: str):
     return forward
 
 
-def raw_forward_rows_per_second(runtime: str, batch: int, seconds: float = 3.0) -> float:
+def raw_forward_rows_per_second(runtime: str, batch: int, seconds: float = 3.0, cpus=None) -> float:
     """The back-end alone: rows/s of back-to-back forward passes at one batch size (no HTTP, no queue)."""
+    with on_cpus(cpus):
+        return _forward_rows_per_second(runtime, batch, seconds)
+
+
+def _forward_rows_per_second(runtime: str, batch: int, seconds: float) -> float:
     forward = raw_forward(runtime)
     x = np.random.default_rng(0).standard_normal((batch, *InterfaceSpec().shape), dtype=np.float32)
     for _ in range(20):
@@ -130,7 +158,10 @@ class Server:
             "HARMONY_RATE_LIMIT_PER_SECOND": "1000000",  # one token drives all the load
             "HARMONY_RATE_LIMIT_BURST": "1000000",
         }
-        self.process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with on_cpus({SERVER_CPU} if args.pin else None):  # every thread of the server inherits it
+            self.process = subprocess.Popen(
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            )
         self.url = f"http://127.0.0.1:{self.port}"
 
     def wait_ready(self, timeout: float = 90) -> None:
@@ -355,9 +386,10 @@ def poisson(server: Server, kind: str, rate: float, args: argparse.Namespace, la
 def with_adjacent_ceiling(run, args: argparse.Namespace) -> dict:
     """The run, with the raw batched forward measured just before and just after it (the machine's
     speed drifts when others share it): the mean of the two is that run's ceiling."""
-    before = raw_forward_rows_per_second(args.runtime, args.max_batch, 2.0)
+    cpus = server_cpus(args)
+    before = raw_forward_rows_per_second(args.runtime, args.max_batch, 2.0, cpus)
     result = run()
-    after = raw_forward_rows_per_second(args.runtime, args.max_batch, 2.0)
+    after = raw_forward_rows_per_second(args.runtime, args.max_batch, 2.0, cpus)
     return result | {"adjacent_raw_forward": [before, after], "ceiling": (before + after) / 2}
 
 
@@ -403,10 +435,15 @@ def unbatched_server_run(model_dir: Path, scratch: Path, args: argparse.Namespac
         server.stop()
 
 
-def raw_ceilings(runtime: str, max_batch: int) -> dict[str, float]:
+def server_cpus(args: argparse.Namespace) -> set[int] | None:
+    return {SERVER_CPU} if args.pin else None
+
+
+def raw_ceilings(args: argparse.Namespace) -> dict[str, float]:
+    cpus = server_cpus(args)
     return {
-        "batch_1": raw_forward_rows_per_second(runtime, 1),
-        f"batch_{max_batch}": raw_forward_rows_per_second(runtime, max_batch),
+        "batch_1": raw_forward_rows_per_second(args.runtime, 1, cpus=cpus),
+        f"batch_{args.max_batch}": raw_forward_rows_per_second(args.runtime, args.max_batch, cpus=cpus),
     }
 
 
@@ -436,6 +473,7 @@ def setup_record(args: argparse.Namespace, load_at_start: float, busy_before: fl
         "torch_threads": args.torch_threads,
         "runtime": args.runtime,
         "workers": args.workers,
+        "pinned": args.pin,
         "clients": args.clients,
         "rows": args.rows,
         "driver_processes": args.driver_processes,
@@ -475,7 +513,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--poisson-fractions", type=float, nargs="+", default=[0.25, 0.5], help="of the 1-row saturated rate"
     )
-    return parser.parse_args()
+    parser.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="server and raw forward on CPU 0, load generator on the others (default: with 1 worker on 2+ CPUs)",
+    )
+    args = parser.parse_args()
+    if args.pin is None:
+        args.pin = args.workers == 1 and (os.cpu_count() or 1) >= 2
+    return args
 
 
 def main() -> None:
@@ -483,12 +530,13 @@ def main() -> None:
     torch.set_num_threads(args.torch_threads)
     load_at_start = os.getloadavg()[0]
     busy_before = busy_cpu_share()
-    raw_before = raw_ceilings(args.runtime, args.max_batch)
+    raw_before = raw_ceilings(args)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = make_model_dir(Path(scratch), args.runtime)
-        runs = batching_server_runs(model_dir, Path(scratch), args)
-        runs.append(unbatched_server_run(model_dir, Path(scratch), args))
-    raw_after = raw_ceilings(args.runtime, args.max_batch)
+        with on_cpus(load_cpus() if args.pin else None):  # the load generator's processes inherit it
+            runs = batching_server_runs(model_dir, Path(scratch), args)
+            runs.append(unbatched_server_run(model_dir, Path(scratch), args))
+    raw_after = raw_ceilings(args)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "setup": setup_record(args, load_at_start, busy_before),
@@ -594,6 +642,13 @@ def _other_work(setup: dict) -> str:
     return f"other work kept {100 * busy:.0f} % of the CPUs busy in the 2 s before the run ({load})"
 
 
+def _placement(setup: dict) -> str:
+    if setup.get("pinned"):
+        return (f"the server and the raw forward run on CPU {SERVER_CPU}, the load generator on the "
+                "other CPUs")  # fmt: skip
+    return "the load generator runs on the same CPUs as the server"
+
+
 def write_server_load_report(result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "server_load.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -605,7 +660,7 @@ def write_server_load_report(result: dict) -> None:
         "",
         f"Generated by `benchmarks/server_load.py` on {result['date']} ({setup['machine']}, {setup['cpus']} CPUs, "
         f"torch {setup['torch']}, runtime {setup.get('runtime', 'torch')} on {setup['torch_threads']} thread(s); "
-        f"{_other_work(setup)}; the load generator runs on the same CPUs). One run: real `harmony serve` processes "
+        f"{_other_work(setup)}; {_placement(setup)}). One run: real `harmony serve` processes "
         f"({setup['workers']} worker process(es), max_wait_ms {setup['max_wait_ms']}) on 127.0.0.1; saturation = "
         f"{setup['clients']} closed-loop keep-alive connections over {setup['driver_processes']} load-generator "
         f"processes for {setup['duration_s']:g} s after a 1 s warm-up; the floor is `GET /v2/health/live`, an async "

@@ -126,6 +126,9 @@ def run(
         # and counts first
         limit_concurrency=None,
         access_log=False,
+        # nothing reads the client address (no access log; rate limits are per device token), and
+        # uvicorn's X-Forwarded-For handling parses it into an IP address on every request
+        proxy_headers=False,
     )
     if workers == 1:
         uvicorn.run(create_app(settings), workers=1, **common)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import struct
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
@@ -107,7 +108,7 @@ def decode_tensor(body: bytes) -> np.ndarray:
         raise WireFormatError(
             f"binary tensor is {len(body)} bytes, shorter than its {header_size}-byte header"
         )
-    dims = tuple(int.from_bytes(body[8 + 4 * i : 12 + 4 * i], "little") for i in range(ndim))
+    dims = struct.unpack_from(f"<{ndim}I", body, 8)
     if min(dims) < 1:
         raise WireFormatError(f"binary tensor dims {list(dims)} contain a zero")
     expected = math.prod(dims) * 4

@@ -12,7 +12,8 @@
 Their JSON bodies use the error key of the path asked for (server/core/errors.py: `error` on /v2, which
 tritonclient reads, `detail` elsewhere); with no request line yet, both keys.
 The body-read timeout lives in the app (server/core/limits.py), so the 408 it produces is an ordinary
-JSON response that the metrics count. Limits are class attributes set by `configure` from Settings
+JSON response that the metrics count; the protocol marks a request's scope once its whole body has
+arrived, so that the app arms no timer it cannot need. Limits are class attributes set by `configure` from Settings
 in each worker process (uvicorn builds one protocol object per connection).
 """
 
@@ -24,6 +25,7 @@ import re
 from urllib.parse import urlsplit
 
 from harmony_mobile.server.core.errors import error_key
+from harmony_mobile.server.core.limits import BODY_RECEIVED
 from harmony_mobile.server.core.settings import Settings
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -117,6 +119,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
+        self.scope[BODY_RECEIVED] = True  # the app's body deadline has nothing left to wait for
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:

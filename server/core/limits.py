@@ -2,7 +2,10 @@
 ASGI middleware checks Content-Length up front and also counts the bytes actually streamed (chunked
 bodies lie by omission); and the whole body must arrive within `body_timeout` seconds of the
 headers, so a client that declares a length and stalls is answered 408 instead of holding its
-connection and a worker slot forever (the header timeout is in server/core/http_guards.py)."""
+connection and a worker slot forever (the header timeout is in server/core/http_guards.py). When
+the server has the whole body in memory before the app reads it (the protocol there marks the
+scope with BODY_RECEIVED, as it does for most requests), no deadline is armed: an asyncio timeout
+costs as much as the rest of a small request's body handling."""
 
 from __future__ import annotations
 
@@ -11,6 +14,8 @@ import asyncio
 from fastapi import HTTPException
 from harmony_mobile.server.core.errors import error_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+BODY_RECEIVED = "harmony.body_received"
 
 
 def too_large_message(limit: int, size: int | None = None) -> str:
@@ -44,9 +49,9 @@ class BodySizeLimitMiddleware:
                 response = error_response(scope["path"], 413, too_large_message(self.limit, size))
                 await response(scope, receive, send)
                 return
-        await self.app(scope, self._guarded_receive(receive), send)
+        await self.app(scope, self._guarded_receive(scope, receive), send)
 
-    def _guarded_receive(self, receive: Receive) -> Receive:
+    def _guarded_receive(self, scope: Scope, receive: Receive) -> Receive:
         received = 0
         deadline = asyncio.get_running_loop().time() + self.body_timeout
         complete = False
@@ -56,8 +61,11 @@ class BodySizeLimitMiddleware:
             if complete:  # after the body only a disconnect can come: no deadline on waiting for it
                 return await receive()
             try:
-                async with asyncio.timeout_at(deadline):
+                if scope.get(BODY_RECEIVED):  # receive() returns at once
                     message = await receive()
+                else:
+                    async with asyncio.timeout_at(deadline):
+                        message = await receive()
             except TimeoutError:
                 # FastAPI re-raises HTTPException from body reading unchanged: this becomes the 408.
                 raise HTTPException(

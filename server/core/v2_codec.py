@@ -17,13 +17,13 @@ Every failure raises `InferBodyError` with the status it deserves (400 layout, 4
 from __future__ import annotations
 
 import gzip
-import json
 import math
 import re
 import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
+import orjson
 from harmony_mobile.server.core.schemas import InferRequest
 from pydantic import ValidationError
 
@@ -246,7 +246,9 @@ def encode_response(
     document = {"model_name": model_name, "model_version": model_version, "outputs": described}
     if parsed.request_id is not None:
         document["id"] = parsed.request_id
-    header = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    # orjson writes this compact JSON in a tenth of json.dumps's time, a large share of a 1-row
+    # request; it would write NaN as null, but the infer route answers non-finite outputs with a 422
+    header = orjson.dumps(document)
     if not raw:
         return header, {"content-type": JSON_TYPE}
     headers = {"content-type": BINARY_TYPE, "Inference-Header-Content-Length": str(len(header))}

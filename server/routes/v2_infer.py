@@ -48,6 +48,8 @@ from harmony_mobile.server.routes.v2_common import (
 from harmony_mobile.server.services.inference import QueueFull, VersionStats
 from harmony_mobile.server.services.registry import ServedVersion
 from harmony_mobile.server.services.state import ServerState
+from starlette.requests import ClientDisconnect
+from starlette.types import Receive
 
 router = APIRouter(prefix="/v2", tags=["inference (KServe V2)"])
 
@@ -95,9 +97,27 @@ INFER_OPENAPI = {
 }
 
 
+def _first_headers(scope: dict) -> dict[str, str]:
+    """The request's headers by lowercase name, the first of repeated ones winning as in Starlette's
+    `Headers.get`; one dict costs less than Starlette's scan of the list for every lookup."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(scope["headers"])}
+
+
+async def _read_body(receive: Receive) -> bytes:
+    """The whole body, as `Request.body` reads it, without its per-request stream machinery."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
 async def infer(request: Request, name: str, version: str | None) -> Response:
     state: ServerState = request.app.state.harmony
-    headers = request.headers
+    headers = _first_headers(request.scope)
     principal = await authenticate_header(state, headers.get("authorization"))
     length = headers.get(HEADER_LENGTH)
     if length is not None and not (length.isdigit() and len(length) <= 12):
@@ -106,7 +126,7 @@ async def infer(request: Request, name: str, version: str | None) -> Response:
     if model is None:  # first use of a version reads its file and the store: not on the event loop
         model = await run_in_threadpool(resolve_model, state, name, version)
     content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-    body = await request.body()
+    body = await _read_body(request.receive)
     try:
         body = decompress(body, headers.get("content-encoding", ""), state.settings.max_body_bytes)
         form = request_form(content_type, length, body)

@@ -210,7 +210,8 @@ class MicroBatcher:
         self.metrics.batch_rows.observe(features.shape[0])
         self.metrics.inferred_rows.inc(features.shape[0])
         self._count(model.version, jobs, started, failed=False)
-        finite_rows = np.isfinite(slot_scores).all(axis=1) & np.isfinite(confidence)
+        # a list: slicing it per request costs a tenth of a numpy reduction per request
+        finite_rows = (np.isfinite(slot_scores).all(axis=1) & np.isfinite(confidence)).tolist()
         outcomes, start = [], 0
         for job in jobs:
             end = start + job.rows
@@ -219,7 +220,7 @@ class MicroBatcher:
                 slot_scores[start:end],
                 top_slot[start:end],
                 confidence[start:end],
-                bool(finite_rows[start:end].all()),
+                all(finite_rows[start:end]),
             )
             outcomes.append((job, result, None))
             start = end
