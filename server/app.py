@@ -4,7 +4,6 @@ metrics and routers into one FastAPI app whose state lives on `app.state.harmony
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -169,10 +168,6 @@ def create_app(settings: Settings) -> FastAPI:
         state.alignment.start()
         follower = asyncio.create_task(_follow_default_version(state))
         sampler = asyncio.create_task(_sample_history(state))
-        # What is loaded by now lives as long as the process. Frozen, a full garbage collection no
-        # longer walks it: unfrozen, one took 25-40 ms here (over 200 ms with torch loaded), stalling
-        # every request in flight.
-        gc.freeze()
         try:
             yield
         finally:
