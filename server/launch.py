@@ -99,6 +99,7 @@ def frozen(app: FastAPI) -> FastAPI:
     lives as long as the process, and a full collection that walked it took 25-40 ms (over 200 ms
     with torch loaded), stalling every request in flight. Done here, where the process is the
     server's own, not in the app, which tests and other hosts run inside their processes."""
+    gc.collect()  # start-up's own garbage is freed, not frozen with the rest
     gc.freeze()
     return app
 

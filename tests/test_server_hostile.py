@@ -13,11 +13,13 @@ import socket
 import time
 
 import httpx
+import numpy as np
 import pytest
 import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
-from tests.helpers.fallback_server import ADMIN_TOKEN, make_model_dir
+from harmony_mobile.protocol.wire import encode_tensor
+from tests.helpers.fallback_server import ADMIN_TOKEN, INTERFACE, make_model_dir
 from tests.server_process import serve
 
 TIMEOUT = 1.0
@@ -231,3 +233,56 @@ def test_client_leaving_mid_body_is_not_a_server_error(base_url):
     infer_lines = [line for line in metrics.splitlines() if 'route="/v2/models/{name}/infer"' in line]
     assert any('status="499"' in line for line in infer_lines), infer_lines
     assert not any('status="500"' in line for line in metrics.splitlines())
+
+
+def read_responses(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """`count` responses with Content-Length bodies, as (head, body), from one connection."""
+    data, responses = b"", []
+    while len(responses) < count:
+        head, found, rest = data.partition(b"\r\n\r\n")
+        lines = head.lower().split(b"\r\n")
+        length = next(
+            (int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:")), None
+        )
+        if not found or length is None or len(rest) < length:
+            data += sock.recv(65536)
+            continue
+        responses.append((head, rest[:length]))
+        data = rest[length:]
+    return responses
+
+
+def test_pipelined_infer_requests_are_each_answered_from_their_own_body(base_url):
+    """Two infer requests in one write: the server holds both bodies before the app reads either
+    (the protocol marks each request's scope), and each answer is its own request's."""
+    rows = [np.full((1, *INTERFACE.shape), value, dtype=np.float32) for value in (0.5, -2.0)]
+    bodies = [encode_tensor(row) for row in rows]
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/octet-stream"}
+    head = "POST /v2/models/harmony-backend/infer HTTP/1.1\r\nHost: test\r\n" + "".join(
+        f"{name}: {value}\r\n" for name, value in headers.items()
+    )
+    requests = b"".join(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body for body in bodies)
+    with connect(base_url) as sock:
+        sock.sendall(requests)
+        responses = read_responses(sock, 2)
+    assert all(head.startswith(b"HTTP/1.1 200") for head, _ in responses), responses
+    answers = [json.loads(body) for _, body in responses]
+    url = f"{base_url}/v2/models/harmony-backend/infer"
+    singles = [httpx.post(url, content=body, headers=headers).json() for body in bodies]
+    assert answers == singles and answers[0]["outputs"] != answers[1]["outputs"]
+
+
+def test_a_client_that_half_closes_after_its_request_gets_the_answer(base_url):
+    """shutdown(SHUT_WR) right after the request (as `nc -N` does): the answer still comes, then the
+    server closes the connection; uvicorn alone closed at once and the answer's write failed."""
+    body = encode_tensor(np.full((1, *INTERFACE.shape), 0.5, dtype=np.float32))
+    head = (
+        f"POST /v2/models/harmony-backend/infer HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
+        f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with connect(base_url) as sock:
+        sock.sendall(head.encode() + body + head.encode() + body)  # two, pipelined
+        sock.shutdown(socket.SHUT_WR)
+        data, waited = read_until_closed(sock)
+    assert data.count(b"HTTP/1.1 200 OK") == 2, data
+    assert waited < 3  # closed after the answers, not at the keep-alive timeout

@@ -8,7 +8,8 @@
 * connection limit: beyond `max_connections` open connections a new one is answered 503 with
   Retry-After and closed as soon as its request line arrived (at most REFUSAL_WAIT_SECONDS),
   before it can hold a slot;
-* malformed HTTP is answered with a JSON 400 instead of uvicorn's plain text.
+* malformed HTTP is answered with a JSON 400 instead of uvicorn's plain text;
+* a client that half-closes after its requests still gets their answers, then the connection closes.
 Their JSON bodies use the error key of the path asked for (server/core/errors.py: `error` on /v2, which
 tritonclient reads, `detail` elsewhere); with no request line yet, both keys.
 The body-read timeout lives in the app (server/core/limits.py), so the 408 it produces is an ordinary
@@ -86,6 +87,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._header_deadline: asyncio.TimerHandle | None = None
         self._in_message = False  # between a request's first byte and its last
         self._refused_start: bytearray | None = None  # over the limit: what came before the 503
+        self._peer_done = False  # the client half-closed: it sends nothing more
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
             self._refused_start = bytearray()
@@ -106,6 +108,25 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if not self._in_message and self._header_deadline is None:
             self._arm_header_deadline()  # a byte between requests: the next one's clock starts
         super().data_received(data)
+
+    def eof_received(self) -> bool:
+        """A client may half-close once it has sent its requests (shutdown(SHUT_WR), `nc -N`). Closing
+        at once, as uvicorn does, would drop the answers still being computed (and their writes
+        fail); the connection stays open for them and closes after the last one. A request whose
+        bytes stopped mid-way is a client that left (499), as before."""
+        self._peer_done = True
+        if self._in_message or not self._answering():  # a request cut short can never complete
+            self.transport.close()
+        return True
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._peer_done and not self._answering():
+            self.transport.close()
+
+    def _answering(self) -> bool:
+        """A response is being computed or a pipelined request waits for its turn."""
+        return bool(self.pipeline) or (self.cycle is not None and not self.cycle.response_complete)
 
     def on_message_begin(self) -> None:
         self._in_message = True
