@@ -103,7 +103,7 @@ def test_the_documented_deployment_runs_as_written(shell, tmp_path):
     )
     deadline = time.monotonic() + 120
     while "running" not in status_of_runs(shell) and time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(2)  # each look is a `flwr ls` process: about 1 CPU-second
     stop = shell("stop")
     assert stop.returncode == 0, stop.stdout[-3000:]
     output, _ = wrapper.communicate(timeout=120)
