@@ -50,7 +50,7 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 bench-fashion: $(STAMP)
 	test -d $(FASHION_DIR) || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist
-	$(BIN)/harmony bench --profile fashion --jobs 2 --resume --work-dir benchmarks/results/fashion/work
+	$(WRITE_BYTECODE) $(BIN)/harmony bench --profile fashion --jobs 2 --resume --work-dir benchmarks/results/fashion/work
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
