@@ -57,19 +57,28 @@ def status_and_json(response: bytes) -> tuple[int, dict]:
     return int(head.split(b" ")[1]), json.loads(body)
 
 
+def read_responses(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
+    """`count` responses with Content-Length bodies, as (head, body), from one connection."""
+    data, responses = b"", []
+    while len(responses) < count:
+        head, found, rest = data.partition(b"\r\n\r\n")
+        lines = head.lower().split(b"\r\n")
+        length = next(
+            (int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:")), None
+        )
+        if not found or length is None or len(rest) < length:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(responses)} of {count} responses: {data!r}"
+            data += chunk
+            continue
+        responses.append((head, rest[:length]))
+        data = rest[length:]
+    return responses
+
+
 def read_one_response(sock: socket.socket) -> bytes:
     """One response with a Content-Length body, leaving the connection open."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        data += sock.recv(65536)
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":")[1])
-        for line in head.lower().split(b"\r\n")
-        if line.startswith(b"content-length:")
-    )
-    while len(body) < length:
-        body += sock.recv(65536)
+    head, body = read_responses(sock, 1)[0]
     return head + b"\r\n\r\n" + body
 
 
@@ -235,53 +244,38 @@ def test_client_leaving_mid_body_is_not_a_server_error(base_url):
     assert not any('status="500"' in line for line in metrics.splitlines())
 
 
-def read_responses(sock: socket.socket, count: int) -> list[tuple[bytes, bytes]]:
-    """`count` responses with Content-Length bodies, as (head, body), from one connection."""
-    data, responses = b"", []
-    while len(responses) < count:
-        head, found, rest = data.partition(b"\r\n\r\n")
-        lines = head.lower().split(b"\r\n")
-        length = next(
-            (int(line.split(b":")[1]) for line in lines if line.startswith(b"content-length:")), None
-        )
-        if not found or length is None or len(rest) < length:
-            data += sock.recv(65536)
-            continue
-        responses.append((head, rest[:length]))
-        data = rest[length:]
-    return responses
+INFER_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/octet-stream"}
+
+
+def infer_request(value: float) -> tuple[bytes, bytes]:
+    """(HMFT body of one row filled with `value`, the whole HTTP/1.1 request carrying it)."""
+    body = encode_tensor(np.full((1, *INTERFACE.shape), value, dtype=np.float32))
+    head = "POST /v2/models/harmony-backend/infer HTTP/1.1\r\nHost: test\r\n" + "".join(
+        f"{name}: {header}\r\n" for name, header in INFER_HEADERS.items()
+    )
+    return body, f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body
 
 
 def test_pipelined_infer_requests_are_each_answered_from_their_own_body(base_url):
     """Two infer requests in one write: the server holds both bodies before the app reads either
     (the protocol marks each request's scope), and each answer is its own request's."""
-    rows = [np.full((1, *INTERFACE.shape), value, dtype=np.float32) for value in (0.5, -2.0)]
-    bodies = [encode_tensor(row) for row in rows]
-    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/octet-stream"}
-    head = "POST /v2/models/harmony-backend/infer HTTP/1.1\r\nHost: test\r\n" + "".join(
-        f"{name}: {value}\r\n" for name, value in headers.items()
-    )
-    requests = b"".join(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body for body in bodies)
+    bodies, requests = zip(*(infer_request(value) for value in (0.5, -2.0)), strict=True)
     with connect(base_url) as sock:
-        sock.sendall(requests)
+        sock.sendall(b"".join(requests))
         responses = read_responses(sock, 2)
     assert all(head.startswith(b"HTTP/1.1 200") for head, _ in responses), responses
     answers = [json.loads(body) for _, body in responses]
     url = f"{base_url}/v2/models/harmony-backend/infer"
-    singles = [httpx.post(url, content=body, headers=headers).json() for body in bodies]
+    singles = [httpx.post(url, content=body, headers=INFER_HEADERS).json() for body in bodies]
     assert answers == singles and answers[0]["outputs"] != answers[1]["outputs"]
 
 
 def test_a_client_that_half_closes_after_its_request_gets_the_answer(base_url):
     """shutdown(SHUT_WR) right after the request (as `nc -N` does): the answer still comes, then the
     server closes the connection; uvicorn alone closed at once and the answer's write failed."""
-    body = encode_tensor(np.full((1, *INTERFACE.shape), 0.5, dtype=np.float32))
-    head = (
-        f"POST /v2/models/harmony-backend/infer HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\n"
-        f"Content-Type: application/octet-stream\r\nContent-Length: {len(body)}\r\n\r\n"
-    )
+    _, request = infer_request(0.5)
     with connect(base_url) as sock:
-        sock.sendall(head.encode() + body + head.encode() + body)  # two, pipelined
+        sock.sendall(request + request)  # two, pipelined
         sock.shutdown(socket.SHUT_WR)
         data, waited = read_until_closed(sock)
     assert data.count(b"HTTP/1.1 200 OK") == 2, data
