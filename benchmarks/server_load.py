@@ -67,8 +67,12 @@ POOL_LIMIT = 256  # connections per Poisson load-generator process
 SERVER_CPU = 0  # with --pin: the server's and the raw forward's core; the load generator gets the rest
 
 
-def load_cpus() -> set[int]:
-    return set(range(os.cpu_count() or 1)) - {SERVER_CPU}
+def server_cpus(args: argparse.Namespace) -> set[int] | None:
+    return {SERVER_CPU} if args.pin else None
+
+
+def load_cpus(args: argparse.Namespace) -> set[int] | None:
+    return set(range(os.cpu_count() or 1)) - {SERVER_CPU} if args.pin else None
 
 
 @contextlib.contextmanager
@@ -119,7 +123,9 @@ def raw_forward(runtime: str):
     return forward
 
 
-def raw_forward_rows_per_second(runtime: str, batch: int, seconds: float = 3.0, cpus=None) -> float:
+def raw_forward_rows_per_second(
+    runtime: str, batch: int, seconds: float = 3.0, cpus: set[int] | None = None
+) -> float:
     """The back-end alone: rows/s of back-to-back forward passes at one batch size (no HTTP, no queue)."""
     with on_cpus(cpus):
         return _forward_rows_per_second(runtime, batch, seconds)
@@ -158,7 +164,7 @@ class Server:
             "HARMONY_RATE_LIMIT_PER_SECOND": "1000000",  # one token drives all the load
             "HARMONY_RATE_LIMIT_BURST": "1000000",
         }
-        with on_cpus({SERVER_CPU} if args.pin else None):  # every thread of the server inherits it
+        with on_cpus(server_cpus(args)):  # every thread of the server inherits it
             self.process = subprocess.Popen(
                 command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
             )
@@ -435,10 +441,6 @@ def unbatched_server_run(model_dir: Path, scratch: Path, args: argparse.Namespac
         server.stop()
 
 
-def server_cpus(args: argparse.Namespace) -> set[int] | None:
-    return {SERVER_CPU} if args.pin else None
-
-
 def raw_ceilings(args: argparse.Namespace) -> dict[str, float]:
     cpus = server_cpus(args)
     return {
@@ -533,7 +535,7 @@ def main() -> None:
     raw_before = raw_ceilings(args)
     with tempfile.TemporaryDirectory() as scratch:
         model_dir = make_model_dir(Path(scratch), args.runtime)
-        with on_cpus(load_cpus() if args.pin else None):  # the load generator's processes inherit it
+        with on_cpus(load_cpus(args)):  # the load generator's processes inherit it
             runs = batching_server_runs(model_dir, Path(scratch), args)
             runs.append(unbatched_server_run(model_dir, Path(scratch), args))
     raw_after = raw_ceilings(args)
