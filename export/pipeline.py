@@ -412,8 +412,10 @@ def export_tier(
     test_samples: int | None,
     latency_runs: int,
     progress: ProgressCallback,
+    allow_failed_variants: bool,
 ) -> tuple[TierEntry, dict]:
-    """One tier, step by step: prepare, .pte variants, Core ML variants, manifest entry + report."""
+    """One tier, step by step: prepare, .pte variants, Core ML variants, manifest entry + report,
+    training programs. A failed variant stops here unless allowed (QualityGateError)."""
     progress("select personalized front-end")
     inputs = prepare_tier(run, tier, images, labels, calibration_samples, test_samples)
     progress("", 1)
@@ -423,6 +425,8 @@ def export_tier(
     coreml_artifacts, coreml_rows = export_coreml_variants(tier, inputs, directory, progress)
     entry = build_tier_entry(run, tier, inputs, pte_artifacts + coreml_artifacts)
     report = tier_report(tier, inputs, pte_rows, coreml_rows)
+    if not allow_failed_variants:
+        _stop_on_failed_variant(report)
     progress("personalization: training programs")
     entry.personalization, report["personalization"] = export_personalization(
         run, tier, inputs, directory, max_batch
@@ -436,6 +440,18 @@ def export_tier(
 
 class QualityGateError(ExportError):
     """A variant the export would ship failed its quality checks (and failed variants were not allowed)."""
+
+
+def _stop_on_failed_variant(tier_report_: dict) -> None:
+    """Raised before the tier's training programs, the tiers after it and the back-end are built:
+    an export that will not be written should not spend minutes on them."""
+    failures = failed_variants([tier_report_])
+    if failures:
+        raise QualityGateError(
+            f"a variant of tier {tier_report_['tier']} failed its quality checks, so the export stopped "
+            "and nothing was written (pass --allow-failed-variants to ship it marked failed in the "
+            "manifest):\n  " + "\n  ".join(failures)
+        )
 
 
 def failed_variants(tier_reports: list[dict]) -> list[str]:
@@ -483,8 +499,8 @@ def export_run(
 ) -> ExportResult:
     """Export the run's personalized front-ends per tier, the back-end, the report and the signed manifest.
 
-    A variant failing its quality checks raises QualityGateError (nothing written) unless
-    `allow_failed_variants`: then it ships with verdict "fail" in the manifest. `tiers`: tier names (default: every tier of the run). `max_batch` > 1 makes every .pte accept a
+    A variant failing its quality checks raises QualityGateError (nothing written; the export stops
+    at that tier) unless `allow_failed_variants`: then it ships with verdict "fail" in the manifest. `tiers`: tier names (default: every tier of the run). `max_batch` > 1 makes every .pte accept a
     dynamic batch 1..max_batch. The signing keys are `private_key` (Ed25519) and
     `p256_private_key` (ECDSA P-256, which Android verifies; without it the manifest carries the
     Ed25519 signature only) if given, else the pair in `key_dir` (default
@@ -562,10 +578,10 @@ def _export(
                 calibration_samples=calibration_samples,
                 test_samples=test_samples,
                 latency_runs=latency_runs,
+                allow_failed_variants=allow_failed_variants,
             )
             backend = _export_backend(run, work, bar.callback("backend", 1))
         report = _report(run, tier_reports, backend, threads, latency_runs, max_batch)
-        _check_gate(tier_reports, allow_failed_variants)
         reports = write_verification_report(work, report)
         manifest = _sign_manifest(run, work, entries, backend, reports, *signing_keys, previous=out)
         _move_into_place(work, out)
@@ -590,15 +606,6 @@ def _report(run: RunDir, tier_reports: list[dict], backend: dict, threads, laten
         "backend": backend,
         "all_checks_pass": all(ok is not False for t in tier_reports for ok in t["checks"].values()),
     }
-
-
-def _check_gate(tier_reports: list[dict], allow_failed_variants: bool) -> None:
-    failures = failed_variants(tier_reports)
-    if failures and not allow_failed_variants:
-        raise QualityGateError(
-            "a variant failed its quality checks, so nothing was written (pass --allow-failed-variants "
-            "to ship it marked failed in the manifest):\n  " + "\n  ".join(failures)
-        )
 
 
 def _export_tiers(

@@ -168,6 +168,10 @@ def test_manifest_records_each_variants_verdict_and_a_version(exported):
 def test_a_failing_variant_stops_the_export_unless_allowed(run_path, tmp_path, monkeypatch):
     """With 40 gate images the agreement interval is wider than +-1 point: int8 fails its gate."""
     monkeypatch.setattr(verify, "GATE_SAMPLES", 40)
+    built, build_programs = [], pipeline.export_personalization
+    monkeypatch.setattr(
+        pipeline, "export_personalization", lambda *a, **k: built.append(a[1].name) or build_programs(*a, **k)
+    )
     runner = CliRunner()
     command = ["export", str(run_path), "--out", str(tmp_path / "out"), "--tiers", "entry-android"]
     command += ["--key-dir", str(tmp_path / "keys")]
@@ -175,10 +179,12 @@ def test_a_failing_variant_stops_the_export_unless_allowed(run_path, tmp_path, m
     assert failed.exit_code == 1, failed.output
     output = " ".join(failed.output.split())
     assert "entry-android int8: int8_agreement_resolves_1pt" in output and "753 images" in output
-    assert "entry-android fp32" not in output
+    assert "entry-android fp32" not in output and "variant of tier entry-android" in output
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+    assert built == []  # stopped before the tier's training programs
     allowed = runner.invoke(app, [*command, "--allow-failed-variants"])
     assert allowed.exit_code == 0, allowed.output
+    assert built == ["entry-android"]
     manifest = verify_manifest(tmp_path / "out")
     artifacts = {a.quantization: a for a in manifest.tier("entry-android").artifacts}
     assert artifacts["int8"].verdict == "fail" and artifacts["fp32"].verdict == "pass"

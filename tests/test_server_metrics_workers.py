@@ -7,6 +7,7 @@ read from the OS (tests/server_process.py), not from anything the server says.""
 from __future__ import annotations
 
 import re
+import time
 
 import httpx
 import numpy as np
@@ -40,6 +41,20 @@ def sample(text: str, name_and_labels: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
+def wait_until_every_worker_accepts(server: RunningServer, workers: set[int], timeout: float = 90) -> None:
+    """Readiness is one worker's answer: the other may still be loading torch and the back-end, and
+    until it accepts, every new connection goes to the first. Waits on a route that counts toward
+    no rate limit and no metric the tests read."""
+    seen: set[int] = set()
+    deadline = time.monotonic() + timeout
+    while seen != workers:
+        assert time.monotonic() < deadline, f"only {seen} of {workers} accepted within {timeout} s"
+        _, pid = on_new_connection(server, workers, "GET", "/v2/health/live")
+        if pid in seen:
+            time.sleep(0.05)
+        seen.add(pid)
+
+
 def infer_until_both_workers_answered(server: RunningServer, workers: set[int]) -> dict[int, int]:
     served = dict.fromkeys(workers, 0)
     body = json_infer_body(class_features(np.array([2, 7]), seed=0))  # two rows per request
@@ -58,6 +73,7 @@ def test_metrics_and_the_status_page_sum_every_worker(tmp_path):
     with serve_process(tmp_path / "data", make_model_dir(tmp_path), *flags) as server:
         workers = worker_pids(server)
         assert len(workers) == 2, workers
+        wait_until_every_worker_accepts(server, workers)
         served = infer_until_both_workers_answered(server, workers)
         total = sum(served.values())
         scraped_by = set()
@@ -85,6 +101,7 @@ def test_the_rate_limit_is_per_worker_process(tmp_path):
     env = {"HARMONY_RATE_LIMIT_BURST": str(BURST), "HARMONY_RATE_LIMIT_PER_SECOND": "0.001"}
     with serve_process(tmp_path / "data", make_model_dir(tmp_path), *flags, env=env) as server:
         workers = worker_pids(server)
+        wait_until_every_worker_accepts(server, workers)
         with httpx.Client(base_url=server.base, headers=ADMIN) as admin:
             auth = bearer(enrol(admin)["token"])
         statuses: dict[int, list[int]] = {pid: [] for pid in workers}
