@@ -105,16 +105,22 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
     assert "| harmony |" in text and "## Tuning (validation only)" in text
 
 
-def test_parallel_jobs_reproduce_a_serial_run_exactly(tmp_path):
-    profile = BenchProfile(**{**TINY, "methods": ["harmony", "local"], "seeds": [0], "tuning": None})
-    serial_results = run_benchmark(profile, tmp_path / "serial", log=lambda _: None)
+def test_parallel_jobs_reproduce_a_serial_run_exactly(serial, tmp_path):
+    """Two of the serial profile's evaluation runs again in two worker processes, with the
+    configurations its tuning picked."""
+    _, serial_results, _ = serial
+    picked = {method: serial_results["method_configs"][method] for method in ("harmony", "local")}
+    profile = BenchProfile(
+        **{**TINY, "methods": ["harmony", "local"], "tuning": None, "algorithm_config": picked}
+    )
     lines: list[str] = []
     parallel_results = run_benchmark(profile, tmp_path / "parallel", log=lines.append, jobs=2)
     assert parallel_results["machine"]["jobs"] == 2
     # records come back in spec order whatever order the workers finish in
     assert [r["method"] for r in parallel_results["runs"]] == ["harmony", "local"]
+    serial_runs = {r["method"]: r for r in serial_results["runs"]}
     assert [comparable(r) for r in parallel_results["runs"]] == [
-        comparable(r) for r in serial_results["runs"]
+        comparable(serial_runs[method]) for method in ("harmony", "local")
     ]
     assert len([line for line in lines if line.startswith("[")]) == 2
 
