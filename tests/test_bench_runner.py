@@ -160,6 +160,27 @@ def test_resume_keeps_finished_runs_and_redoes_a_killed_one(serial, tmp_path):
     assert comparable(redone) == comparable(original)  # recomputed from scratch: the same numbers
 
 
+def test_resume_trains_again_the_runs_the_report_reads_when_only_their_records_are_left(serial, tmp_path):
+    """A checkout holds the run records (bench.json), not the model files: the runs whose files the
+    report reads (the projections') are trained again, the others read back, and the report renders."""
+    import shutil
+
+    from harmony_mobile.bench.runner import runs_whose_files_the_report_reads
+
+    work, _, _ = serial
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy, ignore=lambda folder, names: [n for n in names if n != RECORD and "." in n])
+    assert not list(copy.rglob("run.json")) and list(copy.rglob(RECORD))
+    profile = BenchProfile(**TINY)
+    lines: list[str] = []
+    resumed = run_benchmark(profile, copy, resume=True, log=lines.append)
+    trained = [line for line in lines if line.startswith("[") and "reused" not in line]
+    read = runs_whose_files_the_report_reads(profile)
+    assert read == {("digits-family", "harmony", 0), ("digits-family", "splitgp", 0)}
+    assert sorted(line.split(" seed=")[0].split()[-1] for line in trained) == ["harmony", "splitgp"]
+    assert "| harmony |" in write_bench_report(resumed, tmp_path / "report").read_text()
+
+
 def test_a_record_of_another_configuration_is_not_reused(serial, tmp_path):
     import shutil
 

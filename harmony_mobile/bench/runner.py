@@ -48,6 +48,9 @@ class RunSpec:
     rounds: int
     algorithm_config: dict = field(default_factory=dict)
     trial: int | None = None
+    # the report reads this run's model files (latency, projections): a record alone, as a checkout
+    # holds it (model files are not committed), does not finish it
+    keeps_files: bool = False
 
     def path(self, work_dir: Path) -> Path:
         run = Path(work_dir) / self.stage / self.setting.name / self.method / f"seed-{self.seed}"
@@ -93,7 +96,8 @@ def run_one(
     record_file = run_path / RECORD
     if resume and record_file.is_file():
         record = json.loads(record_file.read_text())
-        if same_training(record.get("train_config"), config.model_dump()):
+        has_files = not spec.keeps_files or (run_path / "run.json").is_file()
+        if same_training(record.get("train_config"), config.model_dump()) and has_files:
             return {**record, "reused": True}
     if run_path.exists():
         shutil.rmtree(run_path)
@@ -394,6 +398,7 @@ def _copy_and_log(profile, specs, work_dir, data_root, recorded: RecordedRuns | 
 
 
 def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
+    read_files = runs_whose_files_the_report_reads(profile)
     return [
         RunSpec(
             "eval",
@@ -402,6 +407,7 @@ def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
             seed,
             profile.method_budget(method).rounds,
             profile.method_config(method, tuned),
+            keeps_files=(setting.name, method, seed) in read_files,
         )
         for setting in profile.settings
         for seed in profile.seeds  # seed-major: a partial benchmark already has every method per seed
