@@ -46,7 +46,7 @@ def test_every_baseline_and_ablation_is_registered_with_a_validated_config():
         "harmony",
         "harmony-with-meta",
         "harmony-fixed-depth",
-        "harmony-no-contrastive",
+        "harmony-with-contrastive",
         "harmony-full-softmax",
     } <= set(ALGORITHMS)
     for name in BASELINES:

@@ -508,9 +508,10 @@ def test_the_standard_profile_is_the_benchmark_the_readme_quotes():
     assert tuned <= set(profile.tuning.grids) and tuned <= set(profile.methods)
     assert profile.targets.margin == 0.05 and profile.targets.fraction_of_reference == 0.9
     assert {"splitgp-restricted", "fedproto"} <= set(profile.targets.baselines)
-    ablations = {"harmony-fixed-depth", "harmony-no-contrastive", "harmony-full-softmax"}
+    ablations = {"harmony-fixed-depth", "harmony-full-softmax"}
     assert set(profile.targets.ablations) == ablations and ablations <= set(profile.methods)
-    assert "harmony-with-meta" in profile.methods  # meta-adaptation, off by default, stays measured
+    # meta-adaptation and SupCon, off by default, stay measured
+    assert {"harmony-with-meta", "harmony-with-contrastive"} <= set(profile.methods)
 
 
 def test_a_renamed_ablation_in_a_profile_is_refused_with_its_new_name():

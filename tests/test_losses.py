@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from harmony_mobile.server.core.schemas import AlignmentParams
 
 import harmony_mobile
+from harmony_mobile.algorithms.harmony import Harmony
 from harmony_mobile.algorithms.registry import ALGORITHMS, build_algorithm
 from harmony_mobile.models.losses import (
     SUPCON_TEMPERATURE,
@@ -122,15 +123,16 @@ def test_every_config_that_resolves_the_supcon_temperature_agrees_on_its_default
     round start from the one SUPCON_TEMPERATURE; a method's config can change it, its default cannot."""
     assert AlignmentParams().temperature == SUPCON_TEMPERATURE
     terms = {}
-    for name in ALGORITHMS:
-        split_trainer_config = build_algorithm(name).split_trainer_config()
+    on = {"contrastive_weight": 0.5}  # SupCon is off by default
+    for name, (method, _) in ALGORITHMS.items():
+        split_trainer_config = build_algorithm(name, on if method is Harmony else None).split_trainer_config()
         if split_trainer_config is not None and split_trainer_config.contrastive is not None:
             terms[name] = split_trainer_config.contrastive.temperature
-    assert {"harmony", "harmony-with-meta", "harmony-full-softmax"} <= set(terms)
+    assert {"harmony", "harmony-with-contrastive", "harmony-with-meta", "harmony-full-softmax"} <= set(terms)
     assert set(terms.values()) == {SUPCON_TEMPERATURE}
-    assert (
-        build_algorithm("harmony", {"temperature": 0.2}).split_trainer_config().contrastive.temperature == 0.2
-    )
+    assert build_algorithm("harmony").split_trainer_config().contrastive is None
+    turned_on = build_algorithm("harmony-with-contrastive", {"temperature": 0.2})
+    assert turned_on.split_trainer_config().contrastive.temperature == 0.2
 
 
 def _literal_temperature_defaults(path: Path) -> list[str]:

@@ -195,8 +195,8 @@ def connector_gradient_of_one_split_step(algorithm: str) -> torch.Tensor:
 
 
 def test_contrastive_gradient_reaches_the_connector():
-    with_supcon = connector_gradient_of_one_split_step("harmony")
-    without = connector_gradient_of_one_split_step("harmony-no-contrastive")
+    with_supcon = connector_gradient_of_one_split_step("harmony-with-contrastive")
+    without = connector_gradient_of_one_split_step("harmony")
     assert with_supcon.abs().sum() > 0 and without.abs().sum() > 0
     # same seed, same batch, same initial weights: the only difference is the SupCon term
     assert not torch.allclose(with_supcon, without)
@@ -272,7 +272,7 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
 
 @pytest.mark.parametrize("restricted", [True, False])
 def test_the_server_ce_runs_over_the_slots_of_the_uploading_client(restricted):
-    algorithm = "harmony-no-contrastive" if restricted else "harmony-full-softmax"
+    algorithm = "harmony" if restricted else "harmony-full-softmax"
     federation = tiny_federation(algorithm=algorithm, overrides={"contrastive_weight": 0.0})
     first, second = federation.clients[0], federation.clients[-1]
     server = federation.server
@@ -293,7 +293,7 @@ def test_the_server_ce_runs_over_the_slots_of_the_uploading_client(restricted):
 
 
 def test_the_reply_is_the_gradient_of_the_slot_ce_at_the_features_and_nothing_else():
-    federation = tiny_federation(algorithm="harmony-no-contrastive")
+    federation = tiny_federation(algorithm="harmony")  # SupCon off by default
     client, server = federation.clients[0], federation.server
     federation.broadcast(client)
     server.start_round(0)

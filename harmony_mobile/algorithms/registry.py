@@ -18,12 +18,13 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     "harmony": (Harmony, {}),
     # ablations: each turns off exactly one mechanism (one config field; tests/test_ablations.py)
     "harmony-fixed-depth": (Harmony, {"random_split_depth": False}),  # every variant at the client's depth
-    "harmony-no-contrastive": (Harmony, {"contrastive_weight": 0.0}),  # no SupCon on the server
     # ablation: the server CE over every slot instead of the uploading client's slots (federation/split_trainer.py)
     "harmony-full-softmax": (Harmony, {"own_classes_only": False}),
     "harmony-no-style-mixing": (Harmony, {"style_mixing": 0.0}),  # g sees z with its own statistics
-    # a mechanism measured and not kept, turned on (docs/ALGORITHM.md): the inner loop of meta-adaptation
+    # mechanisms measured and not kept, turned on (docs/ALGORITHM.md): the inner loop of
+    # meta-adaptation, and SupCon on the server at its former default weight
     "harmony-with-meta": (Harmony, {"meta": True}),
+    "harmony-with-contrastive": (Harmony, {"contrastive_weight": 0.5}),
     # baselines (docs/ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split
@@ -42,7 +43,9 @@ RENAMED = {
     "harmony-no-meta": "meta-adaptation is off by default, so 'harmony' is what 'harmony-no-meta' was; "
     "the variant with the inner loop is 'harmony-with-meta'",
     "harmony-stochastic-depth": "the ablation with that mechanism turned off is 'harmony-fixed-depth'",
-    "harmony-contrastive": "the ablation with that mechanism turned off is 'harmony-no-contrastive'",
+    "harmony-contrastive": "SupCon is off by default; the variant with it is 'harmony-with-contrastive'",
+    "harmony-no-contrastive": "SupCon is off by default, so 'harmony' is what 'harmony-no-contrastive' "
+    "was; the variant with it is 'harmony-with-contrastive'",
 }
 
 

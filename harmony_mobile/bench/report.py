@@ -358,11 +358,12 @@ def _json_safe(value):
 
 
 METHOD_NOTES = """\
-- `harmony`: docs/ALGORITHM.md (meta-adaptation over simulated extractors, random split depth,
-  supervised contrastive alignment over label-token slots on the server (same-token SupCon
-  unless the config says `contrastive: cross_family`), final personalization, max-softmax exit
-  calibrated on val), with the server's CE for a client a softmax over that client's own slots
-  (restricted softmax).
+- `harmony`: docs/ALGORITHM.md (simulated extractors: the meta-weights with weight noise and
+  channel drop at a random split depth; the server's CE for a client a softmax over that client's
+  own slots (restricted softmax), on features whose statistics it mixes across families (style
+  mixing); final personalization, max-softmax exit calibrated on val). Meta-adaptation's inner loop
+  (`harmony-with-meta`) and supervised contrastive alignment over label-token slots
+  (`harmony-with-contrastive`) are off by default and measured turned on.
   Each ablation turns off exactly one mechanism, same hyper-parameters otherwise (its one changed
   field is shown in the configuration table).
 - `splitgp`: loss gamma CE(exit) + (1 - gamma) CE(server); client model lambda own + (1 - lambda)
