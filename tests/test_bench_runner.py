@@ -11,6 +11,7 @@ from harmony_mobile.bench.report import write_bench_report
 from harmony_mobile.bench.runner import (
     RECORD,
     RunSpec,
+    algorithm_settings,
     evaluation_specs,
     run_benchmark,
     run_one,
@@ -193,6 +194,34 @@ def test_a_record_of_another_configuration_is_not_reused(serial, tmp_path):
     lines: list[str] = []
     run_benchmark(changed, copy, resume=True, log=lines.append)
     assert not [line for line in lines if "reused" in line]
+
+
+def test_a_record_made_under_another_default_is_not_reused(serial, tmp_path):
+    """A profile's configuration names only what it changes: the record keeps every setting the
+    method trained with, so a default changed since (or a record that does not say) trains again."""
+    import shutil
+
+    work, results, _ = serial
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    profile = BenchProfile(**{**TINY, "tuning": None, "methods": ["harmony", "splitgp", "local"]})
+    profile = BenchProfile(**{**profile.model_dump(), "algorithm_config": results["method_configs"]})
+    specs = {spec.method: spec for spec in evaluation_specs(profile, {})}
+    harmony = json.loads((specs["harmony"].path(copy) / RECORD).read_text())
+    assert harmony["algorithm_settings"]["contrastive_weight"] == 0.0  # the default, written out
+    harmony["algorithm_settings"]["contrastive_weight"] = 0.5  # as if made when the default was 0.5
+    (specs["harmony"].path(copy) / RECORD).write_text(json.dumps(harmony))
+    splitgp = json.loads((specs["splitgp"].path(copy) / RECORD).read_text())
+    del splitgp["algorithm_settings"]  # a record from before records said
+    (specs["splitgp"].path(copy) / RECORD).write_text(json.dumps(splitgp))
+    lines: list[str] = []
+    run_benchmark(profile, copy, resume=True, log=lines.append)
+    run_lines = [line for line in lines if line.startswith("[")]
+    assert [line.split(" seed=")[0].split()[-1] for line in run_lines if "reused" not in line] == [
+        "harmony",
+        "splitgp",
+    ]
+    assert len(run_lines) == 3
 
 
 def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial, tmp_path):
@@ -593,7 +622,10 @@ def test_resume_reads_back_a_run_recorded_in_another_checkout(tmp_path, monkeypa
     elsewhere = {**config, "tiers_file": "/another/checkout/benchmarks/configs/tiers-standard.yaml"}
     record_file = spec.path(tmp_path) / RECORD
     record_file.parent.mkdir(parents=True)
-    record_file.write_text(json.dumps({"train_config": elsewhere, "summary": {"marker": 1}}))
+    settings = algorithm_settings("local", config["algorithm_config"])
+    record_file.write_text(
+        json.dumps({"train_config": elsewhere, "algorithm_settings": settings, "summary": {"marker": 1}})
+    )
 
     def no_training(*args, **kwargs):
         raise AssertionError("the recorded run was trained again instead of read back")

@@ -92,12 +92,14 @@ def run_one(
     finished run of the same configuration is read back instead; anything else there is redone.
     `code`: the version the caller loaded (a commit made while runs train must not relabel them)."""
     config = train_config(spec, shared, data_root)
+    settings = algorithm_settings(spec.method, config.algorithm_config)
     run_path = spec.path(work_dir)
     record_file = run_path / RECORD
     if resume and record_file.is_file():
         record = json.loads(record_file.read_text())
         has_files = not spec.keeps_files or (run_path / "run.json").is_file()
-        if same_training(record.get("train_config"), config.model_dump()) and has_files:
+        same = same_training(record.get("train_config"), config.model_dump())
+        if same and record.get("algorithm_settings") == settings and has_files:
             return {**record, "reused": True}
     if run_path.exists():
         shutil.rmtree(run_path)
@@ -114,6 +116,7 @@ def run_one(
         "seed": spec.seed,
         "trial": spec.trial,
         "train_config": config.model_dump(),
+        "algorithm_settings": settings,
         "code": code or code_version(),  # a profile resumed across commits says which made each run
         "cpu": cpu_info(),  # and across machines, which CPU
         "wall_seconds": wall,
@@ -133,6 +136,15 @@ def run_one(
     }
     record_file.write_text(json.dumps(record, indent=1))
     return record
+
+
+def algorithm_settings(method: str, algorithm_config: dict | None) -> dict:
+    """Every setting of the method as it trains, defaults included: the configuration a profile
+    writes names only what it changes, so a default changed since a run was recorded would
+    otherwise read that run back as the new default's."""
+    from harmony_mobile.algorithms.registry import build_algorithm
+
+    return build_algorithm(method, algorithm_config).config.model_dump(mode="json")
 
 
 def same_training(recorded: dict | None, config: dict) -> bool:
