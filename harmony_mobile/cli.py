@@ -297,7 +297,9 @@ ReuseRunsOption = Annotated[
     list[Path] | None,
     typer.Option(
         help="another report's results.json (or folder); its recorded evaluation runs of the same "
-        "setting, method and configuration are read back instead of trained (with --resume; repeatable)"
+        "setting, method and configuration (every algorithm setting, defaults included: runs recorded "
+        "before records kept them are trained again) are read back instead of trained (with --resume; "
+        "repeatable)"
     ),
 ]
 

@@ -126,7 +126,10 @@ def test_contrastive_weight_gates_the_server_supcon_and_only_it():
     turned_on = one_round("harmony-with-contrastive", supcon=False)
     assert turned_on["contrastive_calls"] > 0 and default["contrastive_calls"] == 0
     assert "contrastive_grad_ratio" not in default["metrics"]
+    assert turned_on["metrics"]["contrastive_grad_ratio"] > 0
     assert turned_on["depths"] == default["depths"] == {1, 2, 3}
+    assert turned_on["inner_calls"] == default["inner_calls"]
+    assert turned_on["open_slots"] == default["open_slots"]
     assert turned_on["style_rows"] > 0 and default["style_rows"] > 0
 
 

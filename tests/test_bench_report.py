@@ -674,3 +674,18 @@ def test_a_tiers_file_is_named_relative_to_the_repository_whichever_checkout_ran
     assert repo_relative(own_file) == own_file
     assert repo_relative(not_ours) == not_ours
     assert repo_relative({"clients_per_tier": 2}) == {"clients_per_tier": 2}
+
+
+def test_results_that_name_a_retired_variant_still_render(tmp_path):
+    """Committed results keep the method names they were made with; a variant retired since
+    (harmony-no-contrastive, SupCon's ablation before SupCon was off by default) still renders as
+    a HARMONY variant instead of failing the lookup of its parent."""
+    from harmony_mobile.algorithms.registry import ALGORITHMS, RENAMED
+    from harmony_mobile.bench.profile import parent_method
+
+    results = json.loads((REPO_ROOT / "benchmarks/results/fashion/interim/results.json").read_text())
+    retired = {r["method"] for r in results["runs"]} & set(RENAMED)
+    assert retired == {"harmony-no-contrastive"} and not retired & set(ALGORITHMS)
+    assert parent_method("harmony-no-contrastive") == "harmony"
+    text = write_bench_report(results, tmp_path / "report").read_text()
+    assert "| harmony-no-contrastive |" in text

@@ -29,9 +29,13 @@ def run_script(path: Path, capsys, *arguments: str) -> tuple[int | str | None, s
 
     module = load_script(path)
     threads = torch.get_num_threads()
+    started = AssertionError("the script started measuring instead of refusing its arguments")
     try:
         with mock.patch.object(sys, "argv", [str(path), *arguments]), torch.random.fork_rng():
-            with pytest.raises(SystemExit) as exited:
+            with (
+                mock.patch.object(module, "measure", side_effect=started),
+                pytest.raises(SystemExit) as exited,
+            ):
                 module.main()
     finally:
         torch.set_num_threads(threads)

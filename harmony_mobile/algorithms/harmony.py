@@ -124,7 +124,7 @@ class HarmonyConfig(SplitTrainingConfig):
         description="the server CE's softmax runs over the slots of the uploading client's tokens only",
     )
     contrastive_weight: float = Field(
-        # off: on Fashion-MNIST (5 seeds, two settings) turning it off changed nothing beyond seed
+        # off: on Fashion-MNIST (3 seeds, two settings) turning it off changed nothing beyond seed
         # noise, and on MNIST-like data it cost a family's unseen classes (docs/ALGORITHM.md,
         # "SupCon: measured, off by default")
         default=0.0,

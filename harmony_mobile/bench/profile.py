@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harmony_mobile.algorithms.harmony import Harmony
-from harmony_mobile.algorithms.registry import ALGORITHMS, check_algorithm
+from harmony_mobile.algorithms.registry import ALGORITHMS, RENAMED, check_algorithm
 from harmony_mobile.training import TrainConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -302,6 +302,9 @@ class BenchProfile(BaseModel):
 
 
 def is_harmony(method: str) -> bool:
+    """Also for a retired HARMONY variant's name, which older results hold (their reports still render)."""
+    if method in RENAMED:
+        return method.startswith("harmony")
     return ALGORITHMS[method][0] is Harmony
 
 

@@ -307,6 +307,8 @@ def copy_recorded_runs(
             record is None
             or path.exists()
             or (spec.setting.name, spec.method, spec.seed) in recorded.needs_files
+            # a record that does not say every setting it trained with may predate a default
+            or record.get("algorithm_settings") != algorithm_settings(spec.method, config["algorithm_config"])
         ):
             continue
         copy = {k: v for k, v in record.items() if k != "reused"} | {"train_config": config}
@@ -409,8 +411,12 @@ def _copy_and_log(profile, specs, work_dir, data_root, recorded: RecordedRuns | 
         )
 
 
-def evaluation_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
-    read_files = runs_whose_files_the_report_reads(profile)
+def evaluation_specs(
+    profile: BenchProfile, tuned: dict, read_files: set[tuple[str, str, int]] | None = None
+) -> list[RunSpec]:
+    """`read_files`: the runs whose model files the report reads (default: the profile's own)."""
+    if read_files is None:
+        read_files = runs_whose_files_the_report_reads(profile)
     return [
         RunSpec(
             "eval",
@@ -838,7 +844,8 @@ def extend(
 
     started = time.perf_counter()
     added = profile.model_copy(update={"settings": profile.settings_named(settings)})
-    specs = evaluation_specs(added, results["tuning"]["chosen"])
+    # the runs the whole profile's report reads, not those of the added settings alone
+    specs = evaluation_specs(added, results["tuning"]["chosen"], runs_whose_files_the_report_reads(profile))
     _copy_and_log(profile, specs, work_dir, data_root, recorded, log)
     new_runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
     order = [s.name for s in profile.settings]

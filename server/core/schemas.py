@@ -256,7 +256,9 @@ class AlignmentParams(_Strict):
     ce_weight: float = Field(
         default=1.0, ge=0, description="weight of the slot-space CE on the new rows (their tokens' slots)"
     )
-    contrastive_weight: float = Field(default=0.5, ge=0, description="weight of SupCon on the new rows")
+    # off, as in training (docs/ALGORITHM.md section 9): training no longer trains the projection head
+    # h that SupCon reads, so a round would start it from its initial weights
+    contrastive_weight: float = Field(default=0.0, ge=0, description="weight of SupCon on the new rows")
     distill_weight: float = Field(
         default=1.0,
         ge=0,
