@@ -92,9 +92,10 @@ def main() -> None:
     before_source.add_argument(
         "--before-results",
         type=Path,
-        help="an earlier comparison's results.json: its 'before' rows and label (the runs' folders "
-        "need not exist any more)",
+        help="an earlier comparison's results.json: its 'before' rows and label, or its 'after' ones "
+        "with --before-from after (the runs' folders need not exist any more)",
     )
+    parser.add_argument("--before-from", choices=("before", "after"), default="before")
     parser.add_argument("--after", nargs="+", type=Path, required=True)
     parser.add_argument("--before-label", default="before")
     parser.add_argument("--after-label", default="after")
@@ -103,7 +104,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.before_results:
         earlier = json.loads(args.before_results.read_text())
-        before, args.before_label = earlier["before"], earlier["labels"][0]
+        side = args.before_from
+        before, args.before_label = earlier[side], earlier["labels"][0 if side == "before" else 1]
     else:
         before = [summarize(d) for d in args.before]
     after = [summarize(d) for d in args.after]

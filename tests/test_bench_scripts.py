@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from unittest import mock
@@ -151,3 +152,38 @@ def test_harmony_variants_names_the_seeds_it_ran():
     assert variants.seed_text([0, 1, 2, 3]) == "0-3"
     assert variants.seed_text([100, 103, 104]) == "100, 103, 104"
     assert variants.seed_text([5]) == "5"
+
+
+def test_demo_seeds_compares_against_either_side_of_an_earlier_comparison(tmp_path, monkeypatch):
+    demo_seeds = load_script(REPO_ROOT / "benchmarks/demo_seeds.py")
+
+    def demo_run(seed: int, accuracy: float) -> Path:
+        phases = {
+            phase: {"accuracy_with_ood": accuracy, "server_accuracy_ood": accuracy}
+            for phase in demo_seeds.PHASES
+        }
+        report = {
+            "config": {"seed": seed},
+            "results": {"entry-android": phases, "flagship": phases},
+            "train": {"summary": {"accuracy_with_ood": accuracy, "accuracy_without_ood": accuracy}},
+        }
+        folder = tmp_path / f"run-{seed}-{accuracy}"
+        folder.mkdir()
+        (folder / "demo-report.json").write_text(json.dumps(report))
+        return folder
+
+    earlier = {
+        "labels": ["old", "middle"],
+        "before": [demo_seeds.summarize(demo_run(s, 0.5)) for s in (0, 1)],
+        "after": [demo_seeds.summarize(demo_run(s, 0.6)) for s in (0, 1)],
+    }
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    now = [str(demo_run(s, 0.7)) for s in (0, 1)]
+    for side, label, gap in (("before", "old", 0.2), ("after", "middle", 0.1)):
+        out = tmp_path / side
+        argv = ["demo_seeds.py", "--before-results", str(tmp_path / "earlier.json"), "--before-from", side]
+        monkeypatch.setattr(sys, "argv", [*argv, "--after", *now, "--out", str(out)])
+        demo_seeds.main()
+        results = json.loads((out / "results.json").read_text())
+        assert results["labels"][0] == label
+        assert results["after_minus_before"]["aligned/accuracy_with_ood"]["mean"] == pytest.approx(gap)
