@@ -37,6 +37,12 @@ def comparable(record: dict) -> dict:
     return json.loads(json.dumps({key: record[key] for key in COMPARED}))
 
 
+def trained_methods(lines: list[str]) -> list[str]:
+    """The method of each run the log says was trained, not read back, in log order."""
+    runs = [line for line in lines if line.startswith("[") and "reused" not in line]
+    return [line.split(" seed=")[0].split()[-1] for line in runs]
+
+
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory):
     """The tiny profile run once in this process; shared by the tests below (read-only)."""
@@ -175,10 +181,9 @@ def test_resume_trains_again_the_runs_the_report_reads_when_only_their_records_a
     profile = BenchProfile(**TINY)
     lines: list[str] = []
     resumed = run_benchmark(profile, copy, resume=True, log=lines.append)
-    trained = [line for line in lines if line.startswith("[") and "reused" not in line]
     read = runs_whose_files_the_report_reads(profile)
     assert read == {("digits-family", "harmony", 0), ("digits-family", "splitgp", 0)}
-    assert sorted(line.split(" seed=")[0].split()[-1] for line in trained) == ["harmony", "splitgp"]
+    assert sorted(trained_methods(lines)) == ["harmony", "splitgp"]
     assert "| harmony |" in write_bench_report(resumed, tmp_path / "report").read_text()
 
 
@@ -216,12 +221,8 @@ def test_a_record_made_under_another_default_is_not_reused(serial, tmp_path):
     (specs["splitgp"].path(copy) / RECORD).write_text(json.dumps(splitgp))
     lines: list[str] = []
     run_benchmark(profile, copy, resume=True, log=lines.append)
-    run_lines = [line for line in lines if line.startswith("[")]
-    assert [line.split(" seed=")[0].split()[-1] for line in run_lines if "reused" not in line] == [
-        "harmony",
-        "splitgp",
-    ]
-    assert len(run_lines) == 3
+    assert trained_methods(lines) == ["harmony", "splitgp"]
+    assert len([line for line in lines if line.startswith("[")]) == 3
 
 
 def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial, tmp_path):
@@ -247,8 +248,7 @@ def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial
     lines: list[str] = []
     reused = run_benchmark(profile, copy, resume=True, log=lines.append, recorded=recorded)
     assert any(line.startswith("2 of 4 evaluation runs copied from 4 recorded runs") for line in lines)
-    trained = [line for line in lines if line.startswith("[") and "reused" not in line]
-    assert sorted(line.split(" seed=")[0].split()[-1] for line in trained) == ["harmony", "splitgp"]
+    assert sorted(trained_methods(lines)) == ["harmony", "splitgp"]
     by_method = {r["method"]: r for r in reused["runs"]}
     assert {m for m, r in by_method.items() if r.get("copied_from")} == {"fedavg", "local"}
     source = str((tmp_path / "earlier" / "results.json").resolve())

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from harmony_mobile import training
+from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.bench.hooks import BenchObserver, RunExtras, UplinkCounter
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Setting, repo_relative
 from harmony_mobile.bench.stats import sum_known
@@ -142,8 +143,6 @@ def algorithm_settings(method: str, algorithm_config: dict | None) -> dict:
     """Every setting of the method as it trains, defaults included: the configuration a profile
     writes names only what it changes, so a default changed since a run was recorded would
     otherwise read that run back as the new default's."""
-    from harmony_mobile.algorithms.registry import build_algorithm
-
     return build_algorithm(method, algorithm_config).config.model_dump(mode="json")
 
 
