@@ -17,18 +17,20 @@ import torch
 from harmony_mobile.bench.gates import FALLBACK_GRID, gate_studies
 from harmony_mobile.bench.hooks import unseen_class_accuracy, validation_metrics
 from harmony_mobile.bench.saved_runs import load_finished_run
+from harmony_mobile.evaluation import client_answers
 
 
 def study_run(path: Path) -> dict:
     run = load_finished_run(path)
-    args = (run.clients, run.served, run.images, run.labels, run.partition, run.seed)
+    answers = client_answers(run.clients, run.served, run.images)
+    args = (answers, run.labels, run.partition, run.seed)
     validation = validation_metrics(*args, run.exit_rule)
     unseen = unseen_class_accuracy(*args)
     return {
         "val_accuracy_with_ood": validation["accuracy_with_ood"],
         "val_accuracy_without_ood": validation["accuracy_without_ood"],
         "unseen_family": unseen["family_mean"],
-        **gate_studies(*args, run.exit_rule),
+        **gate_studies(answers, run.served, run.labels, run.partition, run.seed, run.exit_rule),
     }
 
 

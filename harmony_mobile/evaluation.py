@@ -83,7 +83,60 @@ def predict(
             "exits": torch.ones(len(images), dtype=torch.bool),
             "exit_prediction": local,
         }
-    answers = split_answers(client, backend, images)
+    return _route(client, split_answers(client, backend, images), exit_rule)
+
+
+class ClientAnswers:
+    """One client's answers (`predict`) to images of the data set, each image computed once however
+    many evaluations ask for it: the test mixes at every OOD fraction, validation, the unseen
+    classes and the gate study draw overlapping samples. The models hold no dropout or batch-norm
+    state, so an image's answer does not depend on the batch it is computed in, up to float
+    rounding (a convolution may sum in another order for another batch size)."""
+
+    def __init__(self, client: Client, backend: BackendWithSlots | None, images):
+        self.client, self.backend, self.images = client, backend, images
+        self._row_of: dict[int, int] = {}  # image index -> row of the computed answers
+        self._parts: list[tuple[torch.Tensor, ...]] = []
+        self._rows: tuple[torch.Tensor, ...] | None = None
+
+    @torch.no_grad()
+    def _answer(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.backend is None:
+            return (self.client.model.classify_full(images).argmax(dim=1),)
+        return tuple(split_answers(self.client, self.backend, images))
+
+    def _gather(self, index) -> tuple[torch.Tensor, ...]:
+        index = np.asarray(index, dtype=np.int64).reshape(-1)
+        missing = [int(i) for i in np.unique(index) if int(i) not in self._row_of]
+        if missing:
+            self._row_of.update({i: len(self._row_of) + k for k, i in enumerate(missing)})
+            self._parts.append(self._answer(self.images[np.asarray(missing, dtype=np.int64)]))
+            self._rows = None
+        if self._rows is None:
+            self._rows = tuple(torch.cat(columns) for columns in zip(*self._parts, strict=True))
+        rows = torch.as_tensor([self._row_of[int(i)] for i in index], dtype=torch.long)
+        return tuple(column[rows] for column in self._rows)
+
+    def split(self, index) -> SplitAnswers:
+        """`split_answers` for the images at `index` (split methods only)."""
+        if self.backend is None:
+            raise ValueError("a method without a back-end has no split answers")
+        return SplitAnswers(*self._gather(index))
+
+    def predict(self, index, exit_rule: str = "max_softmax") -> dict[str, torch.Tensor]:
+        """`predict` for the images at `index`."""
+        if self.backend is None:
+            (local,) = self._gather(index)
+            return {
+                "prediction": local,
+                "exits": torch.ones(len(local), dtype=torch.bool),
+                "exit_prediction": local,
+            }
+        return _route(self.client, self.split(index), exit_rule)
+
+
+def _route(client: Client, answers: SplitAnswers, exit_rule: str) -> dict[str, torch.Tensor]:
+    """The exit's answer where it is confident, the server's elsewhere."""
     exits = exit_confidence(answers.exit_logits, exit_rule) >= client.threshold
     return {
         "prediction": torch.where(exits, answers.exit_prediction, answers.server_prediction),
@@ -108,16 +161,22 @@ class EvaluationSetting:
 
 
 def evaluate_client(
-    client: Client, backend: BackendWithSlots | None, setting: EvaluationSetting, p: float
+    client: Client,
+    backend: BackendWithSlots | None,
+    setting: EvaluationSetting,
+    p: float,
+    answers: ClientAnswers | None = None,
 ) -> dict[str, float]:
-    """One client's metrics on its ID test samples mixed with OOD ones at fraction `p`."""
+    """One client's metrics on its ID test samples mixed with OOD ones at fraction `p` (`answers`:
+    the client's, when other evaluations read them too)."""
     images, labels, partition = setting.images, setting.labels, setting.partition
     split = partition.clients[client.client_id]
     if not np.isin(labels.numpy()[partition.ood_pool], split.classes, invert=True).any():
         p = 0.0  # the client holds every class (e.g. Dirichlet alpha 0.5): it has no OOD samples
     index, is_ood = ood_test_indices(split, labels.numpy(), partition.ood_pool, p, setting.seed)
     y = client.exit_labels(labels[index])  # the phone answers in exit indices (token order)
-    out = predict(client, backend, images[index], setting.exit_rule)
+    answers = answers or ClientAnswers(client, backend, images)
+    out = answers.predict(index, setting.exit_rule)
     fallback = ~out["exits"]
     metrics = {
         "accuracy": (out["prediction"] == y).float().mean().item(),
@@ -139,7 +198,7 @@ def evaluate_client(
 
 @torch.no_grad()
 def alignment_score(
-    clients: list[Client], backend: Backend, images, labels, partition: Partition, k: int = 5
+    answers: dict[int, ClientAnswers], backend: Backend, labels, partition: Partition, k: int = 5
 ) -> float:
     """kNN accuracy of back-end features across families: for each family, a kNN classifier fit on
     the other families' features of their ID test samples predicts this family's samples. High when
@@ -147,10 +206,10 @@ def alignment_score(
     from sklearn.neighbors import KNeighborsClassifier  # seconds of import a training-only process skips
 
     features, classes, families = [], [], []
-    for client in clients:
+    for client_answers in answers.values():
+        client = client_answers.client
         index = partition.clients[client.client_id].test
-        _, z = client.model(images[index], client.split_depth)
-        features.append(backend.features(z).numpy())
+        features.append(backend.features(client_answers.split(index).features).numpy())
         classes.append(client.exit_labels(labels[index]).numpy())
         families += [client.tier.family] * len(index)
     features, classes, families = np.concatenate(features), np.concatenate(classes), np.array(families)
@@ -164,23 +223,44 @@ def alignment_score(
     return float(np.mean(scores)) if scores else float("nan")
 
 
-def evaluate(clients: list[Client], backend: BackendWithSlots | None, setting: EvaluationSetting) -> dict:
+def client_answers(
+    clients: list[Client], backend: BackendWithSlots | None, images
+) -> dict[int, ClientAnswers]:
+    """Every client's answer cache, by client id: what `evaluate` and the benchmark's own
+    measurements share."""
+    return {client.client_id: ClientAnswers(client, backend, images) for client in clients}
+
+
+def evaluate(
+    clients: list[Client],
+    backend: BackendWithSlots | None,
+    setting: EvaluationSetting,
+    answers: dict[int, ClientAnswers] | None = None,
+) -> dict:
     """Per client and mean metrics for every OOD fraction, plus the alignment score."""
-    per_client = {client.name: evaluate_client_at(client, backend, setting) for client in clients}
+    answers = answers or client_answers(clients, backend, setting.images)
+    per_client = {
+        client.name: evaluate_client_at(client, backend, setting, answers[client.client_id])
+        for client in clients
+    }
     results = summarize(per_client, setting.ood_fractions)
     if backend is not None:
         summary = results["summary"]
         summary["alignment_score"] = alignment_score(
-            clients, backend.backend, setting.images, setting.labels, setting.partition
+            answers, backend.backend, setting.labels, setting.partition
         )
     return results
 
 
 def evaluate_client_at(
-    client: Client, backend: BackendWithSlots | None, setting: EvaluationSetting
+    client: Client,
+    backend: BackendWithSlots | None,
+    setting: EvaluationSetting,
+    answers: ClientAnswers | None = None,
 ) -> dict[str, dict[str, float]]:
     """One client's metrics at every OOD fraction (what a client reports in federated evaluation)."""
-    return {f"p={p:g}": evaluate_client(client, backend, setting, p) for p in setting.ood_fractions}
+    answers = answers or ClientAnswers(client, backend, setting.images)
+    return {f"p={p:g}": evaluate_client(client, backend, setting, p, answers) for p in setting.ood_fractions}
 
 
 def summarize(per_client: dict[str, dict], ood_fractions: tuple[float, ...] = OOD_FRACTIONS) -> dict:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import dataset_info, load_dataset
 from harmony_mobile.data.partition import ClientSplit, Partition, make_partition
-from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting, evaluate
+from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting, client_answers, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import collect_replay
 from harmony_mobile.federation.rounds import (
@@ -230,9 +230,10 @@ class TrainObserver:
         """Called once the federation exists (subscribe to its server's uploads, its updates)."""
 
     def after_evaluate(
-        self, clients, served, images, labels, partition, results: dict, exit_rule: str
+        self, clients, served, images, labels, partition, results: dict, exit_rule: str, answers=None
     ) -> None:
-        """Called with the live clients right after the final evaluation."""
+        """Called with the live clients right after the final evaluation (`answers`: their answer
+        caches, `evaluation.ClientAnswers` by client id, to reuse the forward passes)."""
 
 
 EPOCH_FILE = "label_epoch"  # a provisioned lineage's epoch, read when run.json does not exist yet
@@ -437,11 +438,13 @@ def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | 
     served = BackendWithSlots(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     images, labels = run.dataset.images, run.dataset.labels
     setting = EvaluationSetting(images, labels, run.partition, config.seed, algorithm.exit_rule)
-    results = evaluate(run.clients, served, setting)
+    answers = client_answers(run.clients, served, images)
+    results = evaluate(run.clients, served, setting, answers)
     if observer is not None:
         observer.after_evaluate(
-            run.clients, served, images, labels, run.partition, results, algorithm.exit_rule
+            run.clients, served, images, labels, run.partition, results, algorithm.exit_rule, answers
         )
+    del answers  # every evaluated image's features: memory the artifacts below do not need
     for client in run.clients:
         save_client(run.run_path, client_artifact(client, run.partition.clients[client.client_id]))
     replay = collect_replay(run.clients, config.seed) if algorithm.uses_split else None

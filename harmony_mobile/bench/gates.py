@@ -21,7 +21,7 @@ from scipy.stats import rankdata
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
-from harmony_mobile.evaluation import split_answers
+from harmony_mobile.evaluation import ClientAnswers
 
 GATE_SCORES = ("max_softmax", "neg_entropy", "energy", "prototype")
 FALLBACK_GRID = tuple(round(0.05 * i, 2) for i in range(21))
@@ -72,11 +72,11 @@ def ood_auroc(score: np.ndarray, is_ood: np.ndarray) -> float:
 
 @torch.no_grad()
 def client_gate_study(
-    client, backend, images, labels, index: np.ndarray, is_ood: np.ndarray, prototypes: torch.Tensor
+    client_answers: ClientAnswers, labels, index: np.ndarray, is_ood: np.ndarray, prototypes: torch.Tensor
 ) -> dict:
     """One client's curves, AUROCs, oracle and server-only accuracy on the samples `index`."""
-    truth = client.exit_labels(labels[index])
-    answers = split_answers(client, backend, images[index])
+    truth = client_answers.client.exit_labels(labels[index])
+    answers = client_answers.split(index)
     exit_correct = (answers.exit_prediction == truth).numpy()
     server_correct = (answers.server_prediction == truth).numpy()
     scores = gate_scores(answers.exit_logits, answers.features, prototypes)
@@ -88,18 +88,25 @@ def client_gate_study(
     }
 
 
-def gate_studies(clients, backend, images, labels, partition: Partition, seed: int, exit_rule: str) -> dict:
+def gate_studies(
+    answers: dict[int, ClientAnswers], backend, labels, partition: Partition, seed: int, exit_rule: str
+) -> dict:
     """`gate_study` on test and on validation, each client's prototypes computed once for both,
     and the score the method exits by (what its report curve is read for)."""
     if backend is None:
         return {}
-    prototypes = {client.client_id: own_prototypes(client) for client in clients}
-    args = (clients, backend, images, labels, partition, seed, prototypes)
+    prototypes = {client_id: own_prototypes(a.client) for client_id, a in answers.items()}
+    args = (answers, labels, partition, seed, prototypes)
     return {"test": gate_study(*args, on="test"), "val": gate_study(*args, on="val"), "exit_rule": exit_rule}
 
 
 def gate_study(
-    clients, backend, images, labels, partition: Partition, seed: int, prototypes: dict, on: str = "test"
+    answers: dict[int, ClientAnswers],
+    labels,
+    partition: Partition,
+    seed: int,
+    prototypes: dict,
+    on: str = "test",
 ) -> dict:
     """Mean over clients of `client_gate_study` at each OOD fraction, on the clients' ID test
     samples with OOD from the test pool (`on="test"`) or on validation only (`on="val"`: each
@@ -112,16 +119,17 @@ def gate_study(
     study = {"fallback_grid": list(FALLBACK_GRID)}
     for p in GATE_OOD_FRACTIONS:
         rows = []
-        for client in clients:
-            split = partition.clients[client.client_id]
+        for client_id, client_answers in answers.items():
+            split = partition.clients[client_id]
             if on == "val":
-                split = ClientSplit(client.client_id, tuple(client.classes), split.val, split.val, split.val)
+                classes = tuple(client_answers.client.classes)
+                split = ClientSplit(client_id, classes, split.val, split.val, split.val)
             try:
                 index, is_ood = ood_test_indices(split, label_array, pool, p, seed)
             except ValueError:  # the client holds every class: no OOD sample exists for it
                 continue
-            prototype = prototypes[client.client_id]
-            rows.append(client_gate_study(client, backend, images, labels, index, is_ood, prototype))
+            prototype = prototypes[client_id]
+            rows.append(client_gate_study(client_answers, labels, index, is_ood, prototype))
         study[f"p={p:g}"] = _mean_rows(rows)
     return study
 

@@ -27,7 +27,7 @@ import torch
 from harmony_mobile import training
 from harmony_mobile.bench.gates import gate_studies
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
-from harmony_mobile.evaluation import predict
+from harmony_mobile.evaluation import ClientAnswers, client_answers
 from harmony_mobile.run_dir import SECRET_FILE, write_federation_secret
 
 LABEL_BYTES = 8  # a token is trunc64(HMAC): 8 bytes; SplitGP's original int64 label is 8 bytes too
@@ -102,14 +102,21 @@ class BenchObserver(training.TrainObserver):
         federation.update_listeners.append(lambda update: _count_update(self.counter, update))
 
     def after_evaluate(
-        self, clients, served, images, labels, partition, results: dict, exit_rule: str
+        self,
+        clients,
+        served,
+        images,
+        labels,
+        partition,
+        results: dict,
+        exit_rule: str,
+        answers: dict[int, ClientAnswers] | None = None,
     ) -> None:
-        self.extras.validation = validation_metrics(
-            clients, served, images, labels, partition, self.seed, exit_rule
-        )
-        self.extras.unseen = unseen_class_accuracy(clients, served, images, labels, partition, self.seed)
+        answers = answers or client_answers(clients, served, images)
+        self.extras.validation = validation_metrics(answers, labels, partition, self.seed, exit_rule)
+        self.extras.unseen = unseen_class_accuracy(answers, labels, partition, self.seed)
         self.extras.per_tier = per_tier_rates(clients, results)
-        self.extras.gates = gate_studies(clients, served, images, labels, partition, self.seed, exit_rule)
+        self.extras.gates = gate_studies(answers, served, labels, partition, self.seed, exit_rule)
 
 
 def _mean(values: list[float]) -> float:
@@ -118,7 +125,7 @@ def _mean(values: list[float]) -> float:
 
 @torch.no_grad()
 def validation_metrics(
-    clients, backend, images, labels, partition: Partition, seed: int, exit_rule: str
+    answers: dict[int, ClientAnswers], labels, partition: Partition, seed: int, exit_rule: str
 ) -> dict:
     """Accuracy of the phones' answers on validation data only: each client's ID val split plus OOD
     samples from the other clients' val splits (classes outside its own), at fractions p."""
@@ -126,7 +133,8 @@ def validation_metrics(
     all_val = np.unique(np.concatenate([np.asarray(s.val, dtype=np.int64) for s in partition.clients]))
     per_p: dict[str, list[float]] = {f"p={p:g}": [] for p in VALIDATION_OOD_FRACTIONS}
     fallback: dict[str, list[float]] = {f"p={p:g}": [] for p in VALIDATION_OOD_FRACTIONS}
-    for client in clients:
+    for mine in answers.values():
+        client = mine.client
         own = np.asarray(partition.clients[client.client_id].val, dtype=np.int64)
         if len(own) == 0:
             continue
@@ -136,7 +144,7 @@ def validation_metrics(
                 index, _ = ood_test_indices(split, label_array, all_val, p, seed)
             except ValueError:  # no other client holds a class this one lacks
                 continue
-            out = predict(client, backend, images[index], exit_rule)
+            out = mine.predict(index, exit_rule)
             truth = client.exit_labels(labels[index])
             per_p[f"p={p:g}"].append((out["prediction"] == truth).float().mean().item())
             fallback[f"p={p:g}"].append((~out["exits"]).float().mean().item())
@@ -150,28 +158,30 @@ def validation_metrics(
     }
 
 
-def _unseen_accuracy(client, backend, images, labels, pool: np.ndarray, classes, seed: int) -> float:
+def _unseen_accuracy(answers: ClientAnswers, labels, pool: np.ndarray, classes, seed: int) -> float:
     """Accuracy on up to UNSEEN_SAMPLES_PER_CLIENT pool samples of `classes`: the server's answer
     through the client's front-end (split methods, decoded as the phone decodes it), the full
     model's otherwise."""
     candidates = pool[np.isin(labels.numpy()[pool], list(classes))]
     if len(candidates) == 0:
         return float("nan")
+    client = answers.client
     rng = np.random.default_rng((seed, client.client_id, 7))
     chosen = np.sort(rng.choice(candidates, min(len(candidates), UNSEEN_SAMPLES_PER_CLIENT), replace=False))
-    out = predict(client, backend, images[chosen])
+    out = answers.predict(chosen)
     prediction = out.get("server_prediction", out["prediction"])
     return (prediction == client.exit_labels(labels[chosen])).float().mean().item()
 
 
 @torch.no_grad()
-def unseen_class_accuracy(clients, backend, images, labels, partition: Partition, seed: int) -> dict:
+def unseen_class_accuracy(answers: dict[int, ClientAnswers], labels, partition: Partition, seed: int) -> dict:
     """Per family: the accuracy on the classes no client of that family holds (the server's, for
     split methods: what every fallback of an OOD query needs), from each of the family's clients;
     and the mean over clients on the classes the client itself does not hold. Samples come from
     the OOD pool (held out from every client)."""
     num_classes = int(labels.max()) + 1
     pool = np.asarray(partition.ood_pool, dtype=np.int64)
+    clients = [a.client for a in answers.values()]
     family_classes: dict[str, set[int]] = {}
     for client in clients:
         family_classes.setdefault(client.tier.family, set()).update(int(c) for c in client.classes)
@@ -181,11 +191,11 @@ def unseen_class_accuracy(clients, backend, images, labels, partition: Partition
         missing = set(range(num_classes)) - family_classes[client.tier.family]
         if missing:
             per_family[client.tier.family].append(
-                _unseen_accuracy(client, backend, images, labels, pool, missing, seed)
+                _unseen_accuracy(answers[client.client_id], labels, pool, missing, seed)
             )
         own_missing = set(range(num_classes)) - {int(c) for c in client.classes}
         if own_missing:
-            per_client.append(_unseen_accuracy(client, backend, images, labels, pool, own_missing, seed))
+            per_client.append(_unseen_accuracy(answers[client.client_id], labels, pool, own_missing, seed))
     families = {
         family: {"accuracy": _mean(per_family[family]), "classes": sorted(set(range(num_classes)) - held)}
         for family, held in family_classes.items()
