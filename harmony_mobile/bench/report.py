@@ -781,46 +781,45 @@ def command_line(results: dict) -> str:
 
 
 def time_line(results: dict) -> str:
-    """How long the whole profile takes, from the runs' own wall times: they are kept in the run
-    records, so a profile finished over several resumed invocations still counts every run."""
+    """How long the profile's evaluation runs take, from their own wall and CPU times (kept in the run
+    records, so a profile finished over several resumed invocations still counts every run), and
+    the tuning and budget-check studies beside them. The time goal is the evaluation runs': the
+    studies' records are committed and read back, not rerun, each time the profile is."""
     jobs = results.get("machine", {}).get("jobs", 1)
-    run_seconds = (
-        results["tuning"].get("run_wall_seconds", 0.0)
-        + (results.get("budget_check") or {}).get("run_wall_seconds", 0.0)
-        + sum(r["wall_seconds"] for r in results["runs"])
-    )
-    minutes = run_seconds / 60 / jobs
-    text = f"The training runs took {run_seconds / 3600:.1f} h summed, about {minutes:.0f} min with {jobs} job(s)"
-    cpu = cpu_minutes(results, jobs)
+    runs = results["runs"]
+    wall = sum(r["wall_seconds"] for r in runs)
+    text = f"The evaluation runs took {wall / 3600:.1f} h summed, about {wall / 60 / jobs:.0f} min with {jobs} job(s)"
+    cpu = sum_known([r.get("cpu_seconds") for r in runs])
     if cpu is not None:  # each run uses one thread: with `jobs` idle cores, its CPU time is its wall time
         text += (
-            f"; their CPU time, {cpu * jobs:.0f} min summed, is about {cpu:.0f} min with {jobs} job(s) on "
-            "otherwise idle cores (wall times also count other work sharing the machine)"
+            f"; their CPU time, {cpu / 60:.0f} min summed, is about {cpu / 60 / jobs:.0f} min with {jobs} job(s) "
+            "on otherwise idle cores (wall times also count other work sharing the machine)"
         )
-    judged_minutes = minutes if cpu is None else cpu
+    judged_minutes = (wall if cpu is None else cpu) / 60 / jobs
     limit = results["profile"].get("time_limit_minutes")
     judged = ", judged on CPU time" if cpu is not None else ""
-    # results of older code kept neither the narrowing nor the tuning's run time: not judged either
-    recorded = "narrowed" in results and "run_wall_seconds" in results["tuning"]
-    whole_profile = recorded and not any(results["narrowed"].values())
+    whole_profile = "narrowed" in results and not any(results["narrowed"].values())
     if limit and whole_profile:
         verdict = "met" if judged_minutes <= limit else "**not met**"
         text += f" (goal: within {limit:.0f} min{judged}: {verdict})"
     elif limit:
         text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
-    return text + "."
+    return text + ". " + studies_time_line(results, jobs)
 
 
-def cpu_minutes(results: dict, jobs: int) -> float | None:
-    """The runs' summed CPU time in minutes per job; None if any part did not record it."""
-    total = sum_known(
-        [
-            results["tuning"].get("run_cpu_seconds"),
-            (results.get("budget_check") or {"run_cpu_seconds": 0.0}).get("run_cpu_seconds"),
-            *(r.get("cpu_seconds") for r in results["runs"]),
-        ]
-    )
-    return None if total is None else total / 60 / jobs
+def studies_time_line(results: dict, jobs: int) -> str:
+    """The tuning and budget-check runs' time: made once, then read back from their records."""
+    parts = []
+    for name, study in (("tuning", results["tuning"]), ("budget check", results.get("budget_check"))):
+        if study and "run_wall_seconds" in study:
+            cpu = study.get("run_cpu_seconds")
+            seconds, kind = (study["run_wall_seconds"], "wall") if cpu is None else (cpu, "CPU")
+            parts.append(
+                f"{name} {seconds / 3600:.1f} h of {kind} time summed ({seconds / 60 / jobs:.0f} min with {jobs} job(s))"
+            )
+    if not parts:
+        return ""
+    return "The studies read back from their records, not part of the goal: " + "; ".join(parts) + "."
 
 
 def extended(results: dict) -> bool:
