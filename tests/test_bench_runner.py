@@ -676,3 +676,31 @@ def test_a_worker_exits_when_its_bench_process_is_killed(tmp_path):
         time.sleep(0.2)
     os.kill(worker, signal.SIGKILL)
     pytest.fail("the worker outlived its killed bench process by 20 s")
+
+
+def test_the_evaluation_cost_benchmark_gets_the_same_results_with_shared_and_unshared_answers(
+    serial, tmp_path
+):
+    """benchmarks/eval_cost.py on a finished run: both ways timed, their measurements compared."""
+    import importlib.util
+
+    from harmony_mobile.bench.profile import REPO_ROOT
+
+    path = REPO_ROOT / "benchmarks/eval_cost.py"
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    work, _, _ = serial
+    script.main(
+        [
+            str(work / "eval" / "digits-family" / "harmony" / "seed-0"),
+            "--turns",
+            "1",
+            "--out",
+            str(tmp_path / "cost"),
+        ]
+    )
+    report = json.loads((tmp_path / "cost.json").read_text())
+    assert report["identical_results"] is True
+    assert [len(v) for v in report["cpu_seconds"].values()] == [1, 1]
+    assert "Identical results both ways: **yes**" in (tmp_path / "cost.md").read_text()
