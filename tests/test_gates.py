@@ -135,3 +135,28 @@ def test_logit_norm_makes_the_exit_loss_blind_to_the_logits_scale():
     # growing the logits changes the plain CE; LogitNorm's loss stays (up to float rounding)
     assert not torch.isclose(exit_loss(model, images, labels, 1), plain)
     assert torch.isclose(exit_loss(model, images, labels, 1, 0.04), normed, rtol=1e-4)
+
+
+def test_the_report_compares_harmonys_gate_scores_on_validation_and_test():
+    from harmony_mobile.bench.gate_report import gate_score_table
+
+    def row(shift: float, auroc: float) -> dict:
+        curves = {
+            "max_softmax": [0.5 + 0.4 * r + shift for r in FALLBACK_GRID],
+            "prototype": [0.5 + 0.4 * r + shift + 0.02 for r in FALLBACK_GRID],
+        }
+        return {"curve": curves, "auroc": {"max_softmax": auroc, "prototype": auroc + 0.1}}
+
+    runs = []
+    for seed in range(2):
+        val, test = row(0.01 * seed, 0.6), row(0.01 * seed - 0.05, 0.7)
+        gates = {"val": {"p=0.2": val, "p=0.5": val}, "test": {"p=0.2": test, "p=0.5": test}}
+        runs.append(
+            {"setting": "s", "method": "harmony", "seed": seed, "gates": gates | {"exit_rule": "max_softmax"}}
+        )
+    text = "\n".join(gate_score_table({"runs": runs}, "s"))
+    assert "(its own: `max_softmax`)" in text and "mean over 2 seeds" in text
+    # 0.5 + 0.4 r + the seeds' mean shift 0.005 on validation, -0.045 on test; prototype 2 points higher
+    assert "| max_softmax | val | 54.5 | 58.5 | 62.5 | 70.5 | 0.600 |" in text
+    assert "| prototype | test | 51.5 | 55.5 | 59.5 | 67.5 | 0.800 |" in text
+    assert gate_score_table({"runs": [{"setting": "s", "method": "harmony", "seed": 0}]}, "s") == []

@@ -77,7 +77,42 @@ def curve_table(results: dict, setting: str, methods: list[str]) -> list[str]:
             + " | ".join(cells)
             + f" | {extras[0]:.3f} | {100 * extras[1]:.1f} | {100 * extras[2]:.1f} |"
         )
-    return lines + [""] + curve_gap_lines(runs, methods)
+    return lines + [""] + curve_gap_lines(runs, methods) + gate_score_table(results, setting)
+
+
+def _study_rows(run: dict, on: str) -> list[dict]:
+    study = (run.get("gates") or {}).get(on) or {}
+    return [row for key, row in study.items() if key.startswith("p=") and row]
+
+
+def gate_score_table(results: dict, setting: str, method: str = "harmony") -> list[str]:
+    """`method`'s phones gated by each score the gate study records (its own and the others), on
+    validation, where a gate would be picked, and on test: accuracy at the compared fallback rates
+    and OOD AUROC, mean over seeds."""
+    runs = [r for r in results["runs"] if r["setting"] == setting and r["method"] == method]
+    runs = [r for r in runs if _study_rows(r, "val") and _study_rows(r, "test")]
+    if not runs:
+        return []
+    index = [FALLBACK_GRID.index(rate) for rate in COMPARED_RATES]
+    rules = list(_study_rows(runs[0], "test")[0]["curve"])
+    header = " | ".join(f"{rate:.0%}" for rate in COMPARED_RATES)
+    lines = [
+        f"`{method}`'s phones gated by each score (its own: `{gate_rule(runs[0])}`), accuracy with OOD at "
+        f"each fallback rate and OOD AUROC, mean over {len(runs)} seeds; validation is where a gate would "
+        "be picked:",
+        "",
+        f"| score | on | {header} | OOD AUROC |",
+        "|---|---|" + "---|" * (len(COMPARED_RATES) + 1),
+    ]
+    for rule in rules:
+        for on in ("val", "test"):
+            curves = np.array(
+                [np.mean([row["curve"][rule] for row in _study_rows(r, on)], axis=0) for r in runs]
+            )
+            auroc = np.nanmean([np.mean([row["auroc"][rule] for row in _study_rows(r, on)]) for r in runs])
+            cells = " | ".join(f"{100 * curves[:, i].mean():.1f}" for i in index)
+            lines.append(f"| {rule} | {on} | {cells} | {auroc:.3f} |")
+    return lines + [""]
 
 
 def _curves_by_seed(runs: list[dict], method: str) -> dict[int, np.ndarray]:
