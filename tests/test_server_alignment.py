@@ -174,6 +174,33 @@ def test_round_publishes_a_new_default_version(server):
     assert 'harmony_alignment_rounds_total{status="published"} 1.0' in client.get("/metrics").text
 
 
+def count_supcon_calls(monkeypatch) -> list[int]:
+    real, calls = alignment_module.supcon_loss, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(alignment_module, "supcon_loss", counted)
+    return calls
+
+
+def test_supcon_is_neither_computed_nor_reported_by_default(server, monkeypatch):
+    client, _, _ = server
+    calls = count_supcon_calls(monkeypatch)
+    record = wait_for_round(client, client.post(ROUNDS, json=FAST, headers=ADMIN).json()["id"])
+    assert record["status"] == "published" and record["metrics"]["step"] == 12
+    assert "supcon" not in record["metrics"] and calls == []
+
+
+def test_a_round_that_weights_supcon_trains_and_reports_it(server, monkeypatch):
+    client, _, _ = server
+    calls = count_supcon_calls(monkeypatch)
+    weighted = FAST | {"contrastive_weight": 0.5}
+    record = wait_for_round(client, client.post(ROUNDS, json=weighted, headers=ADMIN).json()["id"])
+    assert record["metrics"]["step"] == 12 and len(calls) == 12 and record["metrics"]["supcon"] > 0
+
+
 def test_round_that_would_change_the_class_mapping_is_rejected(server):
     """A large step without distillation moves the back-end far from its slot mapping on the replay
     rows: the replay check stops it."""
@@ -321,20 +348,20 @@ def block_round_at_step(monkeypatch, step: int, then_fail: bool = True):
     """Hold the round inside training at `step` until `release` is set; then fail it (a dead
     process) or, with `then_fail=False`, let it go on."""
     reached, release = threading.Event(), threading.Event()
-    real = alignment_module.supcon_loss
+    real = alignment_module._slot_losses
     calls = 0
 
     def blocking(*args, **kwargs):
         nonlocal calls
         calls += 1
-        if calls == step + 1:  # call 1 is the held-out 'before' measurement
+        if calls == step + 1:  # one call per training step, from step 0
             reached.set()
             release.wait(60)
             if then_fail:
                 raise RuntimeError("the process died here")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(alignment_module, "supcon_loss", blocking)
+    monkeypatch.setattr(alignment_module, "_slot_losses", blocking)
     return reached, release
 
 
@@ -408,7 +435,7 @@ def test_shutdown_during_a_round_marks_it_interrupted(tmp_path, monkeypatch):
     app = create_app(settings)
     stopping = app.state.harmony.alignment._stopping
     reached = threading.Event()
-    real = alignment_module.supcon_loss
+    real = alignment_module._slot_losses
     calls = 0
 
     def wait_for_shutdown(*args, **kwargs):
@@ -419,7 +446,7 @@ def test_shutdown_during_a_round_marks_it_interrupted(tmp_path, monkeypatch):
             stopping.wait(30)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(alignment_module, "supcon_loss", wait_for_shutdown)
+    monkeypatch.setattr(alignment_module, "_slot_losses", wait_for_shutdown)
     with TestClient(app) as client:
         device = enrol(client)
         store_uploads(client, device, uploads=2)

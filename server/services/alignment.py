@@ -257,10 +257,10 @@ def _train_student(
         if cancelled():
             raise RoundCancelled("the server is shutting down")
         batch = _sample(train, params.batch_size, generator)
-        penultimate = student.features(data.features[batch])
-        ce = F.cross_entropy(student.classifier(penultimate) + data.masks[batch], data.slots[batch])
-        contrastive = supcon_loss(projection(penultimate), data.slots[batch], params.temperature)
-        loss = params.ce_weight * ce + params.contrastive_weight * contrastive
+        ce, contrastive = _slot_losses(student, projection, data, batch, params)
+        loss = params.ce_weight * ce + (
+            0.0 if contrastive is None else params.contrastive_weight * contrastive
+        )
         if distill_on:
             replay_batch = _sample(replay_train, params.batch_size, generator)
             distill = distillation_loss(
@@ -273,11 +273,23 @@ def _train_student(
         loss.backward()
         optimizer.step()
         if (step + 1) % report_every == 0 or step + 1 == params.steps:
-            metrics.update(step=step + 1, slot_ce=ce.item(), supcon=contrastive.item())
+            metrics.update(step=step + 1, slot_ce=ce.item())
+            if contrastive is not None:
+                metrics["supcon"] = contrastive.item()
             if distill_on:
                 metrics["distill"] = distill.item()
             progress((step + 1) / params.steps, dict(metrics))
     return student.eval(), projection.eval()
+
+
+def _slot_losses(student, projection, data, batch, params) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The slot CE of a batch, and its SupCon loss when it is weighted (None at weight 0: the
+    projection's forward and the pairwise similarities would cost each step for nothing)."""
+    penultimate = student.features(data.features[batch])
+    ce = F.cross_entropy(student.classifier(penultimate) + data.masks[batch], data.slots[batch])
+    if params.contrastive_weight <= 0:
+        return ce, None
+    return ce, supcon_loss(projection(penultimate), data.slots[batch], params.temperature)
 
 
 def _publish_check(
