@@ -5,7 +5,9 @@ fraction and the alignment score (`evaluation.evaluate`), then validation, the u
 the gate study (`bench/hooks.py`). Their samples overlap, and `evaluation.ClientAnswers` computes
 each image's answer once per client for all of them. This script times that path against the same
 measurements with every request computing its own forward pass (as the code did before the answers
-were shared), in turns on the same finished run, and checks that both give the same numbers.
+were shared), in turns on the same finished run, and checks that both give the same numbers. The
+unshared way is a little dearer than the old code was: its alignment score's requests also run the
+back-end's slot scores, where the old code ran the front-end and `g`'s features only.
 
     .venv/bin/python benchmarks/eval_cost.py RUN_DIR [--turns 3]
 
@@ -113,7 +115,10 @@ def write(report: dict, out: Path) -> None:
             for mode in ("shared", "unshared")
         )
         + f"\nShared / unshared: **{report['ratio']:.2f} x**. Identical results both ways: "
-        f"**{'yes' if report['identical_results'] else 'no'}**.\n"
+        f"**{'yes' if report['identical_results'] else 'no'}**.\n\n"
+        "The unshared way is a little dearer than the code before the change was: its alignment score's "
+        "requests also run the back-end's slot scores, where that code ran the front-end and `g`'s "
+        "features only.\n"
     )
     out.with_suffix(".md").write_text(text)
     print(text)

@@ -96,7 +96,6 @@ class ClientAnswers:
     def __init__(self, client: Client, backend: BackendWithSlots | None, images):
         self.client, self.backend, self.images = client, backend, images
         self._row_of: dict[int, int] = {}  # image index -> row of the computed answers
-        self._parts: list[tuple[torch.Tensor, ...]] = []
         self._rows: tuple[torch.Tensor, ...] | None = None
 
     @torch.no_grad()
@@ -108,12 +107,12 @@ class ClientAnswers:
     def _gather(self, index) -> tuple[torch.Tensor, ...]:
         index = np.asarray(index, dtype=np.int64).reshape(-1)
         missing = [int(i) for i in np.unique(index) if int(i) not in self._row_of]
-        if missing:
+        if missing or self._rows is None:  # the first request computes, even an empty one
             self._row_of.update({i: len(self._row_of) + k for k, i in enumerate(missing)})
-            self._parts.append(self._answer(self.images[np.asarray(missing, dtype=np.int64)]))
-            self._rows = None
-        if self._rows is None:
-            self._rows = tuple(torch.cat(columns) for columns in zip(*self._parts, strict=True))
+            new = self._answer(self.images[np.asarray(missing, dtype=np.int64)])
+            known = self._rows or tuple(column[:0] for column in new)
+            # one copy of the answers: the parts are not kept beside their concatenation
+            self._rows = tuple(torch.cat(pair) for pair in zip(known, new, strict=True))
         rows = torch.as_tensor([self._row_of[int(i)] for i in index], dtype=torch.long)
         return tuple(column[rows] for column in self._rows)
 
@@ -260,6 +259,8 @@ def evaluate_client_at(
 ) -> dict[str, dict[str, float]]:
     """One client's metrics at every OOD fraction (what a client reports in federated evaluation)."""
     answers = answers or ClientAnswers(client, backend, setting.images)
+    if answers.client is not client or answers.backend is not backend:
+        raise ValueError(f"the answers given are not {client.name}'s with this back-end")
     return {f"p={p:g}": evaluate_client(client, backend, setting, p, answers) for p in setting.ood_fractions}
 
 

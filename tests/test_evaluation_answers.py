@@ -42,7 +42,7 @@ def overlapping_requests(n_images: int) -> list[np.ndarray]:
 
 def test_cached_answers_match_a_direct_forward_pass_for_every_request(federation):
     dataset, clients, served = federation
-    for client in clients[::4]:  # one client of each tier
+    for client in clients[::3]:  # one client of each tier
         answers = ClientAnswers(client, served, dataset.images)
         for index in overlapping_requests(len(dataset.images)):
             direct = predict(client, served, dataset.images[index])
@@ -81,3 +81,22 @@ def test_a_method_without_a_back_end_answers_with_its_full_model(federation):
     assert all(torch.equal(direct[key], cached[key]) for key in direct) and direct.keys() == cached.keys()
     with pytest.raises(ValueError, match="no split answers"):
         answers.split(index)
+
+
+def test_an_empty_request_gets_empty_answers_first_or_later(federation):
+    dataset, clients, served = federation
+    empty = np.array([], dtype=np.int64)
+    for backend in (served, None):
+        answers = ClientAnswers(clients[0], backend, dataset.images)
+        assert all(len(v) == 0 for v in answers.predict(empty).values())
+        answers.predict(np.array([3, 1]))
+        assert all(len(v) == 0 for v in answers.predict(empty).values())
+
+
+def test_another_clients_answers_are_refused(federation):
+    from harmony_mobile.evaluation import EvaluationSetting, evaluate_client_at
+
+    dataset, clients, served = federation
+    setting = EvaluationSetting(dataset.images, dataset.labels, None, 0)
+    with pytest.raises(ValueError, match="not .*'s with this back-end"):
+        evaluate_client_at(clients[0], served, setting, ClientAnswers(clients[1], served, dataset.images))

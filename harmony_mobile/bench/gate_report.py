@@ -77,7 +77,8 @@ def curve_table(results: dict, setting: str, methods: list[str]) -> list[str]:
             + " | ".join(cells)
             + f" | {extras[0]:.3f} | {100 * extras[1]:.1f} | {100 * extras[2]:.1f} |"
         )
-    return lines + [""] + curve_gap_lines(runs, methods) + gate_score_table(results, setting)
+    method = ((results.get("profile") or {}).get("targets") or {}).get("method", "harmony")
+    return lines + [""] + curve_gap_lines(runs, methods) + gate_score_table(results, setting, method)
 
 
 def _study_rows(run: dict, on: str) -> list[dict]:
@@ -109,7 +110,7 @@ def gate_score_table(results: dict, setting: str, method: str = "harmony") -> li
             curves = np.array(
                 [np.mean([row["curve"][rule] for row in _study_rows(r, on)], axis=0) for r in runs]
             )
-            auroc = np.nanmean([np.mean([row["auroc"][rule] for row in _study_rows(r, on)]) for r in runs])
+            auroc = np.nanmean([row["auroc"][rule] for r in runs for row in _study_rows(r, on)])
             cells = " | ".join(f"{100 * curves[:, i].mean():.1f}" for i in index)
             lines.append(f"| {rule} | {on} | {cells} | {auroc:.3f} |")
     return lines + [""]

@@ -173,6 +173,11 @@ class BenchProfile(BaseModel):
     latency: LatencySpec | None = None
     pca: PcaSpec = PcaSpec()
     time_limit_minutes: float | None = None
+    time_goal_covers: Literal["all", "evaluation"] = Field(
+        default="all",
+        description="the runs the time goal covers: every run, or the evaluation runs alone when the "
+        "tuning and budget-check records are committed and read back instead of rerun",
+    )
     notes: str = Field(default="", description="markdown appended to the report (what was tuned and how)")
 
     @model_validator(mode="after")

@@ -780,38 +780,55 @@ def command_line(results: dict) -> str:
     return command
 
 
+def _stages(results: dict) -> list[dict]:
+    return [results["tuning"], results.get("budget_check") or {}]
+
+
 def time_line(results: dict) -> str:
-    """How long the profile's evaluation runs take, from their own wall and CPU times (kept in the run
-    records, so a profile finished over several resumed invocations still counts every run), and
-    the tuning and budget-check studies beside them. The time goal is the evaluation runs': the
-    studies' records are committed and read back, not rerun, each time the profile is."""
+    """How long the profile's runs take, from their own wall and CPU times (kept in the run records,
+    so a profile finished over several resumed invocations still counts every run), against its
+    time goal. The goal covers every run, or with `time_goal_covers: evaluation` the evaluation runs
+    alone: a profile whose tuning and budget-check records are committed and read back, not rerun,
+    states the studies' time beside the goal instead."""
     jobs = results.get("machine", {}).get("jobs", 1)
     runs = results["runs"]
-    wall = sum(r["wall_seconds"] for r in runs)
-    text = f"The evaluation runs took {wall / 3600:.1f} h summed, about {wall / 60 / jobs:.0f} min with {jobs} job(s)"
-    cpu = sum_known([r.get("cpu_seconds") for r in runs])
+    evaluation_only = results["profile"].get("time_goal_covers", "all") == "evaluation"
+    stages = [] if evaluation_only else _stages(results)
+    wall = sum(stage.get("run_wall_seconds", 0.0) for stage in stages) + sum(r["wall_seconds"] for r in runs)
+    cpu = sum_known(
+        [*(stage.get("run_cpu_seconds", 0.0 if not stage else None) for stage in stages)]
+        + [r.get("cpu_seconds") for r in runs]
+    )
+    which = "evaluation runs" if evaluation_only else "training runs"
+    text = f"The {which} took {wall / 3600:.1f} h summed, about {wall / 60 / jobs:.0f} min with {jobs} job(s)"
     if cpu is not None:  # each run uses one thread: with `jobs` idle cores, its CPU time is its wall time
         text += (
             f"; their CPU time, {cpu / 60:.0f} min summed, is about {cpu / 60 / jobs:.0f} min with {jobs} job(s) "
             "on otherwise idle cores (wall times also count other work sharing the machine)"
         )
-    judged_minutes = (wall if cpu is None else cpu) / 60 / jobs
+    text += _goal_clause(
+        results, (wall if cpu is None else cpu) / 60 / jobs, cpu is not None, evaluation_only
+    )
+    return text + "." + (" " + studies_time_line(results, jobs) if evaluation_only else "")
+
+
+def _goal_clause(results: dict, minutes: float, on_cpu: bool, evaluation_only: bool) -> str:
     limit = results["profile"].get("time_limit_minutes")
-    judged = ", judged on CPU time" if cpu is not None else ""
-    whole_profile = "narrowed" in results and not any(results["narrowed"].values())
-    if limit and whole_profile:
-        verdict = "met" if judged_minutes <= limit else "**not met**"
-        text += f" (goal: within {limit:.0f} min{judged}: {verdict})"
-    elif limit:
-        text += f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
-    return text + ". " + studies_time_line(results, jobs)
+    if not limit:
+        return ""
+    # results of older code kept neither the narrowing nor the tuning's run time: not judged either
+    recorded = "narrowed" in results and (evaluation_only or "run_wall_seconds" in results["tuning"])
+    if not (recorded and not any(results["narrowed"].values())):
+        return f" (the {limit:.0f}-minute goal is for the whole profile, not judged on a partial run)"
+    verdict = "met" if minutes <= limit else "**not met**"
+    return f" (goal: within {limit:.0f} min{', judged on CPU time' if on_cpu else ''}: {verdict})"
 
 
 def studies_time_line(results: dict, jobs: int) -> str:
     """The tuning and budget-check runs' time: made once, then read back from their records."""
     parts = []
-    for name, study in (("tuning", results["tuning"]), ("budget check", results.get("budget_check"))):
-        if study and "run_wall_seconds" in study:
+    for name, study in zip(("tuning", "budget check"), _stages(results), strict=True):
+        if "run_wall_seconds" in study:
             cpu = study.get("run_cpu_seconds")
             seconds, kind = (study["run_wall_seconds"], "wall") if cpu is None else (cpu, "CPU")
             parts.append(
@@ -819,7 +836,7 @@ def studies_time_line(results: dict, jobs: int) -> str:
             )
     if not parts:
         return ""
-    return "The studies read back from their records, not part of the goal: " + "; ".join(parts) + "."
+    return "The studies whose records the profile reads back, outside the goal: " + "; ".join(parts) + "."
 
 
 def extended(results: dict) -> bool:
