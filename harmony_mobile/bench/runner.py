@@ -99,8 +99,7 @@ def run_one(
     if resume and record_file.is_file():
         record = json.loads(record_file.read_text())
         has_files = not spec.keeps_files or (run_path / "run.json").is_file()
-        same = same_training(record.get("train_config"), config.model_dump())
-        if same and record.get("algorithm_settings") == settings and has_files:
+        if is_recorded_run(record, config.model_dump(), settings) and has_files:
             return {**record, "reused": True}
     if run_path.exists():
         shutil.rmtree(run_path)
@@ -151,6 +150,12 @@ def same_training(recorded: dict | None, config: dict) -> bool:
     benchmarks/configs: a work dir made in another checkout records that checkout's absolute path.
     Never by the file's content (an edited tiers file must get a new name, or a fresh work dir)."""
     return recorded is not None and repo_relative(recorded) == repo_relative(config)
+
+
+def is_recorded_run(record: dict, config: dict, settings: dict) -> bool:
+    """Whether `record` is the run of training `config` with the method's full `settings`: what
+    `--resume` reads back and `--reuse-runs-from` copies, and nothing else."""
+    return same_training(record.get("train_config"), config) and record.get("algorithm_settings") == settings
 
 
 def _round_metrics(run_path: Path) -> list[dict]:
@@ -307,7 +312,9 @@ def copy_recorded_runs(
             or path.exists()
             or (spec.setting.name, spec.method, spec.seed) in recorded.needs_files
             # a record that does not say every setting it trained with may predate a default
-            or record.get("algorithm_settings") != algorithm_settings(spec.method, config["algorithm_config"])
+            or not is_recorded_run(
+                record, config, algorithm_settings(spec.method, config["algorithm_config"])
+            )
         ):
             continue
         copy = {k: v for k, v in record.items() if k != "reused"} | {"train_config": config}
