@@ -77,12 +77,7 @@ def predict(
 
     Without a back-end (no-split baselines) the full local model answers everything."""
     if backend is None:
-        local = client.model.classify_full(images).argmax(dim=1)
-        return {
-            "prediction": local,
-            "exits": torch.ones(len(images), dtype=torch.bool),
-            "exit_prediction": local,
-        }
+        return _local_only(client.model.classify_full(images).argmax(dim=1))
     return _route(client, split_answers(client, backend, images), exit_rule)
 
 
@@ -125,13 +120,13 @@ class ClientAnswers:
     def predict(self, index, exit_rule: str = "max_softmax") -> dict[str, torch.Tensor]:
         """`predict` for the images at `index`."""
         if self.backend is None:
-            (local,) = self._gather(index)
-            return {
-                "prediction": local,
-                "exits": torch.ones(len(local), dtype=torch.bool),
-                "exit_prediction": local,
-            }
+            return _local_only(*self._gather(index))
         return _route(self.client, self.split(index), exit_rule)
+
+
+def _local_only(local: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A method without a back-end: its full model answers every sample."""
+    return {"prediction": local, "exits": torch.ones(len(local), dtype=torch.bool), "exit_prediction": local}
 
 
 def _route(client: Client, answers: SplitAnswers, exit_rule: str) -> dict[str, torch.Tensor]:

@@ -25,10 +25,15 @@ def gate_rule(run: dict) -> str:
     return (run.get("gates") or {}).get("exit_rule", "max_softmax")
 
 
+def _study_rows(run: dict, on: str) -> list[dict]:
+    """The run's gate study rows on `on` ("test" or "val"), one per OOD fraction."""
+    study = (run.get("gates") or {}).get(on) or {}
+    return [row for key, row in study.items() if key.startswith("p=") and row]
+
+
 def _test_rows(run: dict) -> list[dict]:
     """The run's gate study rows on test, one per OOD fraction (none for a run without a gate)."""
-    study = (run.get("gates") or {}).get("test") or {}
-    return [row for key, row in study.items() if key.startswith("p=") and row]
+    return _study_rows(run, "test")
 
 
 def run_curve(run: dict, rule: str | None = None) -> np.ndarray | None:
@@ -79,11 +84,6 @@ def curve_table(results: dict, setting: str, methods: list[str]) -> list[str]:
         )
     method = ((results.get("profile") or {}).get("targets") or {}).get("method", "harmony")
     return lines + [""] + curve_gap_lines(runs, methods) + gate_score_table(results, setting, method)
-
-
-def _study_rows(run: dict, on: str) -> list[dict]:
-    study = (run.get("gates") or {}).get(on) or {}
-    return [row for key, row in study.items() if key.startswith("p=") and row]
 
 
 def gate_score_table(results: dict, setting: str, method: str = "harmony") -> list[str]:
