@@ -7,7 +7,13 @@ import pytest
 import torch
 import yaml
 
-from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold, split_step
+from harmony_mobile.algorithms.base import (
+    calibrate_client,
+    calibrate_threshold,
+    exit_loss,
+    exit_loss_and_activation,
+    split_step,
+)
 from harmony_mobile.algorithms.harmony import RoundModels, parameter_distance
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
@@ -94,17 +100,18 @@ def round_models_of_a_depth_3_client(overrides: dict, personalize):
 
 def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization():
     # theta' - theta = 1 everywhere, so variant - theta = beta
-    algo, client, models = round_models_of_a_depth_3_client({"weight_noise": 0.0}, lambda p: p.add_(1.0))
-    variant = models.variant
+    overrides = {"weight_noise": 0.0, "meta": True}
+    algo, client, models = round_models_of_a_depth_3_client(overrides, lambda p: p.add_(1.0))
     generator = torch.Generator().manual_seed(0)
     depths, betas = set(), []
     for _ in range(60):
         depth, noise = algo._sample_variant(client, models, 1.0, generator)
         depths.add(depth)
         assert noise == 0.0  # weight_noise = 0: the measured noise is none
-        betas.append(
-            (variant.connectors["1"].conv.bias - client.model.connectors["1"].conv.bias).mean().item()
-        )
+        # every depth runs stage 1 and that depth's connector, so the sampler writes both
+        for name in ("stages.0.1.conv1.bias", f"connectors.{depth}.conv.bias"):
+            assert name in models.run_at_depth(depth)
+            betas.append((models.variant_params[name] - models.theta_params[name]).mean().item())
     assert depths == {1, 2, 3}
     assert min(betas) >= 0 and max(betas) <= algo.config.beta_max + 1e-5
     assert max(betas) > 1.0  # extrapolation beyond the personalized point happens
@@ -115,16 +122,19 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
 
 def test_a_configured_path_length_moves_the_variants_that_far_along_the_personalization_path():
     # a path 0.1 % of theta's norm long
-    overrides = {"weight_noise": 0.0, "path_length": 0.1}
+    overrides = {"weight_noise": 0.0, "path_length": 0.1, "meta": True}
     algo, client, models = round_models_of_a_depth_3_client(overrides, lambda p: p.mul_(1.001))
     scale = algo._path_scale(models)
     assert scale == pytest.approx(100.0, rel=1e-4)  # stretched to 10 % of ||theta||
-    algo._sample_variant(client, models, scale, torch.Generator().manual_seed(0))
-    held = models.held
-    moved = sum(float((models.variant_params[n] - p).detach().pow(2).sum()) for n, p in held.items()) ** 0.5
-    theta_norm = sum(float(p.detach().pow(2).sum()) for p in held.values()) ** 0.5
-    # the variant sits beta_v times the configured length from theta, beta_v the sampler's first draw
-    beta = float(torch.rand((), generator=torch.Generator().manual_seed(0))) * algo.config.beta_max
+    depth, _ = algo._sample_variant(client, models, scale, torch.Generator().manual_seed(0))
+    run = {n: models.theta_params[n] for n in models.run_at_depth(depth)}
+    moved = sum(float((models.variant_params[n] - p).detach().pow(2).sum()) for n, p in run.items()) ** 0.5
+    theta_norm = sum(float(p.detach().pow(2).sum()) for p in run.values()) ** 0.5
+    # the variant sits beta_v times the configured length from theta; the sampler draws the depth,
+    # then beta_v
+    draws = torch.Generator().manual_seed(0)
+    torch.randint(1, client.split_depth + 1, (), generator=draws)
+    beta = float(torch.rand((), generator=draws)) * algo.config.beta_max
     assert moved / theta_norm == pytest.approx(beta * 0.1, rel=1e-3)
     # an empty path (the inner loop off) is not stretched: the variants stay theta plus noise
     models.adapted.load_state_dict(client.model.state_dict())
@@ -136,6 +146,49 @@ def test_a_configured_path_length_moves_the_variants_that_far_along_the_personal
     assert 0.0 < parameter_distance(models) and algo._path_scale(models) == 1.0
     # and without the setting the path keeps the inner loop's own length
     assert tiny_federation().algorithm._path_scale(models) == 1.0
+
+
+def test_one_backward_of_the_exit_loss_and_the_server_gradient_equals_the_two_pass_step():
+    """Personalization (and SplitGP's step) back-propagate the exit loss and dL_srv/dz of one forward
+    pass together: the gradients a front-end gets must be the two-pass step's."""
+    federation = tiny_federation()
+    client = next(c for c in federation.clients if c.split_depth == 3)
+    federation.broadcast(client)
+    images, labels = client.batch(16, torch.Generator().manual_seed(2))
+    depths = (3,) * len(labels)
+    grads = []
+    for one_pass in (False, True):
+        model = copy.deepcopy(client.model)
+        if one_pass:
+            loss, activation = exit_loss_and_activation(model, images, labels, 3)
+            features = model.connectors["3"](activation)
+            split_step(client, federation.server, features, labels, depths, -1, 0.7, False, client_loss=loss)
+        else:
+            exit_loss(model, images, labels, 3).backward()
+            _, features = model(images, 3)
+            split_step(client, federation.server, features, labels, depths, -1, 0.7, update_server=False)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    two_pass, one_pass = grads
+    assert two_pass.keys() == one_pass.keys() and any(n.startswith("connectors.3.") for n in one_pass)
+    for name, grad in two_pass.items():
+        torch.testing.assert_close(one_pass[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_variant_is_written_where_its_depth_runs_and_nowhere_else():
+    algo, client, models = round_models_of_a_depth_3_client({}, lambda p: None)
+    before = {n: p.detach().clone() for n, p in models.variant_params.items()}
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        depth, noise = algo._sample_variant(client, models, 1.0, generator)
+        run = set(models.run_at_depth(depth))
+        assert noise > 0 and any(n.startswith(f"stages.{depth - 1}.") for n in run)
+        for name, p in models.variant_params.items():
+            if name in run:  # theta with multiplicative noise: near theta, and not equal where nonzero
+                assert name.endswith("bias") or not torch.equal(p, models.theta_params[name])
+                torch.testing.assert_close(p, models.theta_params[name], rtol=0.2, atol=0.2)
+            else:
+                assert torch.equal(p, before[name]), name
+        before = {n: p.detach().clone() for n, p in models.variant_params.items()}
 
 
 def test_a_round_on_reused_working_copies_equals_a_round_on_fresh_copies():

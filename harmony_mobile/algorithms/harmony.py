@@ -219,8 +219,6 @@ class Harmony(SplitMethod):
             optimizer.zero_grad()
             if c.meta:
                 self._personalize_inner(client, models, *support)
-            else:
-                reset_to(models.adapted, client.model)
             step = {"exit_loss": self._meta_gradient(client, models, query_x, query_y)}
             step |= self._variant_steps(client, server, models, query_x, query_y, round_id, generator)
             optimizer.step()
@@ -244,15 +242,19 @@ class Harmony(SplitMethod):
         return RoundModels(client.model, *copies, client.held_parameters())
 
     def _meta_gradient(self, client: Client, models: RoundModels, query_x, query_y) -> float:
-        """First-order meta-gradient of the query exit loss, taken at theta', written into theta's grads."""
-        models.adapted.zero_grad()
-        query_loss = exit_loss(
-            models.adapted, query_x, query_y, client.split_depth, self.config.exit_logit_norm
-        )
+        """First-order meta-gradient of the query exit loss, taken at theta', written into theta's
+        grads. Without the inner loop theta' = theta, so it is taken at theta in place."""
+        at = models.adapted if self.config.meta else models.theta
+        at.zero_grad()
+        query_loss = exit_loss(at, query_x, query_y, client.split_depth, self.config.exit_logit_norm)
         query_loss.backward()
-        for name, p in models.held.items():
-            grad = models.adapted_params[name].grad  # None for connectors: the exit loss does not reach them
-            p.grad = grad.clone() if grad is not None else torch.zeros_like(p)
+        if self.config.meta:
+            for name, p in models.held.items():
+                grad = models.adapted_params[name].grad
+                p.grad = grad.clone() if grad is not None else None
+        for p in models.held.values():
+            if p.grad is None:  # connectors: the exit loss does not reach them
+                p.grad = torch.zeros_like(p)
         return query_loss.item()
 
     def _variant_steps(
@@ -283,7 +285,7 @@ class Harmony(SplitMethod):
                     p.grad += variant_params[name].grad / c.variants
         return {
             "server_ce": server_loss,
-            "path_norm": path_scale * parameter_distance(models),
+            "path_norm": path_scale * parameter_distance(models) if c.meta else 0.0,
             "noise_norm": noise_norm,
             "variant_spread": variant_spread(features_by_variant, query_y),
         }
@@ -302,7 +304,7 @@ class Harmony(SplitMethod):
     def _path_scale(self, models: RoundModels) -> float:
         """What the variants multiply theta' - theta by so that the path has the configured length
         (1 without `path_length`, and for an empty path: nothing to scale)."""
-        if self.config.path_length is None:
+        if self.config.path_length is None or not self.config.meta:
             return 1.0
         path = parameter_distance(models)
         theta_norm = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in models.held.values()))
@@ -316,23 +318,23 @@ class Harmony(SplitMethod):
         self, client: Client, models: RoundModels, path_scale: float, generator: torch.Generator
     ) -> tuple[int, float]:
         """Load one simulated extractor, theta + beta_v * path_scale * (theta' - theta) with weight
-        noise, into theta_v; returns its split depth and the norm of the weight noise drawn for it
-        (over the parameters the client holds)."""
+        noise, into the parameters of theta_v its split depth runs (stages 1..depth and that depth's
+        connector; the rest of theta_v is never run this step). Returns the depth and the norm of
+        the weight noise drawn for it."""
         c = self.config
-        beta = float(torch.rand((), generator=generator)) * c.beta_max * path_scale
-        noise_sq = 0.0
-        for name, p in models.variant_params.items():
-            theta = models.theta_params[name]
-            value = theta + beta * (models.adapted_params[name] - theta)
-            if c.weight_noise > 0:
-                noise = value * c.weight_noise * torch.randn(value.shape, generator=generator)
-                value = value + noise
-                if name in models.held:
-                    noise_sq += float(noise.pow(2).sum())
-            p.copy_(value)
         depth = client.split_depth
         if c.random_split_depth:
             depth = int(torch.randint(1, client.split_depth + 1, (), generator=generator))
+        beta = float(torch.rand((), generator=generator)) * c.beta_max * path_scale if c.meta else 0.0
+        noise_sq = 0.0
+        for name in models.run_at_depth(depth):
+            theta = models.theta_params[name]
+            value = theta + beta * (models.adapted_params[name] - theta) if c.meta else theta
+            if c.weight_noise > 0:
+                noise = value * c.weight_noise * torch.randn(value.shape, generator=generator)
+                value = value + noise
+                noise_sq += float(noise.pow(2).sum())
+            models.variant_params[name].copy_(value)
         return depth, math.sqrt(noise_sq)
 
     aggregate = staticmethod(aggregate_by_parameter)
@@ -368,6 +370,12 @@ class RoundModels:
         self.theta_params = dict(self.theta.named_parameters())
         self.adapted_params = dict(self.adapted.named_parameters())
         self.variant_params = dict(self.variant.named_parameters())
+
+    def run_at_depth(self, depth: int) -> list[str]:
+        """Names of the parameters an extractor split at `depth` runs: stages 1..depth and the
+        connector of that depth (what `extract` and `connectors[depth]` read)."""
+        prefixes = tuple(f"stages.{i}." for i in range(depth)) + (f"connectors.{depth}.",)
+        return [name for name in self.theta_params if name.startswith(prefixes)]
 
 
 @torch.no_grad()
