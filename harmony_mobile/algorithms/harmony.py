@@ -231,22 +231,27 @@ class Harmony(SplitMethod):
         return client_update(client, round_id, metrics)
 
     def _round_models(self, client: Client) -> RoundModels:
-        """theta (the client's model), theta' and theta_v for one round, the copies equal to theta."""
+        """theta (the client's model), theta' and theta_v for one round, the copies equal to theta.
+        Without the inner loop theta' is theta itself, not a copy that would go stale as theta steps."""
         copies = self._working_copies.get(client.model)
         if copies is None:
             copies = (copy.deepcopy(client.model), copy.deepcopy(client.model))
             self._working_copies[client.model] = copies
+        adapted, variant = copies
+        reset_to(variant, client.model)
+        if self.config.meta:
+            reset_to(adapted, client.model)
         else:
-            for working_copy in copies:
-                reset_to(working_copy, client.model)
-        return RoundModels(client.model, *copies, client.held_parameters())
+            adapted = client.model
+        return RoundModels(client.model, adapted, variant, client.held_parameters())
 
     def _meta_gradient(self, client: Client, models: RoundModels, query_x, query_y) -> float:
         """First-order meta-gradient of the query exit loss, taken at theta', written into theta's
-        grads. Without the inner loop theta' = theta, so it is taken at theta in place."""
-        at = models.adapted if self.config.meta else models.theta
-        at.zero_grad()
-        query_loss = exit_loss(at, query_x, query_y, client.split_depth, self.config.exit_logit_norm)
+        grads (without the inner loop theta' is theta: they land there directly)."""
+        models.adapted.zero_grad()
+        query_loss = exit_loss(
+            models.adapted, query_x, query_y, client.split_depth, self.config.exit_logit_norm
+        )
         query_loss.backward()
         if self.config.meta:
             for name, p in models.held.items():
@@ -264,12 +269,13 @@ class Harmony(SplitMethod):
         theta's grads and returns the step's server loss and diversity measurements."""
         c = self.config
         variant, variant_params = models.variant, models.variant_params
-        server_loss = noise_norm = 0.0
+        server_loss = noise_norm = path_norm = 0.0
         features_by_variant = []
         path_scale = self._path_scale(models)
         for _ in range(c.variants):
-            depth, noise = self._sample_variant(client, models, path_scale, generator)
+            depth, noise, path = self._sample_variant(client, models, path_scale, generator)
             noise_norm += noise / c.variants
+            path_norm += path / c.variants
             variant.zero_grad()
             activation = variant.extract(query_x, depth)
             if c.channel_drop > 0:
@@ -285,7 +291,7 @@ class Harmony(SplitMethod):
                     p.grad += variant_params[name].grad / c.variants
         return {
             "server_ce": server_loss,
-            "path_norm": path_scale * parameter_distance(models) if c.meta else 0.0,
+            "path_norm": path_norm,
             "noise_norm": noise_norm,
             "variant_spread": variant_spread(features_by_variant, query_y),
         }
@@ -316,26 +322,29 @@ class Harmony(SplitMethod):
     @torch.no_grad()
     def _sample_variant(
         self, client: Client, models: RoundModels, path_scale: float, generator: torch.Generator
-    ) -> tuple[int, float]:
+    ) -> tuple[int, float, float]:
         """Load one simulated extractor, theta + beta_v * path_scale * (theta' - theta) with weight
         noise, into the parameters of theta_v its split depth runs (stages 1..depth and that depth's
-        connector; the rest of theta_v is never run this step). Returns the depth and the norm of
-        the weight noise drawn for it."""
+        connector; the rest of theta_v is never run this step). Returns the depth and, over those
+        parameters, the norms of the weight noise drawn and of the (scaled) path theta' - theta."""
         c = self.config
         depth = client.split_depth
         if c.random_split_depth:
             depth = int(torch.randint(1, client.split_depth + 1, (), generator=generator))
         beta = float(torch.rand((), generator=generator)) * c.beta_max * path_scale if c.meta else 0.0
-        noise_sq = 0.0
+        noise_sq = path_sq = 0.0
         for name in models.run_at_depth(depth):
-            theta = models.theta_params[name]
-            value = theta + beta * (models.adapted_params[name] - theta) if c.meta else theta
+            value = theta = models.theta_params[name]
+            if c.meta:  # without it theta' is theta: no path
+                path = models.adapted_params[name] - theta
+                path_sq += float(path.pow(2).sum())
+                value = theta + beta * path
             if c.weight_noise > 0:
                 noise = value * c.weight_noise * torch.randn(value.shape, generator=generator)
                 value = value + noise
                 noise_sq += float(noise.pow(2).sum())
             models.variant_params[name].copy_(value)
-        return depth, math.sqrt(noise_sq)
+        return depth, math.sqrt(noise_sq), path_scale * math.sqrt(path_sq)
 
     aggregate = staticmethod(aggregate_by_parameter)
 

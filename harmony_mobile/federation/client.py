@@ -33,9 +33,9 @@ cached_epoch_key = functools.lru_cache(maxsize=64)(epoch_key)
 
 
 # Families whose training step runs faster with weights (hence activations) in channels_last: the
-# depthwise and 1x1 convolutions of MobileNet blocks, 0.71-0.77x on CPU (benchmarks/results/step_cost.md);
-# the plain 3x3 convolutions of the others gain nothing. Same numbers up to float rounding; only
-# the trained model's memory layout changes (what is saved or sent is layout-free).
+# depthwise and 1x1 convolutions of MobileNet blocks, 0.77x for a full-depth step on CPU (benchmarks/results/step_cost.md);
+# the plain 3x3 convolutions of the others gain nothing. Same numbers up to float rounding; what
+# is sent is made contiguous (`release`), and saved weights are read back by copying values.
 CHANNELS_LAST_FAMILIES = frozenset({"mobilenet"})
 
 
@@ -142,8 +142,8 @@ class Client:
         """Features of training samples `index` as they may leave the phone: clipped and noised when
         those options are on, and counted for the DP accountant. Every feature row that leaves goes
         through here (uploads and the replay set)."""
-        # what leaves the phone has no memory layout (a model trained in channels_last makes its z
-        # channels_last): the server computes the same on it whether it came in process or by wire
+        # what leaves the phone is contiguous (a model trained in channels_last makes its z
+        # channels_last): the server trains on the same tensor in process as by wire
         sent = privatize_features(
             features.contiguous(), self.privacy.feature_clip, self.privacy.noise_multiplier, self._noise
         )
