@@ -28,7 +28,9 @@ def one_round(name: str, client_index: int = 3, supcon: bool = True):
     returns what the server received, the server's softmax masks, the inner-loop calls and the round's
     metrics. `supcon`: with SupCon on (off by default), so that a switch shown to leave it running
     is shown to gate only its own mechanism."""
-    federation = tiny_federation(name, {"contrastive_weight": 0.5} if supcon else {})
+    # 6 local steps: 12 variant depths drawn, so a random split depth shows every depth 1..3
+    overrides = {"local_steps": 6} | ({"contrastive_weight": 0.5} if supcon else {})
+    federation = tiny_federation(name, overrides)
     client = federation.clients[client_index]
     federation.server.start_round(0)
     other = federation.clients[1]  # another family first: the server then has rows to align across

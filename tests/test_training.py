@@ -7,7 +7,14 @@ import pytest
 import torch
 import yaml
 
-from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold, split_step
+from harmony_mobile.algorithms.base import (
+    calibrate_client,
+    calibrate_threshold,
+    exit_loss,
+    exit_loss_and_activation,
+    personalize_split,
+    split_step,
+)
 from harmony_mobile.algorithms.harmony import RoundModels, parameter_distance
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import load_dataset
@@ -94,17 +101,18 @@ def round_models_of_a_depth_3_client(overrides: dict, personalize):
 
 def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization():
     # theta' - theta = 1 everywhere, so variant - theta = beta
-    algo, client, models = round_models_of_a_depth_3_client({"weight_noise": 0.0}, lambda p: p.add_(1.0))
-    variant = models.variant
+    overrides = {"weight_noise": 0.0, "meta": True}
+    algo, client, models = round_models_of_a_depth_3_client(overrides, lambda p: p.add_(1.0))
     generator = torch.Generator().manual_seed(0)
     depths, betas = set(), []
     for _ in range(60):
-        depth, noise = algo._sample_variant(client, models, 1.0, generator)
+        depth, noise, _ = algo._sample_variant(client, models, 1.0, generator)
         depths.add(depth)
         assert noise == 0.0  # weight_noise = 0: the measured noise is none
-        betas.append(
-            (variant.connectors["1"].conv.bias - client.model.connectors["1"].conv.bias).mean().item()
-        )
+        # every depth runs stage 1 and that depth's connector, so the sampler writes both
+        for name in ("stages.0.1.conv1.bias", f"connectors.{depth}.conv.bias"):
+            assert name in models.run_at_depth(depth)
+            betas.append((models.variant_params[name] - models.theta_params[name]).mean().item())
     assert depths == {1, 2, 3}
     assert min(betas) >= 0 and max(betas) <= algo.config.beta_max + 1e-5
     assert max(betas) > 1.0  # extrapolation beyond the personalized point happens
@@ -115,17 +123,21 @@ def test_variant_sampler_covers_all_depths_and_the_path_beyond_personalization()
 
 def test_a_configured_path_length_moves_the_variants_that_far_along_the_personalization_path():
     # a path 0.1 % of theta's norm long
-    overrides = {"weight_noise": 0.0, "path_length": 0.1}
+    overrides = {"weight_noise": 0.0, "path_length": 0.1, "meta": True}
     algo, client, models = round_models_of_a_depth_3_client(overrides, lambda p: p.mul_(1.001))
     scale = algo._path_scale(models)
     assert scale == pytest.approx(100.0, rel=1e-4)  # stretched to 10 % of ||theta||
-    algo._sample_variant(client, models, scale, torch.Generator().manual_seed(0))
-    held = models.held
-    moved = sum(float((models.variant_params[n] - p).detach().pow(2).sum()) for n, p in held.items()) ** 0.5
-    theta_norm = sum(float(p.detach().pow(2).sum()) for p in held.values()) ** 0.5
-    # the variant sits beta_v times the configured length from theta, beta_v the sampler's first draw
-    beta = float(torch.rand((), generator=torch.Generator().manual_seed(0))) * algo.config.beta_max
+    depth, _, path = algo._sample_variant(client, models, scale, torch.Generator().manual_seed(0))
+    run = {n: models.theta_params[n] for n in models.run_at_depth(depth)}
+    moved = sum(float((models.variant_params[n] - p).detach().pow(2).sum()) for n, p in run.items()) ** 0.5
+    theta_norm = sum(float(p.detach().pow(2).sum()) for p in run.values()) ** 0.5
+    # the variant sits beta_v times the configured length from theta; the sampler draws the depth,
+    # then beta_v
+    draws = torch.Generator().manual_seed(0)
+    torch.randint(1, client.split_depth + 1, (), generator=draws)
+    beta = float(torch.rand((), generator=draws)) * algo.config.beta_max
     assert moved / theta_norm == pytest.approx(beta * 0.1, rel=1e-3)
+    assert path / theta_norm == pytest.approx(0.1, rel=1e-3)  # the scaled path, over the same parameters
     # an empty path (the inner loop off) is not stretched: the variants stay theta plus noise
     models.adapted.load_state_dict(client.model.state_dict())
     assert algo._path_scale(models) == 1.0
@@ -138,10 +150,110 @@ def test_a_configured_path_length_moves_the_variants_that_far_along_the_personal
     assert tiny_federation().algorithm._path_scale(models) == 1.0
 
 
-def test_a_round_on_reused_working_copies_equals_a_round_on_fresh_copies():
-    """HARMONY deep-copies theta' and theta_v once per client and resets them every round: a second
-    round must give exactly what a new algorithm, copying afresh, gives from the same state."""
+def test_one_backward_of_the_exit_loss_and_the_server_gradient_equals_the_two_pass_step():
+    """Personalization (and SplitGP's step) back-propagate the exit loss and dL_srv/dz of one forward
+    pass together: the gradients a front-end gets must be the two-pass step's."""
     federation = tiny_federation()
+    client = next(c for c in federation.clients if c.split_depth == 3)
+    federation.broadcast(client)
+    images, labels = client.batch(16, torch.Generator().manual_seed(2))
+    depths = (3,) * len(labels)
+    grads = []
+    for one_pass in (False, True):
+        model = copy.deepcopy(client.model)
+        if one_pass:
+            loss, activation = exit_loss_and_activation(model, images, labels, 3)
+            features = model.connectors["3"](activation)
+            split_step(client, federation.server, features, labels, depths, -1, 0.7, False, client_loss=loss)
+        else:
+            exit_loss(model, images, labels, 3).backward()
+            _, features = model(images, 3)
+            split_step(client, federation.server, features, labels, depths, -1, 0.7, update_server=False)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    two_pass, one_pass = grads
+    assert two_pass.keys() == one_pass.keys() and any(n.startswith("connectors.3.") for n in one_pass)
+    for name, grad in two_pass.items():
+        torch.testing.assert_close(one_pass[name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_variant_is_written_where_its_depth_runs_and_nowhere_else():
+    algo, client, models = round_models_of_a_depth_3_client({}, lambda p: None)
+    before = {n: p.detach().clone() for n, p in models.variant_params.items()}
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(10):
+        depth, noise, _ = algo._sample_variant(client, models, 1.0, generator)
+        run = set(models.run_at_depth(depth))
+        assert noise > 0 and any(n.startswith(f"stages.{depth - 1}.") for n in run)
+        for name, p in models.variant_params.items():
+            if name in run:  # theta with multiplicative noise: near theta, and not equal where nonzero
+                assert name.endswith("bias") or not torch.equal(p, models.theta_params[name])
+                torch.testing.assert_close(p, models.theta_params[name], rtol=0.2, atol=0.2)
+            else:
+                assert torch.equal(p, before[name]), name
+        before = {n: p.detach().clone() for n, p in models.variant_params.items()}
+
+
+@pytest.mark.parametrize("family", ["cnn", "mobilenet", "resnet"])
+def test_the_parameters_a_depth_runs_are_those_its_extractor_reaches(family):
+    """The variant sampler writes `run_at_depth`: it must be exactly what a split at that depth
+    computes with (an omitted stage would run unperturbed, an extra one would be wasted work)."""
+    model = FamilyModel(family, 1, 28, 10)
+    models = RoundModels(model, model, model, dict(model.named_parameters()))
+    for depth in (1, 2, 3):
+        model.zero_grad(set_to_none=True)
+        model.connectors[str(depth)](model.extract(torch.randn(2, 1, 28, 28), depth)).sum().backward()
+        reached = {n for n, p in model.named_parameters() if p.grad is not None}
+        assert set(models.run_at_depth(depth)) == reached
+
+
+def test_without_the_inner_loop_theta_prime_is_theta_itself():
+    """A copy of theta made at the round's start would go stale as theta steps; the variants and the
+    exit gradient must see theta as it is."""
+    for name, adapted_is_theta in (("harmony", True), ("harmony-with-meta", False)):
+        federation = tiny_federation(algorithm=name)
+        client = next(c for c in federation.clients if c.split_depth == 3)
+        federation.broadcast(client)
+        models = federation.algorithm._round_models(client)
+        assert (models.adapted is client.model) == adapted_is_theta
+        assert (models.variant is client.model) is False
+
+
+def test_personalization_in_one_backward_pass_trains_what_two_passes_trained():
+    """`personalize_split` at its call site against the two-pass loop it replaced, same draws."""
+    federation = tiny_federation()
+    client = next(c for c in federation.clients if c.split_depth == 3)
+    federation.broadcast(client)
+    twin = copy.deepcopy(client)
+    before = {n: p.detach().clone() for n, p in client.model.named_parameters()}
+    personalize_split(client, federation.server, 1, 16, 0.001, 0.7, torch.Generator().manual_seed(3))
+    optimizer = torch.optim.Adam(twin.held_parameters().values(), lr=0.001)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(len(twin.train_y) // 16):
+        images, labels = twin.batch(16, generator)
+        optimizer.zero_grad()
+        exit_loss(twin.model, images, labels, 3).backward()
+        _, features = twin.model(images, 3)
+        split_step(
+            twin, federation.server, features, labels, (3,) * len(labels), -1, 0.7, update_server=False
+        )
+        optimizer.step()
+    # the first step's gradients agree to about 2e-6 (the test above); Adam then turns the rounding
+    # of near-zero gradients into whole steps of lr (about 2 % of the movement after 6 steps here),
+    # so the two are compared by how far each moved: a wiring error (a dropped term, the wrong
+    # connector) moves the model elsewhere entirely
+    one_pass = {n: client.model.state_dict()[n] - before[n] for n in before}
+    two_pass = {n: p.detach() - before[n] for n, p in twin.model.named_parameters()}
+    norm = sum(float(d.pow(2).sum()) for d in two_pass.values()) ** 0.5
+    apart = sum(float((one_pass[n] - two_pass[n]).pow(2).sum()) for n in before) ** 0.5
+    assert norm > 1e-2 and apart / norm < 0.1, (norm, apart)
+
+
+@pytest.mark.parametrize("name", ["harmony", "harmony-with-meta"])
+def test_a_round_on_reused_working_copies_equals_a_round_on_fresh_copies(name):
+    """HARMONY deep-copies theta' and theta_v once per client and resets the ones it uses every round
+    (theta' only with the inner loop; without it theta' is theta): a second round must give exactly
+    what a new algorithm, copying afresh, gives from the same state."""
+    federation = tiny_federation(algorithm=name)
     algo, server = federation.algorithm, federation.server
     client = next(c for c in federation.clients if c.split_depth == 3)
     federation.broadcast(client)
@@ -155,13 +267,14 @@ def test_a_round_on_reused_working_copies_equals_a_round_on_fresh_copies():
             p.grad = torch.ones_like(p)
         next(working_copy.parameters()).requires_grad_(False)
     models = algo._round_models(client)
-    assert (models.adapted, models.variant) == copies
-    for working_copy in copies:  # a fresh deepcopy's state, in place
+    assert models.variant is copies[1]
+    assert models.adapted is (copies[0] if algo.config.meta else client.model)
+    for working_copy in copies if algo.config.meta else copies[1:]:  # a fresh deepcopy's state, in place
         assert working_copy.training == client.model.training
         for p, theta in zip(working_copy.parameters(), client.model.parameters(), strict=True):
             assert torch.equal(p, theta) and p.grad is None and p.requires_grad == theta.requires_grad
     fresh_client, fresh_server = copy.deepcopy(client), copy.deepcopy(server)
-    fresh_algo = build_algorithm("harmony", algo.config.model_dump())
+    fresh_algo = build_algorithm(name, algo.config.model_dump())
 
     torch.manual_seed(3)  # channel drop draws from the global generator
     reused = algo.client_round(client, server, 1, torch.Generator().manual_seed(2))

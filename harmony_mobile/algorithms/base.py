@@ -115,6 +115,18 @@ def exit_loss(
     so a phone can later split at any shallower depth without retraining. `logit_norm`: the
     temperature of LogitNorm (the CE of logits / (t ||logits||)), which keeps the exit from growing
     confident by growing its logits, so that low confidence is left to what it has not seen."""
+    return exit_loss_and_activation(model, images, labels, max_depth, logit_norm)[0]
+
+
+def exit_loss_and_activation(
+    model: FamilyModel,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    max_depth: int,
+    logit_norm: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`exit_loss` and the activation after stage `max_depth`, which the same pass computed (the
+    connector's input: a split step needs no second pass through the stages)."""
     activation, loss = images, 0.0
     for depth in range(1, max_depth + 1):
         activation = model.stages[depth - 1](activation)
@@ -122,7 +134,7 @@ def exit_loss(
         if logit_norm is not None:
             logits = logits / (logit_norm * logits.norm(dim=1, keepdim=True).clamp_min(1e-7))
         loss = loss + F.cross_entropy(logits, labels)
-    return loss / max_depth
+    return loss / max_depth, activation
 
 
 def split_step(
@@ -134,16 +146,24 @@ def split_step(
     round_id: int,
     weight: float,
     update_server: bool = True,
+    client_loss: torch.Tensor | None = None,
 ) -> float:
     """One split exchange in slot space. The client uploads its features (clipped and noised when
     that option is on) with label tokens; the server computes its own CE over slots and its
     contrastive term and returns only dL_srv/dz, which the client scales by `weight` (its gamma)
     and back-propagates into its front-end. Returns the server's loss. `labels` are the labels
-    of the batch the client drew last; they stay on the client (only their tokens leave)."""
+    of the batch the client drew last; they stay on the client (only their tokens leave).
+
+    `client_loss`: a loss of the client's own on the same forward pass (its exit CE), back-propagated
+    together with dL_srv/dz in one backward pass instead of two."""
     upload, sent = client.upload(features, labels, depths, round_id)
     reply = server.step(upload, update=update_server)
+    roots, grads = ([client_loss], [None]) if client_loss is not None else ([], [])
     if weight != 0:
-        sent.backward(weight * reply.grad_features)
+        roots.append(sent)
+        grads.append(weight * reply.grad_features)
+    if roots:
+        torch.autograd.backward(roots, grads)
     return reply.server_loss
 
 
@@ -199,11 +219,14 @@ def personalize_split(
     for _ in range(steps):
         images, labels = client.batch(batch_size, generator)
         optimizer.zero_grad()
-        exit_loss(client.model, images, labels, client.split_depth, logit_norm).backward()
+        depth = client.split_depth
+        loss, activation = exit_loss_and_activation(client.model, images, labels, depth, logit_norm)
         if gamma > 0:
-            _, features = client.model(images, client.split_depth)
-            depths = (client.split_depth,) * len(labels)
-            split_step(client, server, features, labels, depths, -1, gamma, update_server=False)
+            features = client.model.connectors[str(depth)](activation)
+            depths = (depth,) * len(labels)
+            split_step(client, server, features, labels, depths, -1, gamma, False, client_loss=loss)
+        else:
+            loss.backward()
         optimizer.step()
 
 

@@ -219,8 +219,6 @@ class Harmony(SplitMethod):
             optimizer.zero_grad()
             if c.meta:
                 self._personalize_inner(client, models, *support)
-            else:
-                reset_to(models.adapted, client.model)
             step = {"exit_loss": self._meta_gradient(client, models, query_x, query_y)}
             step |= self._variant_steps(client, server, models, query_x, query_y, round_id, generator)
             optimizer.step()
@@ -233,26 +231,35 @@ class Harmony(SplitMethod):
         return client_update(client, round_id, metrics)
 
     def _round_models(self, client: Client) -> RoundModels:
-        """theta (the client's model), theta' and theta_v for one round, the copies equal to theta."""
+        """theta (the client's model), theta' and theta_v for one round, the copies equal to theta.
+        Without the inner loop theta' is theta itself, not a copy that would go stale as theta steps."""
         copies = self._working_copies.get(client.model)
         if copies is None:
             copies = (copy.deepcopy(client.model), copy.deepcopy(client.model))
             self._working_copies[client.model] = copies
+        adapted, variant = copies
+        reset_to(variant, client.model)
+        if self.config.meta:
+            reset_to(adapted, client.model)
         else:
-            for working_copy in copies:
-                reset_to(working_copy, client.model)
-        return RoundModels(client.model, *copies, client.held_parameters())
+            adapted = client.model
+        return RoundModels(client.model, adapted, variant, client.held_parameters())
 
     def _meta_gradient(self, client: Client, models: RoundModels, query_x, query_y) -> float:
-        """First-order meta-gradient of the query exit loss, taken at theta', written into theta's grads."""
+        """First-order meta-gradient of the query exit loss, taken at theta', written into theta's
+        grads (without the inner loop theta' is theta: they land there directly)."""
         models.adapted.zero_grad()
         query_loss = exit_loss(
             models.adapted, query_x, query_y, client.split_depth, self.config.exit_logit_norm
         )
         query_loss.backward()
-        for name, p in models.held.items():
-            grad = models.adapted_params[name].grad  # None for connectors: the exit loss does not reach them
-            p.grad = grad.clone() if grad is not None else torch.zeros_like(p)
+        if self.config.meta:
+            for name, p in models.held.items():
+                grad = models.adapted_params[name].grad
+                p.grad = grad.clone() if grad is not None else None
+        for p in models.held.values():
+            if p.grad is None:  # connectors: the exit loss does not reach them
+                p.grad = torch.zeros_like(p)
         return query_loss.item()
 
     def _variant_steps(
@@ -262,12 +269,13 @@ class Harmony(SplitMethod):
         theta's grads and returns the step's server loss and diversity measurements."""
         c = self.config
         variant, variant_params = models.variant, models.variant_params
-        server_loss = noise_norm = 0.0
+        server_loss = noise_norm = path_norm = 0.0
         features_by_variant = []
         path_scale = self._path_scale(models)
         for _ in range(c.variants):
-            depth, noise = self._sample_variant(client, models, path_scale, generator)
+            depth, noise, path = self._sample_variant(client, models, path_scale, generator)
             noise_norm += noise / c.variants
+            path_norm += path / c.variants
             variant.zero_grad()
             activation = variant.extract(query_x, depth)
             if c.channel_drop > 0:
@@ -283,7 +291,7 @@ class Harmony(SplitMethod):
                     p.grad += variant_params[name].grad / c.variants
         return {
             "server_ce": server_loss,
-            "path_norm": path_scale * parameter_distance(models),
+            "path_norm": path_norm,
             "noise_norm": noise_norm,
             "variant_spread": variant_spread(features_by_variant, query_y),
         }
@@ -302,7 +310,7 @@ class Harmony(SplitMethod):
     def _path_scale(self, models: RoundModels) -> float:
         """What the variants multiply theta' - theta by so that the path has the configured length
         (1 without `path_length`, and for an empty path: nothing to scale)."""
-        if self.config.path_length is None:
+        if self.config.path_length is None or not self.config.meta:
             return 1.0
         path = parameter_distance(models)
         theta_norm = math.sqrt(sum(float(p.detach().pow(2).sum()) for p in models.held.values()))
@@ -314,26 +322,29 @@ class Harmony(SplitMethod):
     @torch.no_grad()
     def _sample_variant(
         self, client: Client, models: RoundModels, path_scale: float, generator: torch.Generator
-    ) -> tuple[int, float]:
+    ) -> tuple[int, float, float]:
         """Load one simulated extractor, theta + beta_v * path_scale * (theta' - theta) with weight
-        noise, into theta_v; returns its split depth and the norm of the weight noise drawn for it
-        (over the parameters the client holds)."""
+        noise, into the parameters of theta_v its split depth runs (stages 1..depth and that depth's
+        connector; the rest of theta_v is never run this step). Returns the depth and, over those
+        parameters, the norms of the weight noise drawn and of the (scaled) path theta' - theta."""
         c = self.config
-        beta = float(torch.rand((), generator=generator)) * c.beta_max * path_scale
-        noise_sq = 0.0
-        for name, p in models.variant_params.items():
-            theta = models.theta_params[name]
-            value = theta + beta * (models.adapted_params[name] - theta)
-            if c.weight_noise > 0:
-                noise = value * c.weight_noise * torch.randn(value.shape, generator=generator)
-                value = value + noise
-                if name in models.held:
-                    noise_sq += float(noise.pow(2).sum())
-            p.copy_(value)
         depth = client.split_depth
         if c.random_split_depth:
             depth = int(torch.randint(1, client.split_depth + 1, (), generator=generator))
-        return depth, math.sqrt(noise_sq)
+        beta = float(torch.rand((), generator=generator)) * c.beta_max * path_scale if c.meta else 0.0
+        noise_sq = path_sq = 0.0
+        for name in models.run_at_depth(depth):
+            value = theta = models.theta_params[name]
+            if c.meta:  # without it theta' is theta: no path
+                path = models.adapted_params[name] - theta
+                path_sq += float(path.pow(2).sum())
+                value = theta + beta * path
+            if c.weight_noise > 0:
+                noise = value * c.weight_noise * torch.randn(value.shape, generator=generator)
+                value = value + noise
+                noise_sq += float(noise.pow(2).sum())
+            models.variant_params[name].copy_(value)
+        return depth, math.sqrt(noise_sq), path_scale * math.sqrt(path_sq)
 
     aggregate = staticmethod(aggregate_by_parameter)
 
@@ -368,6 +379,12 @@ class RoundModels:
         self.theta_params = dict(self.theta.named_parameters())
         self.adapted_params = dict(self.adapted.named_parameters())
         self.variant_params = dict(self.variant.named_parameters())
+
+    def run_at_depth(self, depth: int) -> list[str]:
+        """Names of the parameters an extractor split at `depth` runs: stages 1..depth and the
+        connector of that depth (what `extract` and `connectors[depth]` read)."""
+        prefixes = tuple(f"stages.{i}." for i in range(depth)) + (f"connectors.{depth}.",)
+        return [name for name in self.theta_params if name.startswith(prefixes)]
 
 
 @torch.no_grad()

@@ -96,11 +96,19 @@ class SplitGP(SplitMethod):
             optimizer.zero_grad()
             exit_logits, features = client.model(images, depth)
             exit_ce = F.cross_entropy(exit_logits, labels)
-            (c.gamma * exit_ce).backward(retain_graph=True)
             if c.gamma < 1:  # gamma = 1: the server CE has weight 0, nothing to upload
                 server_total += split_step(
-                    client, server, features, labels, (depth,) * len(labels), round_id, 1 - c.gamma
+                    client,
+                    server,
+                    features,
+                    labels,
+                    (depth,) * len(labels),
+                    round_id,
+                    1 - c.gamma,
+                    client_loss=c.gamma * exit_ce,
                 )
+            else:
+                exit_ce.backward()
             optimizer.step()
             exit_total += exit_ce.item()
         if c.mix_lambda > 0:
