@@ -72,7 +72,8 @@ def measure(profile_name: str, setting_name: str, rounds: int, seed: int) -> dic
         for (cls, name), method in originals.items():
             setattr(cls, name, method)
     tiers = {
-        t.name: {"family": t.family, "width": t.width, "split_depth": t.split_depth} for t in _tiers(config)
+        t.name: {"family": t.family, "width": t.width, "split_depth": t.split_depth}
+        for t in training.check_config(config).tiers
     }
     return {
         "profile": profile_name,
@@ -85,12 +86,6 @@ def measure(profile_name: str, setting_name: str, rounds: int, seed: int) -> dic
         "total_cpu_seconds": round(total, 2),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "torch_threads": 1},
     }
-
-
-def _tiers(config: training.TrainConfig):
-    from harmony_mobile.models import load_tiers
-
-    return load_tiers(config.tiers_file).tiers
 
 
 def render(report: dict) -> str:

@@ -224,7 +224,9 @@ def personalize_split(
         if gamma > 0:
             features = client.model.connectors[str(depth)](activation)
             depths = (depth,) * len(labels)
-            split_step(client, server, features, labels, depths, -1, gamma, False, client_loss=loss)
+            split_step(
+                client, server, features, labels, depths, -1, gamma, update_server=False, client_loss=loss
+            )
         else:
             loss.backward()
         optimizer.step()

@@ -26,19 +26,15 @@ def gate_rule(run: dict) -> str:
 
 
 def _study_rows(run: dict, on: str) -> list[dict]:
-    """The run's gate study rows on `on` ("test" or "val"), one per OOD fraction."""
+    """The run's gate study rows on `on` ("test" or "val"), one per OOD fraction (none for a run
+    without a gate)."""
     study = (run.get("gates") or {}).get(on) or {}
     return [row for key, row in study.items() if key.startswith("p=") and row]
 
 
-def _test_rows(run: dict) -> list[dict]:
-    """The run's gate study rows on test, one per OOD fraction (none for a run without a gate)."""
-    return _study_rows(run, "test")
-
-
 def run_curve(run: dict, rule: str | None = None) -> np.ndarray | None:
     """Mean over the OOD fractions of the run's test curve for `rule` (its own by default)."""
-    rows = _test_rows(run)
+    rows = _study_rows(run, "test")
     if not rows:
         return None
     rule = rule or gate_rule(run)
@@ -47,7 +43,7 @@ def run_curve(run: dict, rule: str | None = None) -> np.ndarray | None:
 
 def _run_extra(run: dict, key: str) -> float:
     """Mean over the OOD fractions of the run's `auroc` (for its own rule), `oracle` or `server_only`."""
-    rows = _test_rows(run)
+    rows = _study_rows(run, "test")
     if not rows:
         return float("nan")
     if key == "auroc":
