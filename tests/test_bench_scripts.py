@@ -187,3 +187,35 @@ def test_demo_seeds_compares_against_either_side_of_an_earlier_comparison(tmp_pa
         results = json.loads((out / "results.json").read_text())
         assert results["labels"][0] == label
         assert results["after_minus_before"]["aligned/accuracy_with_ood"]["mean"] == pytest.approx(gap)
+
+
+def _record(folder: Path, method: str, seed: int, accuracy: float, cpu: float) -> None:
+    run = folder / "fashion-family" / method / f"seed-{seed}"
+    run.mkdir(parents=True)
+    record = {
+        "setting": "fashion-family",
+        "method": method,
+        "seed": seed,
+        "train_config": {"rounds": 24},
+        "validation": {"accuracy_with_ood": accuracy},
+        "cpu_seconds": cpu,
+        "code": {"commit": "abc1234"},
+    }
+    (run / "bench.json").write_text(json.dumps(record))
+
+
+def test_compare_records_pairs_runs_and_says_when_the_ranking_changes(tmp_path):
+    compare = load_script(REPO_ROOT / "benchmarks/compare_records.py")
+    wide, narrow = tmp_path / "wide", tmp_path / "narrow"
+    for seed in (1, 2):
+        _record(wide, "harmony", seed, 0.70, 100.0)
+        _record(wide, "fedavg", seed, 0.60, 100.0)
+        _record(narrow, "harmony", seed, 0.58, 50.0)
+        _record(narrow, "fedavg", seed, 0.61, 60.0)
+    _record(narrow, "fedproto", 1, 0.9, 50.0)  # only one side holds it: left out
+    lines, summary = compare.compare(compare.load_records(wide), compare.load_records(narrow), ("w", "n"))
+    row = summary["settings"]["fashion-family"]
+    assert row["ranking"] == {"w": ["harmony", "fedavg"], "n": ["fedavg", "harmony"]}
+    assert not row["same_ranking"]
+    assert row["cpu_ratio"] == pytest.approx({"harmony": 0.5, "fedavg": 0.6})
+    assert any("| harmony | 1, 2 | 24 | 70.0 | 58.0 | -12.0 |" in line for line in lines)
