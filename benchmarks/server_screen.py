@@ -94,7 +94,13 @@ def train_backend(
     model = cached[0].client.model
     backend = Backend(model.interface, model.num_classes)
     config = SplitTrainerConfig(
-        **{"lr": 1e-3, "restrict_to_client_slots": True, "contrastive": None, **mechanism}
+        **{
+            "lr": 1e-3,
+            "decay_rounds": None,
+            "restrict_to_client_slots": True,
+            "contrastive": None,
+            **mechanism,
+        }
     )
     server = SplitTrainer(backend, ProjectionHead(backend.feature_dim), config, cached[0].client.label_epoch)
     generator = torch.Generator().manual_seed(seed)

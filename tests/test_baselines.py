@@ -166,14 +166,54 @@ def test_centralized_trains_one_model_per_family_on_the_pooled_data():
         )
 
 
-def test_centralized_decays_its_learning_rate_over_the_stated_rounds():
-    federation = tiny_federation("centralized", {"decay_rounds": 2})
-    algo, config = federation.algorithm, federation.algorithm.config
+def test_the_learning_rate_decays_over_the_stated_rounds():
+    config = build_algorithm("fedavg", {"decay_rounds": 2}).config
     assert [config.round_lr(r) for r in (0, 1, 2, 5)] == pytest.approx([3e-3, 1.5e-3, 0.0, 0.0])
+    assert build_algorithm("centralized").config.round_lr(30) == 3e-3  # constant by default
+
+
+def _trained_parameters(federation: Federation) -> dict[str, torch.Tensor]:
+    """Every parameter a method trains (clients' models, the server's g and h), buffers left out:
+    batch-norm statistics move in any forward pass, whatever the learning rate."""
+    modules = {f"client {c.name}": c.model for c in federation.clients}
+    if federation.server is not None:
+        modules |= {"server g": federation.server.backend, "server h": federation.server.projection}
+    return {
+        f"{owner} {name}": p.detach().clone()
+        for owner, module in modules.items()
+        for name, p in module.named_parameters()
+    }
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_every_optimizer_of_a_method_follows_the_decay(algorithm):
+    """decay_rounds = 1 puts every learning rate at 0 from round 1 on: the second round trains
+    nothing, on the clients or on the server (a method that built an optimizer at its set lr would)."""
+    federation = tiny_federation(algorithm, {"decay_rounds": 1})
+    after_round: list[dict[str, torch.Tensor]] = []
+
+    def record(fed: Federation) -> float:
+        for client in fed.clients:  # the models as the next round's turns and personalization see them
+            fed.broadcast(client)
+        after_round.append(_trained_parameters(fed))
+        return 0.0
+
+    run_rounds(federation, rounds=2, clients_per_round=4, seed=0, evaluate=record, show_progress=False)
+    first, second = after_round
+    assert first.keys() == second.keys()
+    # averaging equal weights across a family's clients may round the last bit; a step at lr 3e-3 is far larger
+    moved = [name for name in first if not torch.allclose(first[name], second[name], rtol=1e-5, atol=1e-7)]
+    assert not moved, f"trained at lr 0: {moved[:5]}"
+    if federation.server is not None:
+        assert {g["lr"] for g in federation.server.optimizer.param_groups} == {0.0}
+
+
+def test_a_saved_optimizer_runs_at_the_rounds_rate():
+    federation = tiny_federation("centralized", {"decay_rounds": 2})
     run_rounds(federation, rounds=2, clients_per_round=4, seed=0, show_progress=False)
     # the saved optimizer ran its last round at the decayed rate, not the lr it was created with
-    assert {g["lr"] for state in algo._optimizers.values() for g in state["param_groups"]} == {1.5e-3}
-    assert build_algorithm("centralized").config.round_lr(30) == 3e-3  # constant by default
+    states = federation.algorithm._optimizers.values()
+    assert {g["lr"] for state in states for g in state["param_groups"]} == {1.5e-3}
 
 
 @pytest.mark.parametrize("algorithm", BASELINES)

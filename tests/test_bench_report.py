@@ -584,7 +584,7 @@ def test_a_budget_check_must_compare_longer_budgets_on_validation_seeds():
         ({"seeds": [100]}, "are evaluation or tuning seeds"),  # the tuning seed: its score is a maximum
         ({"seeds": [101, 101]}, "repeat an entry"),
         ({"rounds": [2 * rounds, 2 * rounds]}, "repeat an entry"),
-        ({"methods": ["centralized"], "rounds": [50]}, "decay is tied to its budget's rounds"),
+        ({"methods": ["centralized"], "rounds": [50]}, "decay_rounds is tied to its budget's rounds"),
         ({"methods": ["no-such-method"]}, "no-such-method"),
         ({"settings": ["cifar-family"]}, r"settings \['cifar-family'\] are not in profile"),
         ({"settings": ["digits-family", "digits-family"]}, "repeat an entry"),
@@ -708,3 +708,18 @@ def test_results_that_name_a_retired_variant_still_render(tmp_path):
     assert parent_method("harmony-no-contrastive") == "harmony"
     text = write_bench_report(results, tmp_path / "report").read_text()
     assert "| harmony-no-contrastive |" in text
+
+
+def test_a_cosine_budget_decays_every_method_over_its_own_runs_rounds():
+    data = load_profile("standard").model_dump()
+    data["budget"]["lr_schedule"] = "cosine"
+    data["algorithm_config"]["centralized"] = {}
+    profile = BenchProfile(**data)
+    assert profile.method_config("harmony")["decay_rounds"] == profile.budget.rounds
+    assert profile.method_config("harmony-full-softmax")["decay_rounds"] == profile.budget.rounds
+    assert profile.method_config("fedavg", rounds=96)["decay_rounds"] == 96  # a budget check's longer run
+    # a method with a budget of its own (constant unless that budget says cosine)
+    assert "decay_rounds" not in profile.method_config("centralized")
+    data["algorithm_config"]["fedavg"] = {"decay_rounds": data["budget"]["rounds"]}
+    with pytest.raises(ValidationError, match="decay_rounds is set by its budget's lr_schedule"):
+        BenchProfile(**data)

@@ -13,7 +13,9 @@ from harmony_mobile.bench.runner import (
     RECORD,
     RunSpec,
     algorithm_settings,
+    budget_specs,
     evaluation_specs,
+    is_recorded_run,
     run_benchmark,
     run_one,
     same_training,
@@ -730,3 +732,24 @@ def test_the_evaluation_cost_comparison_names_every_leaf_that_differs():
     assert set(found) == {"/a[0]", "/a[1]", "/a[2]/b", "/c", "/d"}
     assert script.gap(1.0, 1.5) == 0.5 and script.gap(nan, 0.0) == float("inf")
     assert script.differing_numbers([1, 2], [1, 2, 3]) == [("", [1, 2], [1, 2, 3])]
+
+
+def test_a_cosine_budget_check_decays_each_run_over_its_own_rounds():
+    profile = BenchProfile(
+        **{
+            **TINY,
+            "budget": {**TINY["budget"], "lr_schedule": "cosine"},
+            "budget_check": {"methods": ["harmony", "fedavg"], "rounds": [2, 4], "seeds": [8]},
+        }
+    )
+    specs = budget_specs(profile, {})
+    assert sorted({s.rounds for s in specs}) == [1, 2, 4]
+    assert all(s.algorithm_config["decay_rounds"] == s.rounds for s in specs)
+
+
+def test_a_record_made_before_a_setting_existed_is_read_as_that_settings_old_behaviour():
+    config = train_config(RunSpec("eval", BenchProfile(**TINY).settings[0], "fedavg", 0, 1), {}, None)
+    record = {"train_config": config.model_dump(), "algorithm_settings": algorithm_settings("fedavg", {})}
+    assert record["algorithm_settings"].pop("decay_rounds") is None  # as an older record holds it
+    assert is_recorded_run(record, config.model_dump(), algorithm_settings("fedavg", {}))
+    assert not is_recorded_run(record, config.model_dump(), algorithm_settings("fedavg", {"decay_rounds": 1}))

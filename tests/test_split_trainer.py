@@ -29,7 +29,9 @@ def trainer(mode: str, reaches_front_ends: bool = True, style: StyleMixing | Non
         ratio_every=1,
         reaches_front_ends=reaches_front_ends,
     )
-    config = SplitTrainerConfig(lr=1e-3, restrict_to_client_slots=True, contrastive=term, style_mixing=style)
+    config = SplitTrainerConfig(
+        lr=1e-3, decay_rounds=None, restrict_to_client_slots=True, contrastive=term, style_mixing=style
+    )
     return SplitTrainer(backend, ProjectionHead(16, 8), config, "e-test")
 
 

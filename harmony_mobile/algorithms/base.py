@@ -8,6 +8,7 @@ The round loop in federation/rounds.py drives any of them the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 from pydantic import BaseModel, ConfigDict, Field
 
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig
+from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig, cosine_lr_factor
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.protocol.messages import ClientUpdate
 
@@ -34,6 +35,30 @@ class LocalTrainingConfig(BaseModel):
     local_steps: int = Field(default=16, ge=1, description="optimizer steps per client per round")
     batch_size: int = Field(default=SAMPLES_PER_STEP, ge=2, description="samples per step")
     lr: float = Field(default=3e-3, gt=0, description="Adam learning rate of what the client trains")
+    decay_rounds: int | None = Field(
+        default=None,
+        ge=1,
+        description="cosine-decay every learning rate of the method (the client's and the server's) from "
+        "its set value towards 0 over this many rounds (the run's rounds), so a run ends on a settled "
+        "model rather than a noisy last step; None = constant",
+    )
+
+    def round_lr(self, round_id: int) -> float:
+        """The client's learning rate in round `round_id`."""
+        return self.lr * cosine_lr_factor(round_id, self.decay_rounds)
+
+
+def round_optimizer(
+    params: Iterable[torch.Tensor], config: LocalTrainingConfig, round_id: int, state: dict | None = None
+) -> torch.optim.Adam:
+    """The client's Adam for one round: its saved `state` (when the method keeps one across rounds)
+    and the round's learning rate (set after the load, which would restore the saved one)."""
+    optimizer = torch.optim.Adam(params, lr=config.lr)
+    if state is not None:
+        optimizer.load_state_dict(state)
+    for group in optimizer.param_groups:
+        group["lr"] = config.round_lr(round_id)
+    return optimizer
 
 
 class SplitTrainingConfig(LocalTrainingConfig):

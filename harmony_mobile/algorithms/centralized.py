@@ -13,13 +13,10 @@ the very first turns of round 0 see a partial pool.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
+from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig, round_optimizer
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol.messages import ClientUpdate
@@ -27,20 +24,6 @@ from harmony_mobile.protocol.messages import ClientUpdate
 
 class CentralizedConfig(LocalTrainingConfig):
     """The shared budget: `local_steps` per client turn, batches drawn from the whole pool."""
-
-    decay_rounds: int | None = Field(
-        default=None,
-        ge=1,
-        description="cosine-decay the learning rate from lr towards 0 over this many rounds (the run's "
-        "rounds), so the reference ends on a settled model rather than a noisy last step; None = constant",
-    )
-
-    def round_lr(self, round_id: int) -> float:
-        if self.decay_rounds is None:
-            return self.lr
-        return (
-            self.lr * 0.5 * (1.0 + math.cos(math.pi * min(round_id, self.decay_rounds) / self.decay_rounds))
-        )
 
 
 class Centralized(FullModelMethod):
@@ -70,11 +53,8 @@ class Centralized(FullModelMethod):
         uploaded = self._pool(client)
         if family in self._models:
             client.model.load_state_dict(self._models[family])
-        optimizer = torch.optim.Adam(client.held_parameters(full=True).values(), lr=c.lr)
-        if family in self._optimizers:
-            optimizer.load_state_dict(self._optimizers[family])
-        for group in optimizer.param_groups:  # after the load, which restores the saved lr
-            group["lr"] = c.round_lr(round_id)
+        params = client.held_parameters(full=True).values()
+        optimizer = round_optimizer(params, c, round_id, self._optimizers.get(family))
         total = 0.0
         for _ in range(c.local_steps):
             index = torch.randint(len(self._labels), (c.batch_size,), generator=generator)

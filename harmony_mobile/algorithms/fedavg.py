@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import torch
 
-from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig, client_update
+from harmony_mobile.algorithms.base import (
+    FullModelMethod,
+    LocalTrainingConfig,
+    client_update,
+    round_optimizer,
+)
 from harmony_mobile.algorithms.local import full_model_step
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import SplitTrainer, aggregate_by_parameter
@@ -29,7 +34,7 @@ class FedAvg(FullModelMethod):
         self, client: Client, server: SplitTrainer | None, round_id: int, generator: torch.Generator
     ) -> ClientUpdate:
         c = self.config
-        optimizer = torch.optim.Adam(client.held_parameters(full=True).values(), lr=c.lr)
+        optimizer = round_optimizer(client.held_parameters(full=True).values(), c, round_id)
         total = sum(full_model_step(client, optimizer, c.batch_size, generator) for _ in range(c.local_steps))
         return client_update(client, round_id, {"loss": total / c.local_steps}, full=True)
 

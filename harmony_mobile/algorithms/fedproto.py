@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
-from harmony_mobile.algorithms.base import SplitMethod, SplitTrainingConfig, calibrate_client
+from harmony_mobile.algorithms.base import SplitMethod, SplitTrainingConfig, calibrate_client, round_optimizer
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig
 from harmony_mobile.protocol.messages import ClientUpdate
@@ -89,7 +89,12 @@ class FedProto(SplitMethod):
         self._decision_layers: dict[str, nn.Linear] = {}
 
     def split_trainer_config(self) -> SplitTrainerConfig:
-        return SplitTrainerConfig(lr=self.config.server_lr, restrict_to_client_slots=True, contrastive=None)
+        return SplitTrainerConfig(
+            lr=self.config.server_lr,
+            decay_rounds=self.config.decay_rounds,
+            restrict_to_client_slots=True,
+            contrastive=None,
+        )
 
     def _restore(self, client: Client) -> None:
         if client.name in self._weights:
@@ -137,9 +142,8 @@ class FedProto(SplitMethod):
         c = self.config
         self.store.start_round(round_id)
         self._restore(client)
-        optimizer = torch.optim.Adam(self._trained_parameters(client), lr=c.lr)
-        if client.name in self._optimizer_state:
-            optimizer.load_state_dict(self._optimizer_state[client.name])
+        state = self._optimizer_state.get(client.name)
+        optimizer = round_optimizer(self._trained_parameters(client), c, round_id, state)
         sums: dict[bytes, torch.Tensor] = {}
         counts: dict[bytes, int] = {}
         total = 0.0

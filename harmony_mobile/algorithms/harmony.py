@@ -47,6 +47,7 @@ from harmony_mobile.algorithms.base import (
     client_update,
     exit_loss,
     personalize_split,
+    round_optimizer,
     split_step,
 )
 from harmony_mobile.federation.client import Client
@@ -201,6 +202,7 @@ class Harmony(SplitMethod):
             style = StyleMixing(probability=c.style_mixing, alpha=c.style_alpha, bank_size=c.bank_size)
         return SplitTrainerConfig(
             lr=c.server_lr,
+            decay_rounds=c.decay_rounds,
             restrict_to_client_slots=c.own_classes_only,
             contrastive=contrastive,
             style_mixing=style,
@@ -211,7 +213,7 @@ class Harmony(SplitMethod):
     ) -> ClientUpdate:
         c = self.config
         models = self._round_models(client)
-        optimizer = torch.optim.Adam(models.held.values(), lr=c.lr)
+        optimizer = round_optimizer(models.held.values(), c, round_id)
         totals: dict[str, float] = {}
         for _ in range(c.local_steps):
             support = client.batch(c.batch_size, generator)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig
+from harmony_mobile.algorithms.base import FullModelMethod, LocalTrainingConfig, round_optimizer
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.protocol.messages import ClientUpdate
@@ -51,9 +51,7 @@ class Local(FullModelMethod):
         c = self.config
         self._restore(client)
         params = list(client.held_parameters(full=True).values())
-        optimizer = torch.optim.Adam(params, lr=c.lr)
-        if client.name in self._optimizer_state:
-            optimizer.load_state_dict(self._optimizer_state[client.name])
+        optimizer = round_optimizer(params, c, round_id, self._optimizer_state.get(client.name))
         total = sum(full_model_step(client, optimizer, c.batch_size, generator) for _ in range(c.local_steps))
         self._weights[client.name] = {k: v.detach().clone() for k, v in client.model.state_dict().items()}
         self._optimizer_state[client.name] = optimizer.state_dict()

@@ -30,6 +30,7 @@ from harmony_mobile.algorithms.base import (
     calibrate_client,
     client_update,
     personalize_split,
+    round_optimizer,
     split_step,
 )
 from harmony_mobile.federation.client import Client
@@ -69,6 +70,7 @@ class SplitGP(SplitMethod):
     def split_trainer_config(self) -> SplitTrainerConfig:
         return SplitTrainerConfig(
             lr=self.config.server_lr,
+            decay_rounds=self.config.decay_rounds,
             restrict_to_client_slots=self.config.restricted_softmax,
             contrastive=None,
         )
@@ -88,7 +90,7 @@ class SplitGP(SplitMethod):
         c = self.config
         self._mix(client)
         held = client.held_parameters()
-        optimizer = torch.optim.Adam(held.values(), lr=c.lr)
+        optimizer = round_optimizer(held.values(), c, round_id)
         depth = client.split_depth
         exit_total = server_total = 0.0
         for _ in range(c.local_steps):

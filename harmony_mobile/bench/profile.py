@@ -56,6 +56,11 @@ class Budget(BaseModel):
     samples_per_step: int = Field(
         ge=4, description="samples a client draws per step (HARMONY: support + query)"
     )
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        default="constant",
+        description="cosine: every learning rate of the method decays over the run's own rounds (a "
+        "budget check's longer runs decay over theirs)",
+    )
 
 
 class PcaSpec(BaseModel):
@@ -220,9 +225,10 @@ class BenchProfile(BaseModel):
             raise ValueError(f"budget_check: {unevaluated} are not methods of this profile")
         for method in check.methods:
             check_algorithm(method)
-            if "decay_rounds" in self.method_config(method):
+            if "decay_rounds" in self.algorithm_config.get(parent_method(method), {}):
                 raise ValueError(
-                    f"budget_check: {method}'s learning-rate decay is tied to its budget's rounds"
+                    f"budget_check: {method}'s decay_rounds is tied to its budget's rounds; "
+                    "a budget lr_schedule follows each run's rounds"
                 )
             shorter = [r for r in check.rounds if r <= self.method_budget(method).rounds]
             if shorter:
@@ -240,9 +246,13 @@ class BenchProfile(BaseModel):
         """A learning-rate decay must span the method's own rounds: shorter wastes the last rounds at
         rate ~0, longer stops before the rate is low."""
         for method, config in self.algorithm_config.items():
-            decay, rounds = config.get("decay_rounds"), self.method_budget(method).rounds
-            if decay is not None and decay != rounds:
-                raise ValueError(f"{method}: decay_rounds {decay} must equal its budget's rounds ({rounds})")
+            decay, budget = config.get("decay_rounds"), self.method_budget(method)
+            if decay is not None and budget.lr_schedule == "cosine":
+                raise ValueError(f"{method}: decay_rounds is set by its budget's lr_schedule; leave it out")
+            if decay is not None and decay != budget.rounds:
+                raise ValueError(
+                    f"{method}: decay_rounds {decay} must equal its budget's rounds ({budget.rounds})"
+                )
 
     def _check_tuning(self) -> None:
         if self.tuning is None:
@@ -264,15 +274,20 @@ class BenchProfile(BaseModel):
     def method_budget(self, method: str) -> Budget:
         return self.budgets.get(method, self.budget)
 
-    def method_config(self, method: str, tuned: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    def method_config(
+        self, method: str, tuned: dict[str, dict[str, Any]] | None = None, rounds: int | None = None
+    ) -> dict[str, Any]:
         """The algorithm config of `method` under its budget, with the values tuning picked for it (or
-        for its parent) on top of the profile's fixed ones."""
+        for its parent) on top of the profile's fixed ones. `rounds`: the run's, when not its budget's
+        (a budget check), which a cosine schedule decays over."""
         budget = self.method_budget(method)
         per_step = budget.samples_per_step
         config: dict[str, Any] = {
             "local_steps": budget.local_steps,
             "batch_size": per_step // 2 if is_harmony(method) else per_step,
         }
+        if budget.lr_schedule == "cosine":
+            config["decay_rounds"] = rounds or budget.rounds
         parent = parent_method(method)
         inherited = {**self.algorithm_config.get(parent, {}), **(tuned or {}).get(parent, {})}
         if method == "multi-exit":

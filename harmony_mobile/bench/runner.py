@@ -152,10 +152,21 @@ def same_training(recorded: dict | None, config: dict) -> bool:
     return recorded is not None and repo_relative(recorded) == repo_relative(config)
 
 
+# Method settings added after runs were recorded, with the value that trains as those runs did: a
+# record without the key is a run of that value.
+SETTINGS_ADDED_SINCE_RECORDS = {"decay_rounds": None}
+
+
 def is_recorded_run(record: dict, config: dict, settings: dict) -> bool:
     """Whether `record` is the run of training `config` with the method's full `settings`: what
     `--resume` reads back and `--reuse-runs-from` copies, and nothing else."""
-    return same_training(record.get("train_config"), config) and record.get("algorithm_settings") == settings
+    recorded = record.get("algorithm_settings")
+    if recorded is not None:
+        missing = {
+            k: v for k, v in SETTINGS_ADDED_SINCE_RECORDS.items() if k in settings and k not in recorded
+        }
+        recorded = {**recorded, **missing}
+    return same_training(record.get("train_config"), config) and recorded == settings
 
 
 def _round_metrics(run_path: Path) -> list[dict]:
@@ -445,7 +456,7 @@ def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
     if check is None:
         return []
     return [
-        RunSpec("budget", setting, method, seed, rounds, profile.method_config(method, tuned))
+        RunSpec("budget", setting, method, seed, rounds, profile.method_config(method, tuned, rounds))
         for setting in profile.budget_check_settings()
         for method in check.methods
         for rounds in [profile.method_budget(method).rounds, *check.rounds]

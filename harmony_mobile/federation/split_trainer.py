@@ -10,6 +10,7 @@ w.r.t. logits crosses the boundary (docs/ALGORITHM.md, step 6).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from typing import Literal
@@ -24,6 +25,14 @@ from harmony_mobile.models.losses import cross_family_supcon, supcon_loss
 from harmony_mobile.protocol.label_tokens import tokens_to_groups
 from harmony_mobile.protocol.messages import ClientUpdate, FeatureUpload, InterfaceGradients
 from harmony_mobile.protocol.slots import SlotTable
+
+
+def cosine_lr_factor(round_id: int, decay_rounds: int | None) -> float:
+    """The share of its set learning rate an optimizer uses in round `round_id` (from 0) of a cosine
+    decay over `decay_rounds` rounds: 1 at round 0, towards 0 at the last; 1 throughout when None."""
+    if decay_rounds is None:
+        return 1.0
+    return 0.5 * (1.0 + math.cos(math.pi * min(round_id, decay_rounds) / decay_rounds))
 
 
 class ContrastiveTerm(BaseModel):
@@ -77,6 +86,7 @@ class SplitTrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(gt=0, description="Adam learning rate of g and h")
+    decay_rounds: int | None = Field(description="cosine decay of lr over this many rounds; None = constant")
     restrict_to_client_slots: bool = Field(
         description="softmax of the server CE over the uploading client's slots only (False: over every "
         "slot of the table). The full softmax teaches g that a family's features never show the classes "
@@ -120,10 +130,12 @@ class SplitTrainer:
         return self.slot_table.label_epoch
 
     def start_round(self, round_id: int) -> None:
-        """The token-mode bank pools the features of one round (earlier rounds' embeddings are stale);
-        the cross-family bank is kept (see __init__)."""
+        """The round's learning rate; the token-mode bank pools the features of one round (earlier
+        rounds' embeddings are stale), the cross-family bank is kept (see __init__)."""
         self.round_id = round_id
         self._bank_embeddings, self._bank_tokens = [], []
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.lr * cosine_lr_factor(round_id, self.config.decay_rounds)
 
     def step(self, upload: FeatureUpload, update: bool = True) -> InterfaceGradients:
         """Slot-space CE (+ SupCon) on the upload; train g and h on it (unless `update` is False, as in
