@@ -4,7 +4,7 @@ validation accuracy with OOD (the only number tuning looks at), pairs them by se
 and rounds, and says per setting whether the methods' order by mean is the same.
 
     python benchmarks/compare_records.py \
-        --baseline benchmarks/results/fashion/work/budget --baseline-label "ResNet width 2.0" \
+        --baseline benchmarks/results/fashion-width2/work/budget --baseline-label "ResNet width 2.0" \
         --candidate benchmarks/results/fashion-width-check/work/eval --candidate-label "width 1.0" \
         --out benchmarks/results/fashion-width-check/comparison.md
 """

@@ -30,7 +30,7 @@ import torch
 from harmony_mobile import training
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.bench.hooks import BenchObserver, RunExtras, UplinkCounter
-from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Setting, repo_relative
+from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Budget, Setting, repo_relative
 from harmony_mobile.bench.stats import sum_known
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.run_dir import RunDir
@@ -905,7 +905,7 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
 
     results_file = _results_file(out_dir, "re-render", "run the benchmark first")
     results = json.loads(results_file.read_text())
-    if results["profile"]["budget"] == profile.budget.model_dump():
+    if Budget(**results["profile"]["budget"]) == profile.budget:  # a field added since: its default
         results["profile"].update(description=profile.description, notes=profile.notes)
     else:
         log("the profile's budget changed since these results: their own description and notes are kept")
