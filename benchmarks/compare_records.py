@@ -23,6 +23,8 @@ def load_records(folder: Path) -> dict[tuple[str, str, int, int], dict]:
     for path in sorted(folder.rglob("bench.json")):
         record = json.loads(path.read_text())
         key = (record["setting"], record["method"], record["seed"], record["train_config"]["rounds"])
+        if key in records:  # tuning trials, or a folder holding two studies: say which, not pick one
+            raise SystemExit(f"{path}: a second run of {key} under {folder}; point at one stage's folder")
         records[key] = record
     return records
 

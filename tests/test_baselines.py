@@ -178,11 +178,20 @@ def _trained_parameters(federation: Federation) -> dict[str, torch.Tensor]:
     modules = {f"client {c.name}": c.model for c in federation.clients}
     if federation.server is not None:
         modules |= {"server g": federation.server.backend, "server h": federation.server.projection}
-    return {
+    modules |= {
+        f"decision layer {c}": layer
+        for c, layer in getattr(federation.algorithm, "_decision_layers", {}).items()
+    }
+    trained = {
         f"{owner} {name}": p.detach().clone()
         for owner, module in modules.items()
         for name, p in module.named_parameters()
     }
+    # what a method keeps per client between rounds (local, fedproto: the broadcast never carries it)
+    names = {name for c in federation.clients for name, _ in c.model.named_parameters()}
+    for client, weights in getattr(federation.algorithm, "_weights", {}).items():
+        trained |= {f"kept {client} {k}": v.clone() for k, v in weights.items() if k in names}
+    return trained
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))

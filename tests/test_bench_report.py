@@ -724,3 +724,44 @@ def test_a_cosine_budget_decays_every_method_over_its_own_runs_rounds():
     data["algorithm_config"]["fedavg"] = {"decay_rounds": data["budget"]["rounds"]}
     with pytest.raises(ValidationError, match="decay_rounds is set by its budget's lr_schedule"):
         BenchProfile(**data)
+
+
+def test_a_fixed_decay_is_checked_for_every_method_that_inherits_it():
+    standard = load_profile("standard").model_dump()
+    checked = {
+        **standard,
+        "algorithm_config": {**standard["algorithm_config"], "multi-exit": {"decay_rounds": 24}},
+    }
+    checked["budget_check"] = {**standard["budget_check"], "methods": ["multi-exit"]}
+    with pytest.raises(ValidationError, match="multi-exit's decay_rounds is tied to its budget's rounds"):
+        BenchProfile(**checked)  # the check's 48-round run would decay over 24
+    inherited = {
+        **standard,
+        "algorithm_config": {**standard["algorithm_config"], "harmony": {"decay_rounds": 24}},
+    }
+    inherited["budget_check"] = None
+    inherited["budgets"] = {
+        **standard["budgets"],
+        "harmony-full-softmax": {
+            "rounds": 48,
+            "local_steps": 5,
+            "samples_per_step": 64,
+            "lr_schedule": "cosine",
+        },
+    }
+    with pytest.raises(ValidationError, match="harmony-full-softmax: decay_rounds is set by its budget's"):
+        BenchProfile(**inherited)
+    tuned = {**standard, "tuning": {**standard["tuning"], "grids": {"fedavg": [{}, {"decay_rounds": 24}]}}}
+    with pytest.raises(ValidationError, match=r"tuning: \['fedavg'\] try decay_rounds"):
+        BenchProfile(**tuned)
+
+
+def test_results_of_a_budget_with_a_field_since_removed_keep_their_prose(tmp_path):
+    from harmony_mobile.bench.runner import bench
+
+    results = synthetic_results()
+    results["profile"]["budget"] = {**load_profile("standard").budget.model_dump(), "warmup_rounds": 3}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    lines: list[str] = []
+    text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
+    assert "tuned on validation only" in text and any("are kept" in line for line in lines)

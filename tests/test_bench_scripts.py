@@ -219,3 +219,11 @@ def test_compare_records_pairs_runs_and_says_when_the_ranking_changes(tmp_path):
     assert not row["same_ranking"]
     assert row["cpu_ratio"] == pytest.approx({"harmony": 0.5, "fedavg": 0.6})
     assert any("| harmony | 1, 2 | 24 | 70.0 | 58.0 | -12.0 |" in line for line in lines)
+
+
+def test_compare_records_refuses_a_folder_with_two_runs_of_one_key(tmp_path):
+    compare = load_script(REPO_ROOT / "benchmarks/compare_records.py")
+    _record(tmp_path / "trial-0", "harmony", 1, 0.7, 10.0)
+    _record(tmp_path / "trial-1", "harmony", 1, 0.6, 10.0)
+    with pytest.raises(SystemExit, match="a second run of"):
+        compare.load_records(tmp_path)

@@ -38,9 +38,10 @@ class LocalTrainingConfig(BaseModel):
     decay_rounds: int | None = Field(
         default=None,
         ge=1,
-        description="cosine-decay every learning rate of the method (the client's and the server's) from "
-        "its set value towards 0 over this many rounds (the run's rounds), so a run ends on a settled "
-        "model rather than a noisy last step; None = constant",
+        description="cosine-decay the learning rates of the rounds (the client's and the server's; not the "
+        "final personalization's or the inner loop's) from their set values towards 0 over this many "
+        "rounds (the run's rounds), so a run ends on a settled model rather than a noisy last step; "
+        "None = constant",
     )
 
     def round_lr(self, round_id: int) -> float:

@@ -225,11 +225,6 @@ class BenchProfile(BaseModel):
             raise ValueError(f"budget_check: {unevaluated} are not methods of this profile")
         for method in check.methods:
             check_algorithm(method)
-            if "decay_rounds" in self.algorithm_config.get(parent_method(method), {}):
-                raise ValueError(
-                    f"budget_check: {method}'s decay_rounds is tied to its budget's rounds; "
-                    "a budget lr_schedule follows each run's rounds"
-                )
             shorter = [r for r in check.rounds if r <= self.method_budget(method).rounds]
             if shorter:
                 raise ValueError(
@@ -243,16 +238,35 @@ class BenchProfile(BaseModel):
             )
 
     def _check_decay(self) -> None:
-        """A learning-rate decay must span the method's own rounds: shorter wastes the last rounds at
-        rate ~0, longer stops before the rate is low."""
-        for method, config in self.algorithm_config.items():
-            decay, budget = config.get("decay_rounds"), self.method_budget(method)
-            if decay is not None and budget.lr_schedule == "cosine":
+        """A learning-rate decay must span each run's own rounds: shorter wastes the last rounds at
+        rate ~0, longer stops before the rate is low. A fixed `decay_rounds` (a method's own entry or
+        its parent's) must therefore equal its budget's rounds and stay out of the budget check's
+        longer runs; under a cosine `lr_schedule` the budget sets it for every run."""
+        checked = self.budget_check.methods if self.budget_check else []
+        for method in dict.fromkeys([*self.algorithm_config, *self.methods]):
+            own = self.algorithm_config.get(method, {})
+            decay = {**self.algorithm_config.get(parent_method(method), {}), **own}.get("decay_rounds")
+            budget = self.method_budget(method)
+            if decay is None:
+                continue
+            if budget.lr_schedule == "cosine":
                 raise ValueError(f"{method}: decay_rounds is set by its budget's lr_schedule; leave it out")
-            if decay is not None and decay != budget.rounds:
+            if decay != budget.rounds:
                 raise ValueError(
                     f"{method}: decay_rounds {decay} must equal its budget's rounds ({budget.rounds})"
                 )
+            if method in checked:
+                raise ValueError(
+                    f"budget_check: {method}'s decay_rounds is tied to its budget's rounds; "
+                    "a budget lr_schedule follows each run's rounds"
+                )
+        tuned = [
+            m
+            for m, trials in (self.tuning.grids if self.tuning else {}).items()
+            if any("decay_rounds" in t for t in trials)
+        ]
+        if tuned:
+            raise ValueError(f"tuning: {tuned} try decay_rounds, which follows the budget (lr_schedule)")
 
     def _check_tuning(self) -> None:
         if self.tuning is None:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from harmony_mobile import training
 from harmony_mobile.algorithms.registry import build_algorithm
@@ -898,6 +899,15 @@ def extend(
     }
 
 
+def _same_budget(recorded: dict, budget: Budget) -> bool:
+    """Through the model: a field added since the results counts at its default; one removed since
+    makes them another budget."""
+    try:
+        return Budget(**recorded) == budget
+    except ValidationError:
+        return False
+
+
 def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -> Path:
     """The report written again from `out_dir`'s results.json: numbers unchanged, prose from the
     current profile unless its budget changed since (then the results' own prose is kept)."""
@@ -905,7 +915,7 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
 
     results_file = _results_file(out_dir, "re-render", "run the benchmark first")
     results = json.loads(results_file.read_text())
-    if Budget(**results["profile"]["budget"]) == profile.budget:  # a field added since: its default
+    if _same_budget(results["profile"]["budget"], profile.budget):
         results["profile"].update(description=profile.description, notes=profile.notes)
     else:
         log("the profile's budget changed since these results: their own description and notes are kept")

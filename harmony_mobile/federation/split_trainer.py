@@ -86,7 +86,9 @@ class SplitTrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     lr: float = Field(gt=0, description="Adam learning rate of g and h")
-    decay_rounds: int | None = Field(description="cosine decay of lr over this many rounds; None = constant")
+    decay_rounds: int | None = Field(
+        ge=1, description="cosine decay of lr over this many rounds; None = constant"
+    )
     restrict_to_client_slots: bool = Field(
         description="softmax of the server CE over the uploading client's slots only (False: over every "
         "slot of the table). The full softmax teaches g that a family's features never show the classes "
