@@ -58,8 +58,9 @@ class Budget(BaseModel):
     )
     lr_schedule: Literal["constant", "cosine"] = Field(
         default="constant",
-        description="cosine: every learning rate of the method decays over the run's own rounds (a "
-        "budget check's longer runs decay over theirs)",
+        description="cosine: the method's learning rates during the rounds (client and server; not the "
+        "final personalization's) decay over the run's own rounds (a budget check's longer runs decay "
+        "over theirs)",
     )
 
 
