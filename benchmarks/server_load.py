@@ -1,8 +1,10 @@
 """Load benchmark of the fallback server, every figure from one run on one machine:
 
   * ceilings: the raw batched forward of the back-end (no HTTP, no queue) at batch 1 and at the
-    server's max_batch, in this process; and the floor, `GET /v2/health/live`, an async route with
-    nothing to do in the same app behind the same middleware (routing, metrics, body limit);
+    server's max_batch, in this process; the floor, `GET /v2/health/live`, an async route with
+    nothing to do in the same app behind the same middleware (routing, metrics, body limit); and
+    the bare HTTP server, uvicorn as the server runs it answering a fixed body with no app: with
+    the raw forward it bounds what any app could carry with one row per request;
   * throughput: closed-loop keep-alive clients (`--clients`, 64) against the floor, binary (HMFT)
     infer of 1-row requests (what phones send) and of `--rows` rows per request, and 1-row infer
     on a second server with batching off (max_batch 1): what the dynamic batcher earns;
@@ -141,6 +143,49 @@ def _forward_rows_per_second(runtime: str, batch: int, seconds: float) -> float:
         forward(x)
         rows += batch
     return rows / (time.perf_counter() - started)
+
+
+BARE_BODY = b'{"live":true}'
+
+
+async def bare_http_app(scope: dict, receive, send) -> None:
+    """An ASGI app that answers every request with one fixed body: what the HTTP server itself
+    (uvicorn, httptools, uvloop) costs per request, with no app in front of it."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(BARE_BODY))]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": BARE_BODY})
+
+
+class BareHttpServer:
+    """`bare_http_app` under uvicorn with the fallback server's HTTP stack and settings (httptools,
+    uvloop, no access log, no proxy headers), on the server's core."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.port = free_port()
+        self.max_batch = 0
+        command = [
+            sys.executable, "-m", "uvicorn", "--app-dir", str(Path(__file__).resolve().parent),
+            "server_load:bare_http_app", "--host", "127.0.0.1", "--port", str(self.port),
+            "--http", "httptools", "--loop", "uvloop", "--no-access-log", "--no-proxy-headers",
+            "--timeout-keep-alive", "5", "--log-level", "warning",
+        ]  # fmt: skip
+        with on_cpus(server_cpus(args)):
+            self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        wait_until_ready(self.process, f"{self.url}/", timeout)
+
+    def metrics(self) -> str:
+        return ""  # no batches: the run's rows per forward is 0
+
+    def stop(self) -> None:
+        stop(self.process, timeout=20)
 
 
 class Server:
@@ -441,6 +486,15 @@ def unbatched_server_run(model_dir: Path, scratch: Path, args: argparse.Namespac
         server.stop()
 
 
+def bare_http_run(args: argparse.Namespace) -> dict:
+    server = BareHttpServer(args)
+    try:
+        server.wait_ready()
+        return with_adjacent_ceiling(lambda: saturate(server, "floor", 0, args, "bare HTTP server"), args)
+    finally:
+        server.stop()
+
+
 def raw_ceilings(args: argparse.Namespace) -> dict[str, float]:
     cpus = server_cpus(args)
     return {
@@ -538,6 +592,7 @@ def main() -> None:
         with on_cpus(load_cpus(args)):  # the load generator's processes inherit it
             runs = batching_server_runs(model_dir, Path(scratch), args)
             runs.append(unbatched_server_run(model_dir, Path(scratch), args))
+            runs.append(bare_http_run(args))
     raw_after = raw_ceilings(args)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -569,7 +624,7 @@ def _saturation_table(result: dict) -> list[str]:
             else ""
         )
         lines.append(
-            f"| {run['label']} | {run['max_batch']} | {run['requests_per_second']:.0f} | {run['rows_per_second']:.0f} | "
+            f"| {run['label']} | {run['max_batch'] or '-'} | {run['requests_per_second']:.0f} | {run['rows_per_second']:.0f} | "
             f"{run['requests_per_second'] / floor:.2f} | {to_raw} | {run['mean_batch_rows']:.1f} | "
             f"{run['latency_p50_ms']:.1f} | {run['latency_p99_ms']:.1f} | {run['statuses']} |"
         )
@@ -627,12 +682,33 @@ def _targets(result: dict) -> list[str]:
         f"(target {TARGET_RAW_RATIO} x: {verdict(to_raw, TARGET_RAW_RATIO)}; {one_row['rows_per_second']:.0f} vs "
         f"{ceiling:.0f} rows/s). The floor route, which does nothing, answers "
         f"{floor['requests_per_second'] / ceiling:.2f} x as many requests per second as the raw forward computes "
-        "rows: with one row per request the HTTP stack of one process, not the batcher, bounds the ratio to the "
-        f"raw forward. With {setup['rows']} rows per request the route carries {many['rows_per_second']:.0f} "
+        f"rows. With {setup['rows']} rows per request the route carries {many['rows_per_second']:.0f} "
         f"rows/s, **{many['rows_per_second'] / many['ceiling']:.2f} x** the raw forward (same adjacent "
         "measurement). The batcher earns "
         f"{one_row['rows_per_second'] / off['rows_per_second']:.2f} x the 1-row throughput of the same server with "
         f"batching off ({off['rows_per_second']:.0f} rows/s, max_batch 1).",
+        *_http_bound(by_label.get("bare HTTP server"), one_row),
+    ]
+
+
+def _http_bound(bare: dict | None, one_row: dict) -> list[str]:
+    """What any app could carry on this HTTP server: per 1-row request, the core pays the bare
+    server's cost per request plus the raw forward's cost per row, and nothing else."""
+    if bare is None:  # results from before the bare server was measured
+        return []
+    per_row_s = 1 / bare["requests_per_second"] + 1 / bare["ceiling"]
+    bound = 1 / per_row_s
+    return [
+        "",
+        f"The bare HTTP server (uvicorn, httptools and uvloop as the fallback server runs them, answering a "
+        f"fixed body with no app) answers {bare['requests_per_second']:.0f} requests/s on the same core. An app "
+        f"that added nothing to it, batching 1-row requests perfectly, would carry at most {bound:.0f} rows/s: "
+        f"**{bound / bare['ceiling']:.2f} x** the raw forward measured beside that run "
+        f"({bare['ceiling']:.0f} rows/s). The 1-row infer route carries "
+        f"{one_row['rows_per_second'] / bound:.2f} x that bound: per request the app spends "
+        f"{1e6 * (1 / one_row['rows_per_second'] - per_row_s):.0f} µs beyond the bare server and the forward; "
+        f"{TARGET_RAW_RATIO} x the raw forward needs that below "
+        f"{1e6 * max(0.0, 1 / (TARGET_RAW_RATIO * bare['ceiling']) - per_row_s):.0f} µs.",
     ]
 
 
