@@ -56,7 +56,7 @@ def measurements(run: FinishedRun, shared: bool) -> dict:
         "evaluate": evaluate(run.clients, run.served, setting, answers),
         "validation": validation_metrics(answers, *args, run.exit_rule),
         "unseen": unseen_class_accuracy(answers, *args),
-        "gates": gate_studies(answers, run.served, *args, run.exit_rule),
+        "gates": gate_studies(answers, run.served, *args, run.exit_rule, run.replay),
     }
 
 

@@ -230,10 +230,20 @@ class TrainObserver:
         """Called once the federation exists (subscribe to its server's uploads, its updates)."""
 
     def after_evaluate(
-        self, clients, served, images, labels, partition, results: dict, exit_rule: str, answers=None
+        self,
+        clients,
+        served,
+        images,
+        labels,
+        partition,
+        results: dict,
+        exit_rule: str,
+        answers=None,
+        replay=None,
     ) -> None:
         """Called with the live clients right after the final evaluation (`answers`: their answer
-        caches, `evaluation.ClientAnswers` by client id, to reuse the forward passes)."""
+        caches, `evaluation.ClientAnswers` by client id, to reuse the forward passes; `replay`: the
+        back-end's replay set, None without a back-end)."""
 
 
 EPOCH_FILE = "label_epoch"  # a provisioned lineage's epoch, read when run.json does not exist yet
@@ -437,17 +447,17 @@ def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | 
     server = run.federation.server
     served = BackendWithSlots(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     images, labels = run.dataset.images, run.dataset.labels
+    replay = collect_replay(run.clients, config.seed) if algorithm.uses_split else None
     setting = EvaluationSetting(images, labels, run.partition, config.seed, algorithm.exit_rule)
     answers = client_answers(run.clients, served, images)
     results = evaluate(run.clients, served, setting, answers)
     if observer is not None:
         observer.after_evaluate(
-            run.clients, served, images, labels, run.partition, results, algorithm.exit_rule, answers
+            run.clients, served, images, labels, run.partition, results, algorithm.exit_rule, answers, replay
         )
     del answers  # every evaluated image's features: memory the artifacts below do not need
     for client in run.clients:
         save_client(run.run_path, client_artifact(client, run.partition.clients[client.client_id]))
-    replay = collect_replay(run.clients, config.seed) if algorithm.uses_split else None
     results["thresholds"] = {c.name: c.threshold for c in run.clients}
     return finish_server(run, history, results, replay, max(c.max_releases for c in run.clients))
 

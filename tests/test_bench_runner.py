@@ -84,6 +84,7 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
         "neg_entropy",
         "energy",
         "prototype",
+        "slot_margin",  # from the run's replay set and back-end
     }
     assert runs["fedavg", 0]["gates"] == {}
     assert runs["harmony", 0]["code"] == results["machine"]["code"]  # each run names the code that made it

@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from harmony_mobile.bench.gates import FALLBACK_GRID, accuracy_curve, gate_scores, ood_auroc
+from harmony_mobile.bench.gates import (
+    FALLBACK_GRID,
+    PhonePrototypes,
+    accuracy_curve,
+    gate_scores,
+    ood_auroc,
+)
+from harmony_mobile.federation.replay import slot_margin, slot_prototypes
 
 
 def test_curve_runs_from_exit_only_to_server_only_and_falls_back_lowest_scores_first():
@@ -35,11 +42,54 @@ def test_scores_rank_a_confident_familiar_sample_above_an_unfamiliar_one():
     prototypes = torch.nn.functional.normalize(torch.eye(3, 6), dim=1)
     features = torch.tensor([[5.0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 5.0]])  # near exit 0; near none
     logits = torch.tensor([[6.0, 0.0, 0.0], [0.4, 0.3, 0.2]])
-    scores = gate_scores(logits, features, prototypes)
+    scores = gate_scores(logits, features, PhonePrototypes(prototypes))
     assert set(scores) == {"max_softmax", "neg_entropy", "energy", "prototype"}
     for name, value in scores.items():
         assert value[0] > value[1], name
     assert scores["prototype"][0] == pytest.approx(1.0) and scores["prototype"][1] == pytest.approx(0.0)
+
+
+class SlotByFirstFeatures(torch.nn.Module):
+    """A back-end whose slot scores are the first feature values: row i's top slot is known."""
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return features.flatten(1)[:, :4]
+
+
+def test_slot_prototypes_are_the_unit_mean_of_the_replay_rows_the_backend_puts_in_each_slot():
+    replay = torch.tensor(
+        [[3.0, 0, 0, 0, 0, 4], [5.0, 0, 0, 0, 0, 0], [0, 2.0, 0, 0, 0, 0], [0, 0, 1.0, 0, 1.0, 0]]
+    ).to(torch.float16)
+    prototypes = slot_prototypes(SlotByFirstFeatures(), 4, replay)
+    assert prototypes.shape == (4, 6)
+    # slot 0: mean of the unit rows (0.6, .., 0.8) and (1, .., 0), normalized again
+    expected = torch.nn.functional.normalize(torch.tensor([1.6, 0, 0, 0, 0, 0.8]), dim=0)
+    assert torch.allclose(prototypes[0], expected, atol=1e-3)
+    assert torch.allclose(prototypes[1], torch.tensor([0, 1.0, 0, 0, 0, 0]))
+    assert torch.allclose(prototypes[2].norm(), torch.tensor(1.0))
+    assert torch.equal(prototypes[3], torch.zeros(6))  # no replay row: no prototype
+
+
+def test_slot_margin_is_own_nearest_minus_other_nearest_and_ignores_empty_slots():
+    prototypes = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [0, 0, 0]])
+    own = torch.tensor([True, False, False, True])
+    features = torch.tensor([[2.0, 0, 0], [0, 0, 3.0], [1.0, 1.0, 0]])
+    margin = slot_margin(features, prototypes, own)
+    # at own slot 0: 1 - 0; at other slot 2: 0 - 1; halfway between own 0 and other 1: 0
+    assert torch.allclose(margin, torch.tensor([1.0, -1.0, 0.0]), atol=1e-6)
+    # a phone holding every slot with a prototype compares with -1, the least cosine
+    everything = slot_margin(features, prototypes, torch.tensor([True, True, True, False]))
+    assert torch.allclose(everything, torch.tensor([2.0, 2.0, 1.0 / 2**0.5 + 1]), atol=1e-6)
+
+
+def test_the_slot_margin_score_joins_the_study_when_the_run_has_slot_prototypes():
+    prototypes = torch.nn.functional.normalize(torch.eye(3, 6), dim=1)
+    logits = torch.tensor([[6.0, 0.0, 0.0], [0.4, 0.3, 0.2]])
+    features = torch.tensor([[5.0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 5.0]])  # own slot 0; foreign slot 2
+    slots = torch.nn.functional.normalize(torch.tensor([[1.0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1.0]]), dim=1)
+    phone = PhonePrototypes(prototypes, slots, torch.tensor([True, False]))
+    scores = gate_scores(logits, features, phone)
+    assert scores["slot_margin"] == pytest.approx([1.0, -1.0])
 
 
 def fake_run(method: str, seed: int, shift: float, rule: str = "max_softmax") -> dict:
@@ -160,3 +210,9 @@ def test_the_report_compares_harmonys_gate_scores_on_validation_and_test():
     assert "| max_softmax | val | 54.5 | 58.5 | 62.5 | 70.5 | 0.600 |" in text
     assert "| prototype | test | 51.5 | 55.5 | 59.5 | 67.5 | 0.800 |" in text
     assert gate_score_table({"runs": [{"setting": "s", "method": "harmony", "seed": 0}]}, "s") == []
+    # a score only newer records have is left out rather than read from the records without it
+    for on in ("val", "test"):
+        newer = runs[0]["gates"][on]["p=0.2"] = runs[0]["gates"][on]["p=0.2"] | {}
+        newer["curve"] = newer["curve"] | {"slot_margin": newer["curve"]["prototype"]}
+    text = "\n".join(gate_score_table({"runs": runs}, "s"))
+    assert "| prototype | test |" in text and "slot_margin" not in text

@@ -52,17 +52,29 @@ def _run_extra(run: dict, key: str) -> float:
 
 
 def curve_table(results: dict, setting: str, methods: list[str]) -> list[str]:
+    rows = curve_rows(results, setting, methods)
+    if not rows:
+        return []
+    method = ((results.get("profile") or {}).get("targets") or {}).get("method", "harmony")
+    return [
+        f"### Accuracy vs fallback rate ({setting})",
+        "",
+        "Test accuracy with OOD (mean of p = 0.2 and 0.5) when each phone sends the given share of its "
+        "samples to the server, lowest gate score first; mean over seeds.",
+        "",
+        *rows,
+        *gate_score_table(results, setting, method),
+    ]
+
+
+def curve_rows(results: dict, setting: str, methods: list[str]) -> list[str]:
+    """Each method's curve by the score it exits by, then HARMONY's minus each other's."""
     runs = [r for r in results["runs"] if r["setting"] == setting and run_curve(r) is not None]
     if not runs:
         return []
     index = [FALLBACK_GRID.index(rate) for rate in COMPARED_RATES]
     header = " | ".join(f"at {rate:.0%} fallback" for rate in COMPARED_RATES)
     lines = [
-        f"### Accuracy vs fallback rate ({setting})",
-        "",
-        "Test accuracy with OOD (mean of p = 0.2 and 0.5) when each phone sends the given share of its "
-        "samples to the server, lowest gate score first; mean over seeds.",
-        "",
         f"| method | gate | {header} | OOD AUROC | oracle gate | server only |",
         "|---|---|" + "---|" * (len(COMPARED_RATES) + 3),
     ]
@@ -78,8 +90,7 @@ def curve_table(results: dict, setting: str, methods: list[str]) -> list[str]:
             + " | ".join(cells)
             + f" | {extras[0]:.3f} | {100 * extras[1]:.1f} | {100 * extras[2]:.1f} |"
         )
-    method = ((results.get("profile") or {}).get("targets") or {}).get("method", "harmony")
-    return lines + [""] + curve_gap_lines(runs, methods) + gate_score_table(results, setting, method)
+    return lines + [""] + curve_gap_lines(runs, methods)
 
 
 def gate_score_table(results: dict, setting: str, method: str = "harmony") -> list[str]:
@@ -91,7 +102,9 @@ def gate_score_table(results: dict, setting: str, method: str = "harmony") -> li
     if not runs:
         return []
     index = [FALLBACK_GRID.index(rate) for rate in COMPARED_RATES]
-    rules = list(_study_rows(runs[0], "test")[0]["curve"])
+    # scores every run recorded (records made before a score existed lack it)
+    rows = [row for r in runs for on in ("val", "test") for row in _study_rows(r, on)]
+    rules = [rule for rule in rows[0]["curve"] if all(rule in row["curve"] for row in rows)]
     header = " | ".join(f"{rate:.0%}" for rate in COMPARED_RATES)
     lines = [
         f"`{method}`'s phones gated by each score (its own: `{gate_rule(runs[0])}`), accuracy with OOD at "

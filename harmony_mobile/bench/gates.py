@@ -7,12 +7,16 @@ Each point falls back the lowest-scoring share of a client's samples (ID test sa
 OOD ones at fraction p); the curve is the mean over clients. Beside it: the score's OOD-detection
 AUROC, an oracle gate (exactly the OOD samples fall back) and the server answering everything.
 
-Every score is computed on the phone from what it holds: its exit logits, and for `prototype` the
-mean feature of each of its own exits over its own training samples (no label leaves the phone).
+Every score is computed on the phone from what it holds: its exit logits; for `prototype` the
+mean feature of each of its own exits over its own training samples (no label leaves the phone);
+for `slot_margin` the server's slot prototypes (federation/replay.py: made from the back-end and
+its label-free replay set) and which slots are the phone's own (its secret decodes them).
 This is the experimenter's harness: it reads true labels to score answers.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -21,9 +25,10 @@ from scipy.stats import rankdata
 
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
-from harmony_mobile.evaluation import ClientAnswers
+from harmony_mobile.evaluation import BackendWithSlots, ClientAnswers
+from harmony_mobile.federation.replay import slot_margin, slot_prototypes
 
-GATE_SCORES = ("max_softmax", "neg_entropy", "energy", "prototype")
+GATE_SCORES = ("max_softmax", "neg_entropy", "energy", "prototype", "slot_margin")
 FALLBACK_GRID = tuple(round(0.05 * i, 2) for i in range(21))
 GATE_OOD_FRACTIONS = (0.2, 0.5)
 
@@ -42,11 +47,32 @@ def own_prototypes(client, batch: int = 512) -> torch.Tensor:
     return F.normalize(sums, dim=1)
 
 
-def gate_scores(exit_logits: torch.Tensor, features: torch.Tensor, prototypes: torch.Tensor) -> dict:
+@dataclass
+class PhonePrototypes:
+    """What a phone's prototype scores compare its features with: its own exits' mean features,
+    and (when the run has a replay set) the server's slot prototypes with the phone's own slots."""
+
+    own: torch.Tensor
+    slots: torch.Tensor | None = None
+    own_slots: torch.Tensor | None = None
+
+
+def phone_prototypes(answers: ClientAnswers, served: BackendWithSlots, slots: torch.Tensor | None):
+    if slots is None:
+        return PhonePrototypes(own_prototypes(answers.client))
+    client = answers.client
+    own_exits = client.exit_labels(torch.tensor(client.classes, dtype=torch.int64))
+    own_slots = torch.isin(client.slot_to_class(served.slot_tokens), own_exits)
+    return PhonePrototypes(own_prototypes(client), slots, own_slots)
+
+
+def gate_scores(exit_logits: torch.Tensor, features: torch.Tensor, prototypes: PhonePrototypes) -> dict:
     """Higher = the phone is surer the sample is one of its own classes, answered right."""
     scores = {rule: exit_confidence(exit_logits, rule) for rule in ("max_softmax", "neg_entropy")}
     scores["energy"] = torch.logsumexp(exit_logits, dim=1)
-    scores["prototype"] = (F.normalize(features.flatten(1), dim=1) @ prototypes.T).amax(dim=1)
+    scores["prototype"] = (F.normalize(features.flatten(1), dim=1) @ prototypes.own.T).amax(dim=1)
+    if prototypes.slots is not None:
+        scores["slot_margin"] = slot_margin(features, prototypes.slots, prototypes.own_slots)
     return {name: value.numpy() for name, value in scores.items()}
 
 
@@ -72,7 +98,7 @@ def ood_auroc(score: np.ndarray, is_ood: np.ndarray) -> float:
 
 @torch.no_grad()
 def client_gate_study(
-    client_answers: ClientAnswers, labels, index: np.ndarray, is_ood: np.ndarray, prototypes: torch.Tensor
+    client_answers: ClientAnswers, labels, index: np.ndarray, is_ood: np.ndarray, prototypes: PhonePrototypes
 ) -> dict:
     """One client's curves, AUROCs, oracle and server-only accuracy on the samples `index`."""
     truth = client_answers.client.exit_labels(labels[index])
@@ -89,13 +115,23 @@ def client_gate_study(
 
 
 def gate_studies(
-    answers: dict[int, ClientAnswers], backend, labels, partition: Partition, seed: int, exit_rule: str
+    answers: dict[int, ClientAnswers],
+    backend: BackendWithSlots | None,
+    labels,
+    partition: Partition,
+    seed: int,
+    exit_rule: str,
+    replay: torch.Tensor | None = None,
 ) -> dict:
     """`gate_study` on test and on validation, each client's prototypes computed once for both,
-    and the score the method exits by (what its report curve is read for)."""
+    and the score the method exits by (what its report curve is read for). `replay`: the run's
+    replay set, from which the server makes the slot prototypes (none: no `slot_margin`)."""
     if backend is None:
         return {}
-    prototypes = {client_id: own_prototypes(a.client) for client_id, a in answers.items()}
+    slots = None
+    if replay is not None and len(replay):
+        slots = slot_prototypes(backend.backend, len(backend.slot_tokens), replay)
+    prototypes = {i: phone_prototypes(a, backend, slots) for i, a in answers.items()}
     args = (answers, labels, partition, seed, prototypes)
     return {"test": gate_study(*args, on="test"), "val": gate_study(*args, on="val"), "exit_rule": exit_rule}
 
@@ -111,7 +147,7 @@ def gate_study(
     """Mean over clients of `client_gate_study` at each OOD fraction, on the clients' ID test
     samples with OOD from the test pool (`on="test"`) or on validation only (`on="val"`: each
     client's val split with OOD from the other clients' val splits), which is where a gate is picked.
-    `prototypes`: each client's `own_prototypes`, by client id."""
+    `prototypes`: each client's `PhonePrototypes`, by client id."""
     label_array = labels.numpy()
     pool = partition.ood_pool
     if on == "val":

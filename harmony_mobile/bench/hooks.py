@@ -111,12 +111,13 @@ class BenchObserver(training.TrainObserver):
         results: dict,
         exit_rule: str,
         answers: dict[int, ClientAnswers] | None = None,
+        replay: torch.Tensor | None = None,
     ) -> None:
         answers = answers or client_answers(clients, served, images)
         self.extras.validation = validation_metrics(answers, labels, partition, self.seed, exit_rule)
         self.extras.unseen = unseen_class_accuracy(answers, labels, partition, self.seed)
         self.extras.per_tier = per_tier_rates(clients, results)
-        self.extras.gates = gate_studies(answers, served, labels, partition, self.seed, exit_rule)
+        self.extras.gates = gate_studies(answers, served, labels, partition, self.seed, exit_rule, replay)
 
 
 def _mean(values: list[float]) -> float:

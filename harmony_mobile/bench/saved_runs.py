@@ -29,6 +29,7 @@ class FinishedRun:
     partition: Partition
     seed: int
     exit_rule: str  # the score the run's method exits by
+    replay: torch.Tensor | None  # the back-end's replay set (None: a run without a back-end)
 
 
 def load_finished_run(path: str | Path) -> FinishedRun:
@@ -48,4 +49,6 @@ def load_finished_run(path: str | Path) -> FinishedRun:
     loaded = run.backend()
     served = BackendWithSlots(loaded.backend.eval(), loaded.slot_table.tokens)
     exit_rule = build_algorithm(config.algorithm, config.algorithm_config).exit_rule
-    return FinishedRun(clients, served, dataset.images, dataset.labels, partition, config.seed, exit_rule)
+    return FinishedRun(
+        clients, served, dataset.images, dataset.labels, partition, config.seed, exit_rule, loaded.replay
+    )
