@@ -80,3 +80,14 @@ def test_flower_and_the_export_refuse_a_rule_they_cannot_run(slot_gate_run, tmp_
     with pytest.raises(ExportError, match="exit by slot_margin.*max softmax only"):
         export_run(slot_gate_run[0], tmp_path / "out", key_dir=tmp_path / "keys", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_slot_gate_variant_trains_with_its_methods_tuned_settings():
+    from harmony_mobile.bench.profile import load_profile, parent_method
+
+    assert parent_method("harmony-slot-gate") == "harmony"
+    assert parent_method("splitgp-restricted-slot-gate") == "splitgp-restricted"
+    profile = load_profile("fashion-variants")
+    tuned = {"harmony": {"lr": 0.01}}
+    gate = profile.method_config("harmony-slot-gate", tuned)
+    assert gate == profile.method_config("harmony", tuned) and gate["lr"] == 0.01
