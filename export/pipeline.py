@@ -130,7 +130,21 @@ def open_run(run_dir: str | Path) -> RunDir:
         raise RunDirError(
             f"{run.path} holds no trained server back-end (no backend.pt); run `harmony train` first"
         )
+    check_exit_rule(run)
     return run
+
+
+def check_exit_rule(run: RunDir) -> None:
+    """The manifest's threshold is on max softmax, the one exit score every phone runtime computes."""
+    from harmony_mobile.algorithms.registry import build_algorithm
+
+    config = run.info.train_config
+    rule = build_algorithm(config["algorithm"], config.get("algorithm_config")).exit_rule
+    if rule != "max_softmax":
+        raise ExportError(
+            f"{run.path}'s phones exit by {rule}, but the phone runtimes answer locally by max softmax "
+            "only: export a run trained with exit_rule max_softmax"
+        )
 
 
 # --------------------------------------------------------------------------- one tier

@@ -14,7 +14,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from harmony_mobile.algorithms.base import exit_confidence
+from harmony_mobile.algorithms.base import exit_score
 from harmony_mobile.data.partition import Partition, ood_test_indices
 from harmony_mobile.federation.client import Client
 from harmony_mobile.models import Backend
@@ -131,7 +131,7 @@ def _local_only(local: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _route(client: Client, answers: SplitAnswers, exit_rule: str) -> dict[str, torch.Tensor]:
     """The exit's answer where it is confident, the server's elsewhere."""
-    exits = exit_confidence(answers.exit_logits, exit_rule) >= client.threshold
+    exits = exit_score(client, answers.exit_logits, answers.features, exit_rule) >= client.threshold
     return {
         "prediction": torch.where(exits, answers.exit_prediction, answers.server_prediction),
         "exits": exits,

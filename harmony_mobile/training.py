@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from harmony_mobile.algorithms.base import calibrate_client
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import dataset_info, load_dataset
 from harmony_mobile.data.partition import ClientSplit, Partition, make_partition
@@ -29,6 +30,7 @@ from harmony_mobile.federation.rounds import (
     run_rounds,
     seed_turn,
 )
+from harmony_mobile.federation.slot_gate import SlotGate, slot_prototypes
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.files import open_private
 from harmony_mobile.models import (
@@ -448,6 +450,10 @@ def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | 
     served = BackendWithSlots(run.backend.eval(), server.slot_table.tokens) if algorithm.uses_split else None
     images, labels = run.dataset.images, run.dataset.labels
     replay = collect_replay(run.clients, config.seed) if algorithm.uses_split else None
+    if algorithm.exit_rule == "slot_margin":
+        gate_clients(
+            run.clients, run.backend, server.slot_table.tokens, replay, algorithm.config.calibration_target
+        )
     setting = EvaluationSetting(images, labels, run.partition, config.seed, algorithm.exit_rule)
     answers = client_answers(run.clients, served, images)
     results = evaluate(run.clients, served, setting, answers)
@@ -460,6 +466,17 @@ def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | 
         save_client(run.run_path, client_artifact(client, run.partition.clients[client.client_id]))
     results["thresholds"] = {c.name: c.threshold for c in run.clients}
     return finish_server(run, history, results, replay, max(c.max_releases for c in run.clients))
+
+
+def gate_clients(
+    clients: list[Client], backend: Backend, slot_tokens: list[bytes], replay: torch.Tensor, target: float
+) -> None:
+    """The slot_margin rule's last step: the server makes its slot prototypes from its back-end and
+    the replay set, and each phone, knowing its own slots, calibrates its threshold on them."""
+    prototypes = slot_prototypes(backend.eval(), len(slot_tokens), replay)
+    for client in clients:
+        client.slot_gate = SlotGate(prototypes, client.own_slots(slot_tokens))
+        calibrate_client(client, target, "slot_margin")
 
 
 def finish_server(

@@ -12,7 +12,7 @@ from harmony_mobile.bench.gates import (
     gate_scores,
     ood_auroc,
 )
-from harmony_mobile.federation.replay import slot_margin, slot_prototypes
+from harmony_mobile.federation.slot_gate import SlotGate, slot_margin, slot_prototypes
 
 
 def test_curve_runs_from_exit_only_to_server_only_and_falls_back_lowest_scores_first():
@@ -87,7 +87,7 @@ def test_the_slot_margin_score_joins_the_study_when_the_run_has_slot_prototypes(
     logits = torch.tensor([[6.0, 0.0, 0.0], [0.4, 0.3, 0.2]])
     features = torch.tensor([[5.0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 5.0]])  # own slot 0; foreign slot 2
     slots = torch.nn.functional.normalize(torch.tensor([[1.0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1.0]]), dim=1)
-    phone = PhonePrototypes(prototypes, slots, torch.tensor([True, False]))
+    phone = PhonePrototypes(prototypes, SlotGate(slots, torch.tensor([True, False])))
     scores = gate_scores(logits, features, phone)
     assert scores["slot_margin"] == pytest.approx([1.0, -1.0])
 

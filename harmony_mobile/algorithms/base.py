@@ -9,7 +9,7 @@ The round loop in federation/rounds.py drives any of them the same way.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 import torch
@@ -20,6 +20,8 @@ from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import SplitTrainer, SplitTrainerConfig, cosine_lr_factor
 from harmony_mobile.models import FamilyModel
 from harmony_mobile.protocol.messages import ClientUpdate
+
+ExitRule = Literal["max_softmax", "neg_entropy", "slot_margin"]
 
 # Samples a client draws per optimizer step unless configured. HARMONY draws a support and a query
 # batch per meta step, so its batch_size defaults to half of this: every method sees the same samples.
@@ -74,6 +76,13 @@ class SplitTrainingConfig(LocalTrainingConfig):
     calibration_target: float = Field(
         default=0.98, gt=0, le=1, description="local-exit accuracy target the exit threshold is calibrated to"
     )
+    exit_rule: ExitRule | None = Field(
+        default=None,
+        description="the score a phone exits by: max_softmax or neg_entropy of its exit logits, or "
+        "slot_margin, its features' nearest own slot prototype against the nearest other one (the "
+        "server's prototypes; calibrated after the replay set, in-process engine only; phones cannot "
+        "run it yet); None = the method's own",
+    )
 
     @property
     def personalization_batch_size(self) -> int:
@@ -97,14 +106,18 @@ class FullModelMethod:
 
 class SplitMethod:
     """What the split methods share: the phone runs a front-end and falls back to the server
-    back-end, exiting locally by max-softmax unless the method says otherwise."""
+    back-end, exiting locally by max-softmax unless the method or its config says otherwise."""
 
     uses_split = True
-    exit_rule = "max_softmax"
+    own_exit_rule: ExitRule = "max_softmax"
     Config: type[SplitTrainingConfig] = SplitTrainingConfig
 
     def __init__(self, config: SplitTrainingConfig | None = None):
         self.config = config or self.Config()
+
+    @property
+    def exit_rule(self) -> ExitRule:
+        return self.config.exit_rule or self.own_exit_rule
 
 
 class Algorithm(Protocol):
@@ -125,9 +138,7 @@ class Algorithm(Protocol):
         self, client: Client, server: SplitTrainer | None, generator: torch.Generator
     ) -> None: ...
 
-    exit_rule: (
-        str  # "max_softmax" or "neg_entropy": exit locally iff exit_confidence(logits, rule) >= threshold
-    )
+    exit_rule: ExitRule  # exit locally iff exit_score(...) >= the client's threshold
 
 
 def exit_loss(
@@ -258,6 +269,18 @@ def personalize_split(
         optimizer.step()
 
 
+def exit_score(
+    client: Client, exit_logits: torch.Tensor, features: torch.Tensor, rule: ExitRule
+) -> torch.Tensor:
+    """What the phone compares with its threshold: a confidence of its exit logits, or with
+    `slot_margin` its slot gate's score of the features."""
+    if rule == "slot_margin":
+        if client.slot_gate is None:
+            raise ValueError(f"{client.name} exits by slot_margin but has no slot prototypes yet")
+        return client.slot_gate.score(features)
+    return exit_confidence(exit_logits, rule)
+
+
 def exit_confidence(exit_logits: torch.Tensor, rule: str = "max_softmax") -> torch.Tensor:
     """Higher = more confident. `max_softmax` (HARMONY) or `neg_entropy` (SplitGP's entropy rule)."""
     probabilities = exit_logits.softmax(dim=1)
@@ -269,8 +292,12 @@ def exit_confidence(exit_logits: torch.Tensor, rule: str = "max_softmax") -> tor
 
 
 @torch.no_grad()
-def calibrate_client(client: Client, target_accuracy: float, rule: str = "max_softmax") -> None:
-    """tau from the client's validation data, unless its tier fixes a (max-softmax) threshold."""
+def calibrate_client(client: Client, target_accuracy: float, rule: ExitRule = "max_softmax") -> None:
+    """tau from the client's validation data, unless its tier fixes a (max-softmax) threshold. A
+    slot_margin client without its slot gate is left alone: training.finish_run calibrates it once
+    the server's prototypes exist, after every phone's personalization."""
+    if rule == "slot_margin" and client.slot_gate is None:
+        return
     if client.tier.threshold is not None:
         if rule != "max_softmax":
             raise ValueError(
@@ -278,6 +305,7 @@ def calibrate_client(client: Client, target_accuracy: float, rule: str = "max_so
             )
         client.threshold = client.tier.threshold
         return
-    exit_logits, _ = client.model(client.val_x, client.split_depth)
+    exit_logits, features = client.model(client.val_x, client.split_depth)
     correct = exit_logits.argmax(dim=1) == client.val_y
-    client.threshold = calibrate_threshold(exit_confidence(exit_logits, rule), correct, target_accuracy)
+    score = exit_score(client, exit_logits, features, rule)
+    client.threshold = calibrate_threshold(score, correct, target_accuracy)

@@ -25,6 +25,9 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     # meta-adaptation, and SupCon on the server at its former default weight
     "harmony-with-meta": (Harmony, {"meta": True}),
     "harmony-with-contrastive": (Harmony, {"contrastive_weight": 0.5}),
+    # the phones gate by the server's slot prototypes instead of max softmax (federation/slot_gate.py)
+    "harmony-slot-gate": (Harmony, {"exit_rule": "slot_margin"}),
+    "splitgp-restricted-slot-gate": (SplitGP, {"restricted_softmax": True, "exit_rule": "slot_margin"}),
     # baselines (docs/ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server
     "fedavg": (FedAvg, {}),  # FedAvg per family on full models, no split

@@ -60,7 +60,7 @@ class SplitGPConfig(SplitTrainingConfig):
 
 class SplitGP(SplitMethod):
     name = "splitgp"
-    exit_rule = "neg_entropy"
+    own_exit_rule = "neg_entropy"
     Config = SplitGPConfig
 
     def __init__(self, config: SplitGPConfig | None = None):

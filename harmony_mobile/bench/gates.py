@@ -9,7 +9,7 @@ AUROC, an oracle gate (exactly the OOD samples fall back) and the server answeri
 
 Every score is computed on the phone from what it holds: its exit logits; for `prototype` the
 mean feature of each of its own exits over its own training samples (no label leaves the phone);
-for `slot_margin` the server's slot prototypes (federation/replay.py: made from the back-end and
+for `slot_margin` the server's slot prototypes (federation/slot_gate.py: made from the back-end and
 its label-free replay set) and which slots are the phone's own (its secret decodes them).
 This is the experimenter's harness: it reads true labels to score answers.
 """
@@ -26,7 +26,7 @@ from scipy.stats import rankdata
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
 from harmony_mobile.evaluation import BackendWithSlots, ClientAnswers
-from harmony_mobile.federation.replay import slot_margin, slot_prototypes
+from harmony_mobile.federation.slot_gate import SlotGate, slot_prototypes
 
 GATE_SCORES = ("max_softmax", "neg_entropy", "energy", "prototype", "slot_margin")
 FALLBACK_GRID = tuple(round(0.05 * i, 2) for i in range(21))
@@ -50,20 +50,16 @@ def own_prototypes(client, batch: int = 512) -> torch.Tensor:
 @dataclass
 class PhonePrototypes:
     """What a phone's prototype scores compare its features with: its own exits' mean features,
-    and (when the run has a replay set) the server's slot prototypes with the phone's own slots."""
+    and (when the run has a replay set) the slot gate the server's prototypes give it."""
 
     own: torch.Tensor
-    slots: torch.Tensor | None = None
-    own_slots: torch.Tensor | None = None
+    slot_gate: SlotGate | None = None
 
 
 def phone_prototypes(answers: ClientAnswers, served: BackendWithSlots, slots: torch.Tensor | None):
-    if slots is None:
-        return PhonePrototypes(own_prototypes(answers.client))
     client = answers.client
-    own_exits = client.exit_labels(torch.tensor(client.classes, dtype=torch.int64))
-    own_slots = torch.isin(client.slot_to_class(served.slot_tokens), own_exits)
-    return PhonePrototypes(own_prototypes(client), slots, own_slots)
+    gate = SlotGate(slots, client.own_slots(served.slot_tokens)) if slots is not None else None
+    return PhonePrototypes(own_prototypes(client), gate)
 
 
 def gate_scores(exit_logits: torch.Tensor, features: torch.Tensor, prototypes: PhonePrototypes) -> dict:
@@ -71,8 +67,8 @@ def gate_scores(exit_logits: torch.Tensor, features: torch.Tensor, prototypes: P
     scores = {rule: exit_confidence(exit_logits, rule) for rule in ("max_softmax", "neg_entropy")}
     scores["energy"] = torch.logsumexp(exit_logits, dim=1)
     scores["prototype"] = (F.normalize(features.flatten(1), dim=1) @ prototypes.own.T).amax(dim=1)
-    if prototypes.slots is not None:
-        scores["slot_margin"] = slot_margin(features, prototypes.slots, prototypes.own_slots)
+    if prototypes.slot_gate is not None:
+        scores["slot_margin"] = prototypes.slot_gate.score(features)
     return {name: value.numpy() for name, value in scores.items()}
 
 

@@ -336,6 +336,9 @@ class BenchProfile(BaseModel):
         return [s for s in self.settings if wanted is None or s.name in wanted]
 
 
+SLOT_GATE_SUFFIX = "-slot-gate"  # a variant that differs only in exiting by slot_margin
+
+
 def is_harmony(method: str) -> bool:
     """Also for a retired HARMONY variant's name, which older results hold (their reports still render)."""
     if method in RENAMED:
@@ -345,7 +348,9 @@ def is_harmony(method: str) -> bool:
 
 def parent_method(method: str) -> str:
     """The method whose hyper-parameters `method` inherits: HARMONY for its ablations, SplitGP for
-    multi-exit, itself otherwise."""
+    multi-exit, a method for its slot-gate variant (which trains alike), itself otherwise."""
+    if method.endswith(SLOT_GATE_SUFFIX):
+        return parent_method(method.removesuffix(SLOT_GATE_SUFFIX))
     if is_harmony(method):
         return "harmony"
     if method == "multi-exit":

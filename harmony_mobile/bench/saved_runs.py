@@ -17,6 +17,7 @@ from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data.partition import Partition
 from harmony_mobile.evaluation import BackendWithSlots
 from harmony_mobile.federation.client import Client
+from harmony_mobile.federation.slot_gate import SlotGate, slot_prototypes
 from harmony_mobile.run_dir import RunDir
 
 
@@ -49,6 +50,10 @@ def load_finished_run(path: str | Path) -> FinishedRun:
     loaded = run.backend()
     served = BackendWithSlots(loaded.backend.eval(), loaded.slot_table.tokens)
     exit_rule = build_algorithm(config.algorithm, config.algorithm_config).exit_rule
+    if exit_rule == "slot_margin":  # the gate as training made it (the thresholds are the artifacts')
+        prototypes = slot_prototypes(served.backend, len(served.slot_tokens), loaded.replay)
+        for client in clients:
+            client.slot_gate = SlotGate(prototypes, client.own_slots(served.slot_tokens))
     return FinishedRun(
         clients, served, dataset.images, dataset.labels, partition, config.seed, exit_rule, loaded.replay
     )

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from harmony_mobile.federation.slot_gate import SlotGate
 from harmony_mobile.models import FamilyModel, Tier, parameter_names
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.privacy.label_dp import randomized_response
@@ -54,6 +55,7 @@ class Client:
     class_names: tuple[str, ...]  # the data set's class names: tokens are HMACs of these
     privacy: UploadPrivacy = field(default_factory=UploadPrivacy)
     threshold: float = 1.0
+    slot_gate: SlotGate | None = None  # the slot_margin rule's, once the server's prototypes exist
     _last_batch: torch.Tensor | None = field(default=None, repr=False)
     _upload_labels: torch.Tensor | None = field(default=None, repr=False)
     _releases: torch.Tensor | None = field(default=None, repr=False)
@@ -172,6 +174,11 @@ class Client:
             model_version=f"round-{round_id}",
         )
         return upload, sent
+
+    def own_slots(self, slot_table: list[bytes]) -> torch.Tensor:
+        """Which slots hold one of this client's classes (bool per slot), from its secret."""
+        own_exits = self.exit_labels(torch.tensor(self.classes, dtype=torch.int64))
+        return torch.isin(self.slot_to_class(slot_table), own_exits)
 
     def slot_to_class(self, slot_table: list[bytes]) -> torch.Tensor:
         """Exit index (this client's label) of each slot; -1: a slot none of its class names maps to."""

@@ -53,28 +53,3 @@ def collect_replay(clients: list[Client], seed: int, total_rows: int = REPLAY_RO
         raise ValueError("a replay set needs at least one client")
     messages = [client_replay(client, len(clients), seed, total_rows) for client in clients]
     return torch.cat([m.features for m in messages]).to(torch.float16)
-
-
-@torch.no_grad()
-def slot_prototypes(backend: torch.nn.Module, slots: int, replay: torch.Tensor) -> torch.Tensor:
-    """Server side, from nothing but what the server already holds (its back-end and the label-free
-    replay set): the unit-norm mean of the replay features its back-end puts in each slot, (slots,
-    interface size) in slot order; a slot no row falls in stays zero. Phones gate on them
-    (docs/ALGORITHM.md, "The exit gate")."""
-    features = replay.float()
-    slot = backend(features)[:, :slots].argmax(dim=1)
-    sums = torch.zeros(slots, features[0].numel())
-    sums.index_add_(0, slot, torch.nn.functional.normalize(features.flatten(1), dim=1))
-    return torch.nn.functional.normalize(sums, dim=1)
-
-
-def slot_margin(features: torch.Tensor, prototypes: torch.Tensor, own_slots: torch.Tensor) -> torch.Tensor:
-    """Phone side: how much closer each row of `features` is to the nearest of the phone's own
-    slots' prototypes than to the nearest other slot's (cosine; higher = surer it is the phone's
-    own class). `own_slots`: bool per slot, from the phone's secret. Slots without a prototype
-    take no part; with no other slot the margin is against -1, the least cosine."""
-    cosine = torch.nn.functional.normalize(features.flatten(1), dim=1) @ prototypes.T
-    present = prototypes.abs().sum(dim=1) > 0
-    own = cosine.masked_fill(~(own_slots & present), -2.0).amax(dim=1)
-    other = cosine.masked_fill(~(~own_slots & present), -2.0).amax(dim=1).clamp(min=-1.0)
-    return own - other

@@ -30,6 +30,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
+from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.evaluation import summarize
 from harmony_mobile.federation.rounds import personalization_round
 from harmony_mobile.files import open_private
@@ -355,6 +356,11 @@ UNSUPPORTED = {
 def check_supported(config: TrainConfig) -> None:
     if config.algorithm in UNSUPPORTED:
         raise ValueError(f"{config.algorithm!r} {UNSUPPORTED[config.algorithm]}")
+    if build_algorithm(config.algorithm, config.algorithm_config).exit_rule == "slot_margin":
+        raise ValueError(
+            "exit_rule slot_margin is calibrated after the replay set, which only the in-process engine "
+            "does yet: train it with `harmony train`, or pick max_softmax or neg_entropy"
+        )
 
 
 def train_on_grid(grid, settings: FlowerSettings) -> dict:
