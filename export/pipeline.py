@@ -138,8 +138,7 @@ def check_exit_rule(run: RunDir) -> None:
     """The manifest's threshold is on max softmax, the one exit score every phone runtime computes."""
     from harmony_mobile.algorithms.registry import build_algorithm
 
-    config = run.info.train_config
-    rule = build_algorithm(config["algorithm"], config.get("algorithm_config")).exit_rule
+    rule = build_algorithm(run.info.algorithm, run.info.train_config.get("algorithm_config")).exit_rule
     if rule != "max_softmax":
         raise ExportError(
             f"{run.path}'s phones exit by {rule}, but the phone runtimes answer locally by max softmax "
