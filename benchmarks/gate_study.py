@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from harmony_mobile.algorithms.registry import build_algorithm
-from harmony_mobile.bench.gate_report import curve_rows, gate_score_table
+from harmony_mobile.bench.gate_report import curve_rows, gate_score_table, study_rows
 from harmony_mobile.bench.gates import FALLBACK_GRID, gate_studies
 from harmony_mobile.bench.hooks import unseen_class_accuracy, validation_metrics
 from harmony_mobile.bench.saved_runs import load_finished_run
@@ -65,8 +65,8 @@ def split_runs_under(root: Path) -> list[Path]:
     """The finished runs of split methods in a work folder laid out <setting>/<method>/seed-<n>."""
     found = []
     for path in sorted(root.glob("*/*/seed-*")):
-        if not (path / "run.json").is_file() or not (path / "backend.pt").is_file():
-            continue  # unfinished
+        if not (path / "final_metrics.json").is_file():
+            continue  # unfinished: training writes it last
         config = RunDir(path).info.train_config
         if build_algorithm(config["algorithm"], config.get("algorithm_config")).uses_split:
             found.append(path)
@@ -115,7 +115,7 @@ def write_report(records: list[dict], out_dir: Path, seconds: float) -> None:
         mine = {"runs": [r for r in records if r["setting"] == setting]}
         lines += [f"## {setting}", "", "### Each method by its own gate", ""]
         lines += curve_rows(mine, setting, methods)
-        rules = [k for k in mine["runs"][0]["gates"]["test"]["p=0.2"]["curve"]]
+        rules = list(next(row for r in mine["runs"] for row in study_rows(r, "test"))["curve"])
         for rule in rules:
             lines += [f"### Every method gated by `{rule}`", ""]
             lines += curve_rows({"runs": gated_alike(mine["runs"], rule)}, setting, methods)
@@ -133,7 +133,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs-under", type=Path, help="a benchmark work folder's eval (or tune) folder")
     parser.add_argument("--report", type=Path, help="folder for report.md and study.json (with --runs-under)")
-    parser.add_argument("--jobs", type=int, default=1, help="runs studied at once (with --runs-under)")
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="runs studied at once, 1 thread each (with --runs-under)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.runs_under is not None:

@@ -754,3 +754,12 @@ def test_a_record_made_before_a_setting_existed_is_read_as_that_settings_old_beh
     assert record["algorithm_settings"].pop("decay_rounds") is None  # as an older record holds it
     assert is_recorded_run(record, config.model_dump(), algorithm_settings("fedavg", {}))
     assert not is_recorded_run(record, config.model_dump(), algorithm_settings("fedavg", {"decay_rounds": 1}))
+
+
+def test_a_split_methods_record_from_before_exit_rules_were_settings_matches_its_own_rule():
+    config = train_config(RunSpec("eval", BenchProfile(**TINY).settings[0], "harmony", 0, 1), {}, None)
+    record = {"train_config": config.model_dump(), "algorithm_settings": algorithm_settings("harmony", {})}
+    assert record["algorithm_settings"].pop("exit_rule") is None
+    assert is_recorded_run(record, config.model_dump(), algorithm_settings("harmony", {}))
+    gated = algorithm_settings("harmony", {"exit_rule": "slot_margin"})
+    assert not is_recorded_run(record, config.model_dump(), gated)

@@ -80,6 +80,9 @@ def test_slot_margin_is_own_nearest_minus_other_nearest_and_ignores_empty_slots(
     # a phone holding every slot with a prototype compares with -1, the least cosine
     everything = slot_margin(features, prototypes, torch.tensor([True, True, True, False]))
     assert torch.allclose(everything, torch.tensor([2.0, 2.0, 1.0 / 2**0.5 + 1]), atol=1e-6)
+    # one whose own slots have none counts its side as -1 too: scores stay in [-2, 2]
+    orphan = slot_margin(features, prototypes, torch.tensor([False, False, False, True]))
+    assert torch.allclose(orphan, torch.tensor([-2.0, -2.0, -1.0 - 1.0 / 2**0.5]), atol=1e-6)
 
 
 def test_the_slot_margin_score_joins_the_study_when_the_run_has_slot_prototypes():

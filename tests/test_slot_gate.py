@@ -12,7 +12,7 @@ from harmony_mobile import training
 from harmony_mobile.algorithms.base import calibrate_client, calibrate_threshold, exit_score
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.bench.saved_runs import load_finished_run
-from harmony_mobile.evaluation import predict
+from harmony_mobile.evaluation import EvaluationSetting, client_answers, evaluate, predict
 from tests.test_flower import tiny_config
 
 
@@ -42,6 +42,10 @@ def test_each_phone_calibrates_on_the_slot_margin_and_exits_by_it(slot_gate_run)
         by_max_softmax.append(calibrate_threshold(softmax, correct, target))
     # the thresholds are on the margin: calibrated on max softmax they would be other numbers
     assert by_max_softmax != pytest.approx([c.threshold for c in run.clients])
+    # the run's own evaluation exited by the gate: evaluating the read-back run gives its numbers
+    setting = EvaluationSetting(run.images, run.labels, run.partition, run.seed, run.exit_rule)
+    again = evaluate(run.clients, run.served, setting, client_answers(run.clients, run.served, run.images))
+    assert again["summary"] == pytest.approx(results["summary"])
     client = run.clients[0]
     answers = predict(client, run.served, client.val_x, run.exit_rule)
     with torch.no_grad():

@@ -25,7 +25,7 @@ def gate_rule(run: dict) -> str:
     return (run.get("gates") or {}).get("exit_rule", "max_softmax")
 
 
-def _study_rows(run: dict, on: str) -> list[dict]:
+def study_rows(run: dict, on: str) -> list[dict]:
     """The run's gate study rows on `on` ("test" or "val"), one per OOD fraction (none for a run
     without a gate)."""
     study = (run.get("gates") or {}).get(on) or {}
@@ -34,7 +34,7 @@ def _study_rows(run: dict, on: str) -> list[dict]:
 
 def run_curve(run: dict, rule: str | None = None) -> np.ndarray | None:
     """Mean over the OOD fractions of the run's test curve for `rule` (its own by default)."""
-    rows = _study_rows(run, "test")
+    rows = study_rows(run, "test")
     if not rows:
         return None
     rule = rule or gate_rule(run)
@@ -43,7 +43,7 @@ def run_curve(run: dict, rule: str | None = None) -> np.ndarray | None:
 
 def _run_extra(run: dict, key: str) -> float:
     """Mean over the OOD fractions of the run's `auroc` (for its own rule), `oracle` or `server_only`."""
-    rows = _study_rows(run, "test")
+    rows = study_rows(run, "test")
     if not rows:
         return float("nan")
     if key == "auroc":
@@ -98,12 +98,12 @@ def gate_score_table(results: dict, setting: str, method: str = "harmony") -> li
     validation, where a gate would be picked, and on test: accuracy at the compared fallback rates
     and OOD AUROC, mean over seeds."""
     runs = [r for r in results["runs"] if r["setting"] == setting and r["method"] == method]
-    runs = [r for r in runs if _study_rows(r, "val") and _study_rows(r, "test")]
+    runs = [r for r in runs if study_rows(r, "val") and study_rows(r, "test")]
     if not runs:
         return []
     index = [FALLBACK_GRID.index(rate) for rate in COMPARED_RATES]
     # scores every run recorded (records made before a score existed lack it)
-    rows = [row for r in runs for on in ("val", "test") for row in _study_rows(r, on)]
+    rows = [row for r in runs for on in ("val", "test") for row in study_rows(r, on)]
     rules = [rule for rule in rows[0]["curve"] if all(rule in row["curve"] for row in rows)]
     header = " | ".join(f"{rate:.0%}" for rate in COMPARED_RATES)
     lines = [
@@ -117,9 +117,9 @@ def gate_score_table(results: dict, setting: str, method: str = "harmony") -> li
     for rule in rules:
         for on in ("val", "test"):
             curves = np.array(
-                [np.mean([row["curve"][rule] for row in _study_rows(r, on)], axis=0) for r in runs]
+                [np.mean([row["curve"][rule] for row in study_rows(r, on)], axis=0) for r in runs]
             )
-            auroc = np.nanmean([row["auroc"][rule] for r in runs for row in _study_rows(r, on)])
+            auroc = np.nanmean([row["auroc"][rule] for r in runs for row in study_rows(r, on)])
             cells = " | ".join(f"{100 * curves[:, i].mean():.1f}" for i in index)
             lines.append(f"| {rule} | {on} | {cells} | {auroc:.3f} |")
     return lines + [""]

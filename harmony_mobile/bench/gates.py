@@ -56,7 +56,10 @@ class PhonePrototypes:
     slot_gate: SlotGate | None = None
 
 
-def phone_prototypes(answers: ClientAnswers, served: BackendWithSlots, slots: torch.Tensor | None):
+def phone_prototypes(
+    answers: ClientAnswers, served: BackendWithSlots, slots: torch.Tensor | None
+) -> PhonePrototypes:
+    """A client's own-exit prototypes, and its slot gate when the server has slot prototypes."""
     client = answers.client
     gate = SlotGate(slots, client.own_slots(served.slot_tokens)) if slots is not None else None
     return PhonePrototypes(own_prototypes(client), gate)
