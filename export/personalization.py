@@ -277,11 +277,10 @@ DEFAULT_LEARNING_RATE = 0.01  # 0.05 made SGD on the resnet tiers' exit features
 def calibration_target(algorithm: str, algorithm_config: dict | None) -> float | None:
     """The local-exit accuracy target the run calibrated tau with (None: its algorithm does not
     calibrate a max-softmax threshold)."""
-    from harmony_mobile.algorithms.registry import build_algorithm
+    from harmony_mobile.algorithms.registry import exit_gate
 
-    built = build_algorithm(algorithm, algorithm_config or {})
-    target = getattr(built.config, "calibration_target", None)
-    return float(target) if target is not None and built.exit_rule == "max_softmax" else None
+    rule, target = exit_gate(algorithm, algorithm_config)
+    return target if rule == "max_softmax" else None
 
 
 def write_personalization(build: PersonalizationBuild, directory, tier_dir: str, target: float | None):

@@ -136,9 +136,9 @@ def open_run(run_dir: str | Path) -> RunDir:
 
 def check_exit_rule(run: RunDir) -> None:
     """The manifest's threshold is on max softmax, the one exit score every phone runtime computes."""
-    from harmony_mobile.algorithms.registry import build_algorithm
+    from harmony_mobile.algorithms.registry import exit_gate
 
-    rule = build_algorithm(run.info.algorithm, run.info.train_config.get("algorithm_config")).exit_rule
+    rule, _ = exit_gate(run.info.algorithm, run.info.train_config.get("algorithm_config"))
     if rule != "max_softmax":
         raise ExportError(
             f"{run.path}'s phones exit by {rule}, but the phone runtimes answer locally by max softmax "

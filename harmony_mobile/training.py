@@ -30,7 +30,7 @@ from harmony_mobile.federation.rounds import (
     run_rounds,
     seed_turn,
 )
-from harmony_mobile.federation.slot_gate import SlotGate, slot_prototypes
+from harmony_mobile.federation.slot_gate import slot_gates
 from harmony_mobile.federation.split_trainer import SplitTrainer
 from harmony_mobile.files import open_private
 from harmony_mobile.models import (
@@ -473,9 +473,8 @@ def gate_clients(
 ) -> None:
     """The slot_margin rule's last step: the server makes its slot prototypes from its back-end and
     the replay set, and each phone, knowing its own slots, calibrates its threshold on them."""
-    prototypes = slot_prototypes(backend.eval(), len(slot_tokens), replay)
-    for client in clients:
-        client.slot_gate = SlotGate(prototypes, client.own_slots(slot_tokens))
+    for client, gate in zip(clients, slot_gates(backend.eval(), slot_tokens, replay, clients), strict=True):
+        client.slot_gate = gate
         calibrate_client(client, target, "slot_margin")
 
 

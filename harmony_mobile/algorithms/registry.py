@@ -74,3 +74,11 @@ def build_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorith
     if constructor is Harmony:
         return Harmony(HarmonyConfig(**effective_config(name, config)), name=name)
     return constructor(constructor.Config(**effective_config(name, config)))
+
+
+def exit_gate(name: str, config: dict[str, Any] | None = None) -> tuple[str, float | None]:
+    """What a method's phones answer locally by: its exit rule, and the local-exit accuracy target
+    they calibrate its threshold to (None: the method calibrates none)."""
+    algorithm = build_algorithm(name, config)
+    target = getattr(algorithm.config, "calibration_target", None)
+    return algorithm.exit_rule, float(target) if target is not None else None

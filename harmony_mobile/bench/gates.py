@@ -26,7 +26,7 @@ from scipy.stats import rankdata
 from harmony_mobile.algorithms.base import exit_confidence
 from harmony_mobile.data.partition import ClientSplit, Partition, ood_test_indices
 from harmony_mobile.evaluation import BackendWithSlots, ClientAnswers
-from harmony_mobile.federation.slot_gate import SlotGate, slot_prototypes
+from harmony_mobile.federation.slot_gate import SlotGate, slot_gates
 
 GATE_SCORES = ("max_softmax", "neg_entropy", "energy", "prototype", "slot_margin")
 FALLBACK_GRID = tuple(round(0.05 * i, 2) for i in range(21))
@@ -54,15 +54,6 @@ class PhonePrototypes:
 
     own: torch.Tensor
     slot_gate: SlotGate | None = None
-
-
-def phone_prototypes(
-    answers: ClientAnswers, served: BackendWithSlots, slots: torch.Tensor | None
-) -> PhonePrototypes:
-    """A client's own-exit prototypes, and its slot gate when the server has slot prototypes."""
-    client = answers.client
-    gate = SlotGate(slots, client.own_slots(served.slot_tokens)) if slots is not None else None
-    return PhonePrototypes(own_prototypes(client), gate)
 
 
 def gate_scores(exit_logits: torch.Tensor, features: torch.Tensor, prototypes: PhonePrototypes) -> dict:
@@ -127,10 +118,13 @@ def gate_studies(
     replay set, from which the server makes the slot prototypes (none: no `slot_margin`)."""
     if backend is None:
         return {}
-    slots = None
+    clients = [a.client for a in answers.values()]
+    gates = [None] * len(clients)
     if replay is not None and len(replay):
-        slots = slot_prototypes(backend.backend, len(backend.slot_tokens), replay)
-    prototypes = {i: phone_prototypes(a, backend, slots) for i, a in answers.items()}
+        gates = slot_gates(backend.backend, backend.slot_tokens, replay, clients)
+    prototypes = {
+        i: PhonePrototypes(own_prototypes(c), g) for i, c, g in zip(answers, clients, gates, strict=True)
+    }
     args = (answers, labels, partition, seed, prototypes)
     return {"test": gate_study(*args, on="test"), "val": gate_study(*args, on="val"), "exit_rule": exit_rule}
 

@@ -17,7 +17,7 @@ from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data.partition import Partition
 from harmony_mobile.evaluation import BackendWithSlots
 from harmony_mobile.federation.client import Client
-from harmony_mobile.federation.slot_gate import SlotGate, slot_prototypes
+from harmony_mobile.federation.slot_gate import slot_gates
 from harmony_mobile.run_dir import RunDir
 
 
@@ -51,9 +51,9 @@ def load_finished_run(path: str | Path) -> FinishedRun:
     served = BackendWithSlots(loaded.backend.eval(), loaded.slot_table.tokens)
     exit_rule = build_algorithm(config.algorithm, config.algorithm_config).exit_rule
     if exit_rule == "slot_margin":  # the gate as training made it (the thresholds are the artifacts')
-        prototypes = slot_prototypes(served.backend, len(served.slot_tokens), loaded.replay)
-        for client in clients:
-            client.slot_gate = SlotGate(prototypes, client.own_slots(served.slot_tokens))
+        gates = slot_gates(served.backend, served.slot_tokens, loaded.replay, clients)
+        for client, gate in zip(clients, gates, strict=True):
+            client.slot_gate = gate
     return FinishedRun(
         clients, served, dataset.images, dataset.labels, partition, config.seed, exit_rule, loaded.replay
     )

@@ -109,11 +109,10 @@ def personalize_on_device(
 def calibration_target(info: RunInfo) -> float:
     """The local-exit accuracy target training calibrated tau with: the run's algorithm config
     (`calibration_target`, its default when the run did not override it)."""
-    from harmony_mobile.algorithms.registry import build_algorithm
+    from harmony_mobile.algorithms.registry import exit_gate
 
-    algorithm = build_algorithm(info.algorithm, info.train_config.get("algorithm_config") or {})
-    target = getattr(algorithm.config, "calibration_target", None)
-    if target is None or algorithm.exit_rule != "max_softmax":
+    rule, target = exit_gate(info.algorithm, info.train_config.get("algorithm_config"))
+    if target is None or rule != "max_softmax":
         raise DemoError(
             f"algorithm {info.algorithm!r} does not calibrate a max-softmax exit threshold; "
             "the device runtime exits on max softmax >= tau"

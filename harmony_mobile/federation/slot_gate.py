@@ -38,6 +38,15 @@ def slot_prototypes(backend: torch.nn.Module, slots: int, replay: torch.Tensor) 
     return F.normalize(sums, dim=1)
 
 
+def slot_gates(
+    backend: torch.nn.Module, slot_tokens: list[bytes], replay: torch.Tensor, clients: list
+) -> list[SlotGate]:
+    """Each client's gate: the server's prototypes (`slot_prototypes`) and the client's own slots,
+    which only it can tell from the tokens (`own_slots`, from its secret)."""
+    prototypes = slot_prototypes(backend, len(slot_tokens), replay)
+    return [SlotGate(prototypes, client.own_slots(slot_tokens)) for client in clients]
+
+
 def slot_margin(features: torch.Tensor, prototypes: torch.Tensor, own_slots: torch.Tensor) -> torch.Tensor:
     """Phone side: how much closer each row of `features` is to the nearest of the phone's own
     slots' prototypes than to the nearest other slot's (cosine; higher = surer it is the phone's
