@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from harmony_mobile.protocol.slot_gate import slot_margin
+
 
 @dataclass
 class SlotGate:
@@ -45,16 +47,3 @@ def slot_gates(
     which only it can tell from the tokens (`own_slots`, from its secret)."""
     prototypes = slot_prototypes(backend, len(slot_tokens), replay)
     return [SlotGate(prototypes, client.own_slots(slot_tokens)) for client in clients]
-
-
-def slot_margin(features: torch.Tensor, prototypes: torch.Tensor, own_slots: torch.Tensor) -> torch.Tensor:
-    """Phone side: how much closer each row of `features` is to the nearest of the phone's own
-    slots' prototypes than to the nearest other slot's (cosine; higher = surer it is the phone's
-    own class), in [-2, 2]. Slots without a prototype take no part; a side with none counts as -1,
-    the least cosine (a phone whose own slots have no prototype ranks samples by their distance
-    from the others alone)."""
-    cosine = F.normalize(features.flatten(1), dim=1) @ prototypes.T
-    present = prototypes.abs().sum(dim=1) > 0
-    own = cosine.masked_fill(~(own_slots & present), -2.0).amax(dim=1).clamp(min=-1.0)
-    other = cosine.masked_fill(~(~own_slots & present), -2.0).amax(dim=1).clamp(min=-1.0)
-    return own - other

@@ -61,6 +61,7 @@ from harmony_mobile.models.tier_selection import (
 from harmony_mobile.privacy.feature_noise import clip_rows
 from harmony_mobile.protocol import sealing
 from harmony_mobile.protocol.label_tokens import class_token, epoch_key, exit_order, slot_classes
+from harmony_mobile.protocol.slot_gate import slot_margin
 from harmony_mobile.protocol.wire import UploadMetadata, encode_tensor, encode_upload
 
 # run as a script, only tests/vectors is on the path: the repo root makes tests.helpers importable
@@ -373,6 +374,70 @@ def exit_vectors() -> dict:
     return _document(
         "Early exit (harmony_mobile/algorithms/base.py exit_confidence, rule max_softmax): answer locally when max softmax "
         ">= threshold; predicted_class = argmax (first index on ties). confidence is computed in float64; "
+        "compare with a tolerance of 1e-12.",
+        cases=cases,
+    )
+
+
+def _slot_gate_case(features, prototypes, own_slots, logits, threshold) -> dict:
+    # Features, prototypes and logits are float32 (what a .pte and the shipped prototypes hold);
+    # the margin is evaluated in float64.
+    features, prototypes = np.asarray(features, np.float32), np.asarray(prototypes, np.float32)
+    margin = float(
+        slot_margin(
+            torch.from_numpy(features).double()[None],
+            torch.from_numpy(prototypes).double(),
+            torch.tensor(own_slots, dtype=torch.bool),
+        )[0]
+    )
+    return {
+        "features": _floats(features),
+        "prototypes": [_floats(row) for row in prototypes],
+        "own_slots": list(own_slots),
+        "logits": _floats(np.asarray(logits)),
+        "threshold": threshold,
+        "top_output": int(np.argmax(np.asarray(logits, np.float32))),
+        "margin": margin,
+        "exit_locally": margin >= threshold,
+    }
+
+
+def _unit_rows(generator: np.random.Generator, slots: int, dim: int) -> np.ndarray:
+    rows = generator.standard_normal((slots, dim)).astype(np.float32)
+    return (rows / np.linalg.norm(rows, axis=1, keepdims=True)).astype(np.float32)
+
+
+def slot_gate_vectors() -> dict:
+    generator = np.random.default_rng(20261205)
+    cases = []
+    for threshold in (0.1, -0.05, 0.0, 0.3, 0.02, -0.4):
+        prototypes = _unit_rows(generator, 5, 6)
+        own = [bool(v) for v in generator.permutation([1, 1, 0, 0, 0])]
+        features = generator.standard_normal(6) * 3
+        cases.append(_slot_gate_case(features, prototypes, own, generator.standard_normal(4), threshold))
+    prototypes = _unit_rows(generator, 4, 6)
+    prototypes[1] = 0.0  # an own slot without a prototype takes no part
+    prototypes[3] = 0.0  # and so does another slot's
+    features = prototypes[0] + 0.1
+    cases.append(_slot_gate_case(features, prototypes, [True, True, False, False], [1, 3, 3, -2], 0.5))
+    no_own = _unit_rows(generator, 3, 6)
+    no_own[0] = 0.0  # the phone's only slot has no prototype: its side counts as -1
+    cases.append(_slot_gate_case(no_own[1], no_own, [True, False, False], [0, 0], -1.5))
+    all_own = _unit_rows(generator, 3, 6)  # no other slot: that side counts as -1
+    cases.append(_slot_gate_case(all_own[2] * 7, all_own, [True, True, True], [2, 1], 1.9))
+    zero = _unit_rows(generator, 3, 6)  # a zero feature vector: every cosine is 0, the margin 0
+    cases.append(_slot_gate_case(np.zeros(6), zero, [True, False, False], [0.5, 0.25], 0.0))
+    exact = np.eye(3, 6, dtype=np.float32)  # the margin equals the threshold exactly: exits
+    cases.append(_slot_gate_case([1, 0, 0, 0, 0, 0], exact, [True, False, False], [1, 0], 1.0))
+    return _document(
+        "Slot gate (harmony_mobile/protocol/slot_gate.py slot_margin): features are normalized to unit "
+        "length (divided by max(norm, 1e-12)), cosine = dot with each slot's prototype (prototypes ship "
+        "unit-norm; an all-zero row is a slot without one and takes no part). own = the largest cosine "
+        "over own slots with a prototype, other = the largest over the remaining slots with one; a side "
+        "with none, or below -1, counts as -1. margin = own - other, in [-2, 2]; answer locally when "
+        "margin >= threshold (and every feature and logit is finite), with the exit head's top output "
+        "(argmax of logits, first index on ties). own_slots comes from the decoded slot table: a slot "
+        "is the phone's own when the class it names is one the phone holds. Evaluated in float64; "
         "compare with a tolerance of 1e-12.",
         cases=cases,
     )
@@ -847,6 +912,7 @@ def render() -> dict[str, str]:
         "slot_mapping.json": slot_mapping_vectors(),
         "exit_order.json": exit_order_vectors(),
         "exit_decisions.json": exit_vectors(),
+        "slot_gate_decisions.json": slot_gate_vectors(),
         "feature_encoding.json": feature_encoding_vectors(),
         "sealed_upload.json": sealed_upload_vectors(),
         "tier_selection.json": tier_selection_vectors(),

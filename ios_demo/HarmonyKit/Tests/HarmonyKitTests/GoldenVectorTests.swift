@@ -305,6 +305,35 @@ final class GoldenVectorTests: XCTestCase {
         XCTAssertThrowsError(try ExitPolicy(threshold: 1.01))
     }
 
+    // MARK: - slot_gate_decisions.json
+
+    func testSlotGateDecisions() throws {
+        let vectors = try Vectors.load("slot_gate_decisions.json", as: SlotGateVectors.self)
+        XCTAssertFalse(vectors.cases.isEmpty)
+        for vector in vectors.cases {
+            let policy = try SlotGatePolicy(
+                prototypes: vector.prototypes.map { $0.map { Float($0) } }, ownSlots: vector.ownSlots,
+                threshold: vector.threshold)
+            let decision = try policy.decide(
+                logits: vector.logits.map { Float($0) }, features: vector.features.map { Float($0) })
+            XCTAssertEqual(decision.topOutput, vector.topOutput, "\(vector.features)")
+            XCTAssertEqual(decision.confidence, vector.margin, accuracy: 1e-12, "\(vector.features)")
+            XCTAssertEqual(decision.exitLocally, vector.exitLocally, "\(vector.features)")
+        }
+        XCTAssertEqual(
+            SlotGatePolicy.ownSlots(slotClasses: ["cat", nil, "dog", "bird"], ownClassNames: ["bird", "cat"]),
+            [true, false, false, true])
+    }
+
+    func testSlotGateNonFiniteInputsNeverExit() throws {
+        let policy = try SlotGatePolicy(prototypes: [[1, 0], [0, 1]], ownSlots: [true, false], threshold: -2)
+        XCTAssertFalse(try policy.decide(logits: [1, 0], features: [.nan, 1]).exitLocally)
+        XCTAssertFalse(try policy.decide(logits: [.nan, 0], features: [1, 0]).exitLocally)
+        XCTAssertTrue(try policy.decide(logits: [1, 0], features: [1, 0]).exitLocally)
+        XCTAssertThrowsError(try SlotGatePolicy(prototypes: [[1]], ownSlots: [true, false], threshold: 0))
+        XCTAssertThrowsError(try policy.margin([1, 0, 0]))
+    }
+
     // MARK: - manifest_signature.json
 
     func testManifestSignatureVerifiesAndArtifactsMatch() throws {

@@ -123,6 +123,21 @@ struct ExitDecisionVectors: Decodable {
     let cases: [Case]
 }
 
+struct SlotGateVectors: Decodable {
+    struct Case: Decodable {
+        let features: [Double]
+        let prototypes: [[Double]]
+        let ownSlots: [Bool]
+        let logits: [Double]
+        let threshold: Double
+        let topOutput: Int
+        let margin: Double
+        let exitLocally: Bool
+    }
+
+    let cases: [Case]
+}
+
 struct FeatureEncodingVectors: Decodable {
     struct TensorCase: Decodable {
         let name: String

@@ -5,7 +5,8 @@ public struct ExitDecision: Sendable, Equatable {
     /// argmax of the exit head's logits (first index on ties); -1 for non-finite logits. Exit heads
     /// are in token order, not class order: `ExitDecoder` names the class of an output.
     public let topOutput: Int
-    /// The maximum softmax probability (NaN for non-finite logits).
+    /// The exit score: the maximum softmax probability (`ExitPolicy`) or the slot margin
+    /// (`SlotGatePolicy`); NaN for non-finite inputs.
     public let confidence: Double
     /// true when the phone answers itself: confidence >= threshold.
     public let exitLocally: Bool
