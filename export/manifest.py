@@ -44,6 +44,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -65,7 +66,7 @@ from harmony_mobile.export.keys import (
     p256_key_fingerprint,
     p256_public_key_der,
 )
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from harmony_mobile.protocol.digests import sha256_file
 from harmony_mobile.protocol.label_tokens import LABEL_EPOCH_PATTERN
@@ -139,6 +140,16 @@ class ProgramFile(_Strict):
     size: int = Field(ge=0)
 
 
+class SlotPrototypes(_Strict):
+    """The server's slot prototypes (federation/slot_gate.py): one unit-norm row per slot, in slot
+    order (an all-zero row: a slot without one), as one float32 HMFT tensor (docs/PROTOCOL.md 5)."""
+
+    path: str
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+    shape: tuple[int, int] = Field(description="(slots, flattened interface size)")
+
+
 class Personalization(_Strict):
     """A tier's on-device training (export/personalization.py): the phone runs `frozen_program`
     (XNNPACK) once per own sample, trains the exit classifier through `training_program` (ExecuTorch
@@ -181,8 +192,13 @@ class TierEntry(_Strict):
     outputs: list[TensorSpec]
     class_names: list[str]
     interface_shape: list[int]
-    threshold: float = Field(description="answer locally when max softmax(exit_logits) >= threshold")
+    threshold: float = Field(description="answer locally when the exit rule's score >= threshold")
     threshold_source: Literal["calibrated", "tier"]
+    exit_rule: Literal["max_softmax", "slot_margin"] = Field(
+        "max_softmax",
+        description="the score: max softmax(exit_logits) in (0, 1], or the slot margin in [-2, 2] "
+        "(docs/PROTOCOL.md 3.5; the manifest's slot_prototypes); absent from the JSON when max_softmax",
+    )
     quantization: list[str]
     backends: list[str]
     latency_budget_ms: float
@@ -191,12 +207,22 @@ class TierEntry(_Strict):
         None, description="on-device training programs (absent from the JSON when the tier has none)"
     )
 
+    @model_validator(mode="after")
+    def _threshold_in_the_rules_range(self):
+        low, high = (-2.0, 2.0 + 1e-6) if self.exit_rule == "slot_margin" else (0.0, 1.0 + 1e-6)
+        if not (math.isfinite(self.threshold) and low <= self.threshold <= high):
+            raise ValueError(f"tier {self.name}: a {self.exit_rule} threshold is in [{low:g}, {high:g}]")
+        return self
+
     @model_serializer(mode="wrap")
-    def _omit_absent_personalization(self, handler):
-        # absent, not null: manifests of exports without personalization keep their exact bytes
+    def _omit_defaults_of_older_manifests(self, handler):
+        # absent, not null or default: manifests of exports without personalization and with the
+        # max-softmax rule keep their exact bytes
         data = handler(self)
         if data.get("personalization") is None:
             data.pop("personalization", None)
+        if data.get("exit_rule") == "max_softmax":
+            data.pop("exit_rule", None)
         return data
 
 
@@ -266,9 +292,32 @@ class Manifest(_Strict):
     interface_shape: list[int]
     backend: BackendEntry
     tiers: list[TierEntry]
+    slot_prototypes: SlotPrototypes | None = Field(
+        None, description="what slot_margin tiers gate by (absent from the JSON when no tier does)"
+    )
     reports: list[str] = []
     signature: SignatureInfo
     files: list[FileEntry]
+
+    @model_validator(mode="after")
+    def _prototypes_for_slot_margin_tiers(self):
+        gated = [t.name for t in self.tiers if t.exit_rule == "slot_margin"]
+        if gated and self.slot_prototypes is None:
+            raise ValueError(
+                f"tiers {', '.join(gated)} exit by slot_margin: the manifest needs slot_prototypes"
+            )
+        if self.slot_prototypes is not None and self.slot_prototypes.shape[0] != len(self.slot_table):
+            raise ValueError(
+                f"slot_prototypes has {self.slot_prototypes.shape[0]} rows for {len(self.slot_table)} slots"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_absent_prototypes(self, handler):
+        data = handler(self)
+        if data.get("slot_prototypes") is None:
+            data.pop("slot_prototypes", None)
+        return data
 
     def tier(self, name: str) -> TierEntry:
         for tier in self.tiers:
@@ -351,6 +400,7 @@ def build_manifest(
     created_at: str | None = None,
     p256_public_key: ec.EllipticCurvePublicKey | None = None,
     manifest_version: int | None = None,
+    slot_prototypes: SlotPrototypes | None = None,
 ) -> Manifest:
     """The manifest of everything currently in `directory` (call it after every artifact is written).
 
@@ -373,6 +423,7 @@ def build_manifest(
         interface_shape=list(interface_shape),
         backend=backend,
         tiers=tiers,
+        slot_prototypes=slot_prototypes,
         reports=list(reports or []),
         signature=signature_info(public_key, p256_public_key),
         files=list_files(directory),

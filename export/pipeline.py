@@ -8,6 +8,7 @@ Output directory layout:
       backend/backend.pt                              g + h state dicts, run_dir.save_backend format
       backend/backend.pt2                             torch.export of g, dynamic batch
       backend/backend.onnx                            g for ONNX Runtime (replicas without torch)
+      backend/slot_prototypes.hmft                    slot_margin runs: what the phones gate by
       tiers/<tier>/front_fp32.pte                     XNNPACK, fully delegated
       tiers/<tier>/front_int8.pte                     PT2E static int8 per-channel, XNNPACK
       tiers/<tier>/front_coreml-fp16.mlpackage/       ML Program, iOS 16+ (coreml tiers)
@@ -44,10 +45,12 @@ from harmony_mobile.export.manifest import (
     BackendEntry,
     Manifest,
     Normalization,
+    SlotPrototypes,
     TensorSpec,
     TierEntry,
     artifact_entry,
     build_manifest,
+    path_digest,
     read_manifest,
     verify_manifest,
     write_signed_manifest,
@@ -62,6 +65,7 @@ ProgressCallback = Callable[..., None]  # (description: str, advance: int = 0): 
 
 BACKEND_DIR = "backend"
 TIERS_DIR = "tiers"
+SLOT_PROTOTYPES_FILE = f"{BACKEND_DIR}/slot_prototypes.hmft"
 
 
 @dataclass
@@ -134,15 +138,23 @@ def open_run(run_dir: str | Path) -> RunDir:
     return run
 
 
-def check_exit_rule(run: RunDir) -> None:
-    """The manifest's threshold is on max softmax, the one exit score every phone runtime computes."""
+SHIPPED_EXIT_RULES = ("max_softmax", "slot_margin")  # the scores the manifest and phone runtimes know
+
+
+def run_exit_rule(run: RunDir) -> str:
+    """The score the run's phones exit by (its method's, or the run's `exit_rule`)."""
     from harmony_mobile.algorithms.registry import exit_gate
 
-    rule, _ = exit_gate(run.info.algorithm, run.info.train_config.get("algorithm_config"))
-    if rule != "max_softmax":
+    return exit_gate(run.info.algorithm, run.info.train_config.get("algorithm_config"))[0]
+
+
+def check_exit_rule(run: RunDir) -> None:
+    """The manifest's threshold is on a score every phone runtime computes."""
+    rule = run_exit_rule(run)
+    if rule not in SHIPPED_EXIT_RULES:
         raise ExportError(
-            f"{run.path}'s phones exit by {rule}, but the phone runtimes answer locally by max softmax "
-            "only: export a run trained with exit_rule max_softmax"
+            f"{run.path}'s phones exit by {rule}, but the phone runtimes answer locally by "
+            f"{' or '.join(SHIPPED_EXIT_RULES)} only: export a run trained with one of those"
         )
 
 
@@ -388,6 +400,7 @@ def build_tier_entry(run: RunDir, tier: Tier, inputs: TierInputs, artifacts: lis
         interface_shape=list(info.interface_spec.shape),
         threshold=float(inputs.client.threshold),
         threshold_source="calibrated" if tier.threshold is None else "tier",
+        exit_rule=run_exit_rule(run),
         quantization=list(tier.quantization),
         backends=list(tier.backends),
         latency_budget_ms=tier.latency_budget_ms,
@@ -594,9 +607,12 @@ def _export(
                 allow_failed_variants=allow_failed_variants,
             )
             backend = _export_backend(run, work, bar.callback("backend", 1))
+        prototypes = export_slot_prototypes(run, work) if run_exit_rule(run) == "slot_margin" else None
         report = _report(run, tier_reports, backend, threads, latency_runs, max_batch)
         reports = write_verification_report(work, report)
-        manifest = _sign_manifest(run, work, entries, backend, reports, *signing_keys, previous=out)
+        manifest = _sign_manifest(
+            run, work, entries, backend, reports, *signing_keys, previous=out, slot_prototypes=prototypes
+        )
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -652,6 +668,24 @@ def _export_backend(run: RunDir, work: Path, progress: ProgressCallback) -> dict
     return backend
 
 
+def export_slot_prototypes(run: RunDir, work: Path) -> SlotPrototypes:
+    """What slot_margin tiers gate by: the server's slot prototypes, made as training made them
+    (federation/slot_gate.py: the back-end puts each replay row in its top slot), one float32 HMFT
+    tensor (slots, flattened interface) in slot order."""
+    from harmony_mobile.federation.slot_gate import slot_prototypes
+    from harmony_mobile.protocol.wire import encode_tensor
+
+    served = run.backend()
+    if served.replay is None or not len(served.replay):
+        raise ExportError(f"{run.path}'s backend.pt holds no replay set to make slot prototypes from")
+    prototypes = slot_prototypes(served.backend.eval(), len(served.slot_table.tokens), served.replay)
+    path = work / SLOT_PROTOTYPES_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(encode_tensor(prototypes.numpy().astype("float32")))
+    sha, size = path_digest(path)
+    return SlotPrototypes(path=SLOT_PROTOTYPES_FILE, sha256=sha, size=size, shape=tuple(prototypes.shape))
+
+
 def _sign_manifest(
     run: RunDir,
     work: Path,
@@ -661,6 +695,7 @@ def _sign_manifest(
     private_key: Ed25519PrivateKey,
     p256_private_key: ec.EllipticCurvePrivateKey | None = None,
     previous: Path | None = None,
+    slot_prototypes: SlotPrototypes | None = None,
 ) -> Manifest:
     """Build manifest.json over every written file, sign it, and verify the signature once. Its
     manifest_version is the time in UTC seconds, and above that of the export at `previous`."""
@@ -688,6 +723,7 @@ def _sign_manifest(
             backend["exported_program_file"],
         ),
         tiers=entries,
+        slot_prototypes=slot_prototypes,
         public_key=private_key.public_key(),
         reports=reports,
         p256_public_key=p256_private_key.public_key() if p256_private_key is not None else None,

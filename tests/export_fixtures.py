@@ -145,8 +145,11 @@ def make_run_dir(
     finished: bool = True,
     with_backend: bool = True,
     front_end_states: dict[str, dict] | None = None,
+    algorithm_config: dict | None = None,
+    replay_rows: int = 0,
 ) -> Path:
-    """A run directory in the run_dir.py format: random-initialized front-ends, fixed random indices."""
+    """A run directory in the run_dir.py format: random-initialized front-ends, fixed random indices;
+    `algorithm_config` as the run's, and a replay set of `replay_rows` random feature rows."""
     data = digits_or_random(seed)
     info = RunInfo.of_dataset(
         data,
@@ -156,6 +159,7 @@ def make_run_dir(
         model_version="test-run-v1",
         label_epoch=FIXTURE_EPOCH,
         seed=seed,
+        train_config={"algorithm_config": algorithm_config} if algorithm_config else {},
     )
     write_run_info(path, info)
     generator = torch.Generator().manual_seed(seed)
@@ -193,6 +197,9 @@ def make_run_dir(
                 info.num_classes,
                 class_tokens(epoch_key(FIXTURE_SECRET, FIXTURE_EPOCH), info.class_names),
             ),
+            torch.randn(replay_rows, *info.interface_spec.shape, generator=generator).half()
+            if replay_rows
+            else None,
         )
         (path / SECRET_FILE).write_bytes(FIXTURE_SECRET)
     if finished:

@@ -19,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from harmony_mobile.device.errors import DeviceError
 from harmony_mobile.privacy.options import UploadPrivacy
 from harmony_mobile.protocol.public_keys import decode_ed25519_public_key
+from harmony_mobile.protocol.wire import decode_tensor
 
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
@@ -145,6 +146,26 @@ def read_verified_artifact(export_dir: str | Path, artifact: dict) -> bytes:
             f"(sha256 {digest[:12]}…, {len(data)} bytes; manifest {artifact['sha256'][:12]}…, {artifact['size']} bytes)"
         )
     return data
+
+
+def load_slot_prototypes(export_dir: str | Path, manifest: dict) -> torch.Tensor | None:
+    """The server's slot prototypes a slot_margin tier gates by (docs/PROTOCOL.md 3.5), checked
+    against the signed manifest; None when the manifest ships none."""
+    entry = manifest.get("slot_prototypes")
+    if entry is None:
+        return None
+    try:
+        prototypes = decode_tensor(read_verified_artifact(export_dir, entry))
+    except ValueError as error:
+        raise DeviceError(f"{entry['path']}: {error}") from None
+    if list(prototypes.shape) != list(entry["shape"]) or entry["shape"][0] != len(manifest["slot_table"]):
+        raise DeviceError(
+            f"{entry['path']} holds {list(prototypes.shape)}, the manifest says {entry['shape']} "
+            f"for {len(manifest['slot_table'])} slots"
+        )
+    if not np.isfinite(prototypes).all():
+        raise DeviceError(f"{entry['path']} holds non-finite values")
+    return torch.from_numpy(prototypes.copy())
 
 
 def normalize(pixels: np.ndarray | torch.Tensor, normalization: dict) -> torch.Tensor:

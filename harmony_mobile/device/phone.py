@@ -14,6 +14,7 @@ import math
 import os
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import httpx
@@ -39,6 +40,7 @@ from harmony_mobile.protocol.label_tokens import (
     slot_classes,
 )
 from harmony_mobile.protocol.sealing import AssociatedData, seal
+from harmony_mobile.protocol.slot_gate import slot_margin
 from harmony_mobile.protocol.wire import MAX_UPLOAD_ROWS, UploadMetadata, encode_tensor, encode_upload
 
 LABEL_DRAWS_FILE = "label_dp_draws.json"  # beside the upload queue: device-local storage
@@ -112,13 +114,21 @@ class Phone:
         timeout: float = 10.0,
         connect_timeout: float = 2.0,
         http: httpx.Client | None = None,
+        slot_prototypes: torch.Tensor | None = None,
+        own_classes: Collection[str] | None = None,
     ):
-        """`threshold`: the exit threshold tau; None = the tier's threshold in the manifest."""
+        """`threshold`: the exit threshold tau; None = the tier's threshold in the manifest. A tier
+        whose `exit_rule` is slot_margin needs the manifest's `slot_prototypes`
+        (`load_slot_prototypes`) and `own_classes`: the class names this phone holds (its own data;
+        they never leave it)."""
         self.manifest = manifest
         self.entry = find_tier_entry(manifest, tier)
         self.tier = tier
         self.program = program
-        self.threshold = exit_threshold(self.entry["threshold"] if threshold is None else threshold)
+        self.exit_rule = self.entry.get("exit_rule", "max_softmax")
+        self.threshold = exit_threshold(
+            self.entry["threshold"] if threshold is None else threshold, self.exit_rule
+        )
         self.normalization = self.entry["normalization"]
         self.credentials = credentials
         self.federation_key = federation_key
@@ -135,6 +145,9 @@ class Phone:
                 self.label_epoch, manifest["slot_table"]
             )
         }
+        self._slot_gate = (
+            self.slot_gate(slot_prototypes, own_classes) if self.exit_rule == "slot_margin" else None
+        )
         self._noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)
         self.stats = PhoneStats()
         self.server_url = server_url
@@ -157,11 +170,32 @@ class Phone:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def slot_gate(
+        self, prototypes: torch.Tensor | None, own_classes: Collection[str] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(prototypes in float64, own slot flags) of a slot_margin tier: a slot is this phone's own
+        when the class its secret decodes from the manifest's slot table is one the phone holds."""
+        if prototypes is None or own_classes is None:
+            raise DeviceError(
+                f"tier {self.tier} exits by slot_margin: the phone needs the manifest's slot_prototypes "
+                "and the class names it holds"
+            )
+        unknown = set(own_classes) - set(self.class_names)
+        if unknown or not own_classes:
+            raise DeviceError(
+                f"own classes must be some of the manifest's class names; unknown: {sorted(unknown)}"
+            )
+        decoded = self._slot_classes[self.manifest["backend"]["model_version"]]
+        if prototypes.ndim != 2 or len(prototypes) != len(decoded):
+            raise DeviceError(f"slot prototypes of shape {list(prototypes.shape)} for {len(decoded)} slots")
+        own = [c is not None and self.class_names[c] in set(own_classes) for c in decoded]
+        return prototypes.double(), torch.tensor(own, dtype=torch.bool)
+
     def use_local_front_end(self, program: FrontEndProgram, *, threshold: float, model_version: str) -> None:
         """On-device personalization replaced the front-end: answer with `program` from now on, exit
         when its confidence reaches `threshold` (tau recalibrated for it on the phone's own held-out
         samples, docs/ALGORITHM.md: Inference), and stamp uploads with `model_version`."""
-        self.threshold = exit_threshold(threshold)
+        self.threshold = exit_threshold(threshold, self.exit_rule)
         self.program = program
         self.model_version = model_version
 
@@ -173,11 +207,16 @@ class Phone:
         logits, features = self.program.run(image)
         return logits, features, (time.perf_counter() - started) * 1e3
 
-    def exit_answer(self, logits: torch.Tensor) -> tuple[float, int]:
-        """(confidence, class) of the local exit: the max softmax, compared with the threshold; the
-        top output is named through the secret (outputs are in token order)."""
+    def exit_answer(self, logits: torch.Tensor, features: torch.Tensor) -> tuple[float, int]:
+        """(score, class) of the local exit, the score compared with the threshold: the max softmax,
+        or on a slot_margin tier the slot margin of the features (float64, as the golden vectors);
+        the top output is named through the secret (outputs are in token order)."""
         confidence, output = torch.softmax(logits[0].float(), dim=0).max(dim=0)
-        return float(confidence), self._exit_classes[int(output)]
+        score = float(confidence)
+        if self._slot_gate is not None:
+            finite = bool(torch.isfinite(logits).all() and torch.isfinite(features).all())
+            score = float(slot_margin(features[:1].double(), *self._slot_gate)[0]) if finite else math.nan
+        return score, self._exit_classes[int(output)]
 
     def decode_exit_order(self, label_epoch: str) -> list[int]:
         """Class index of each exit output under the epoch the front-end was trained in."""
@@ -196,12 +235,13 @@ class Phone:
 
     def would_exit(self, pixels) -> bool:
         """Whether the phone answers this image locally (without asking the server)."""
-        return self.exit_answer(self.run_front_end(pixels)[0])[0] >= self.threshold
+        logits, features, _ = self.run_front_end(pixels)
+        return self.exit_answer(logits, features)[0] >= self.threshold
 
     def classify(self, pixels) -> Classification:
         """Answer for one image (C, H, W) of 0..255 pixels: local exit, server fallback, or local after failure."""
         logits, features, local_ms = self.run_front_end(pixels)
-        confidence, exit_prediction = self.exit_answer(logits)
+        confidence, exit_prediction = self.exit_answer(logits, features)
         self.stats.classified += 1
         self.stats.local_ms.append(local_ms)
         result = Classification(
@@ -352,9 +392,10 @@ class Phone:
         return FlushResult(delivered, rejected, len(self.queue))
 
 
-def exit_threshold(value: float) -> float:
-    """A usable tau: a finite number >= 0 (above 1 = never exit locally)."""
-    threshold = float(value)
-    if not math.isfinite(threshold) or threshold < 0:
-        raise ValueError(f"an exit threshold is a finite number >= 0, got {value!r}")
+def exit_threshold(value: float, rule: str = "max_softmax") -> float:
+    """A usable tau: a finite number >= 0 for max softmax (above 1 = never exit locally), >= -2 for
+    the slot margin (above 2 = never)."""
+    threshold, least = float(value), -2.0 if rule == "slot_margin" else 0.0
+    if not math.isfinite(threshold) or threshold < least:
+        raise ValueError(f"a {rule} exit threshold is a finite number >= {least:g}, got {value!r}")
     return threshold

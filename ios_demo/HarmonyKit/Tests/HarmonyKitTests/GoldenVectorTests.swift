@@ -336,6 +336,19 @@ final class GoldenVectorTests: XCTestCase {
 
     // MARK: - manifest_signature.json
 
+    func testATierGatedByAnotherExitRuleIsRefusedNotMisread() throws {
+        let vectors = try Vectors.load("manifest_signature.json", as: ManifestVectors.self)
+        let plain = try JSONDecoder().decode(Manifest.self, from: Data(vectors.manifestText.utf8))
+        XCTAssertNoThrow(try ManifestVerifier.checkExitRules(plain))
+        let text = vectors.manifestText.replacingOccurrences(
+            of: "\"threshold\": 0.9,", with: "\"threshold\": 0.9, \"exit_rule\": \"slot_margin\",")
+        let gated = try JSONDecoder().decode(Manifest.self, from: Data(text.utf8))
+        XCTAssertEqual(gated.tiers.first?.exitRule, "slot_margin")
+        XCTAssertThrowsError(try ManifestVerifier.checkExitRules(gated)) { error in
+            XCTAssertTrue("\(error)".contains("exits by slot_margin"))
+        }
+    }
+
     func testManifestSignatureVerifiesAndArtifactsMatch() throws {
         let vectors = try Vectors.load("manifest_signature.json", as: ManifestVectors.self)
         let verifier = try ManifestVerifier(pinnedPublicKey: hex(vectors.publicKey))

@@ -159,8 +159,11 @@ public struct TierEntry: Codable, Sendable, Equatable {
     public let outputs: [TensorSpec]
     public let classNames: [String]
     public let interfaceShape: [Int]
-    /// Answer locally when max softmax(exit_logits) >= threshold.
+    /// Answer locally when the exit rule's score >= threshold.
     public let threshold: Double
+    /// The score: absent = max softmax(exit_logits); "slot_margin" (PROTOCOL.md 3.5) is refused by
+    /// `ManifestVerifier` until `HarmonyClient` loads the manifest's slot prototypes.
+    public let exitRule: String?
     public let quantization: [String]
     public let backends: [String]
     public let latencyBudgetMs: Double
@@ -177,6 +180,7 @@ public struct TierEntry: Codable, Sendable, Equatable {
         case classNames = "class_names"
         case interfaceShape = "interface_shape"
         case threshold
+        case exitRule = "exit_rule"
         case quantization
         case backends
         case latencyBudgetMs = "latency_budget_ms"

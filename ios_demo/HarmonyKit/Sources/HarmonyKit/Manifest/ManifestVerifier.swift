@@ -31,6 +31,8 @@ public struct ManifestVerifier: Sendable {
     public static let p256PublicKeyFile = "signing_key_p256.pub"
     public static let supportedFormat = 1
     public static let kind = "harmony-mobile/export"
+    /// The exit rule `HarmonyClient` answers by; a tier gated otherwise is refused, never misread.
+    public static let answeredExitRule = "max_softmax"
     public static let signatureAlgorithm = "Ed25519"
     public static let p256SignatureAlgorithm = "ECDSA-P256-SHA256"
     public static let publicKeyBytes = 32
@@ -117,6 +119,7 @@ public struct ManifestVerifier: Sendable {
         guard manifest.kind == Self.kind else {
             throw ManifestError("\(Self.manifestFile): not a harmony-mobile export manifest (kind \(manifest.kind))")
         }
+        try Self.checkExitRules(manifest)
         guard manifest.signature.algorithm == Self.signatureAlgorithm else {
             throw ManifestError("\(Self.manifestFile): unsupported signature algorithm \(manifest.signature.algorithm)")
         }
@@ -134,6 +137,15 @@ public struct ManifestVerifier: Sendable {
             }
         }
         return manifest
+    }
+
+    /// Every tier's threshold is on the score this app computes (SlotGatePolicy implements the slot
+    /// margin, but HarmonyClient does not load the manifest's slot prototypes yet).
+    public static func checkExitRules(_ manifest: Manifest) throws {
+        for tier in manifest.tiers where (tier.exitRule ?? answeredExitRule) != answeredExitRule {
+            throw ManifestError(
+                "\(manifestFile): tier \(tier.name) exits by \(tier.exitRule ?? ""); this app answers locally by \(answeredExitRule) only")
+        }
     }
 
     private func signatureMatches(_ signature: Data, _ manifestBytes: Data) throws -> Bool {

@@ -2,6 +2,7 @@ package org.harmonymobile.core.manifest;
 
 import java.util.List;
 import java.util.Optional;
+import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
 import org.harmonymobile.core.util.Immutable;
 
@@ -22,7 +23,17 @@ public record TierEntry(
         double latencyBudgetMs,
         List<Artifact> artifacts) {
 
+    /** The exit rule this build answers by; a tier gated otherwise is refused, never misread. */
+    public static final String EXIT_RULE = "max_softmax";
+
     static TierEntry from(JsonObject json) {
+        String exitRule = json.optString("exit_rule", EXIT_RULE);
+        if (!EXIT_RULE.equals(exitRule)) {
+            // the threshold is on another score (slot_margin: exit.SlotGatePolicy computes it, but
+            // HarmonyClient does not load the manifest's slot prototypes yet)
+            throw new JsonException("tier " + json.getString("name") + " exits by " + exitRule
+                    + "; this build answers locally by " + EXIT_RULE + " only");
+        }
         return new TierEntry(
                 json.getString("name"),
                 json.getString("family"),
