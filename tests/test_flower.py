@@ -174,7 +174,9 @@ def metric_lines(run_path) -> list[dict]:
     return [json.loads(line) for line in (run_path / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("algorithm", ["fedavg", "local", "harmony", "splitgp", "multi-exit"])
+@pytest.mark.parametrize(
+    "algorithm", ["fedavg", "local", "harmony", "splitgp", "multi-exit", "harmony-slot-gate"]
+)
 def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, monkeypatch, algorithm):
     """Same seed, data and budget: every client turn is the same arithmetic with its own random
     stream, so metrics, thresholds and every saved front-end are bit-identical, though Flower

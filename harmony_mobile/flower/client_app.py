@@ -7,8 +7,10 @@ Each message runs the registry's own `Algorithm` code on a `Client` rebuilt from
   query.hello        -> which partition this node holds
   train.round        Broadcast + stream round + label epoch -> algorithm.client_round -> ClientUpdate
   train.personalize  the same -> algorithm.personalize; the model stays here (threshold only back)
-  evaluate.final     the server's back-end + slot table -> this client's metrics, its replay
-                     features (released like uploads) and its artifact in its client dir
+  evaluate.replay    (slot-gated runs only) -> this client's replay features (released like uploads)
+  evaluate.final     the server's back-end + slot table (+ its slot prototypes, slot-gated runs) ->
+                     this client's metrics, its replay features (unless sent already) and its
+                     artifact in its client dir
 
 A turn draws from its own random stream, rounds.seed_turn(run seed, stream round, partition id),
 derived here. Both `train` messages return how often the client's most-released sample has left
@@ -37,12 +39,14 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from harmony_mobile.algorithms.base import calibrate_client
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.data import DatasetInfo, dataset_info, load_labels, load_rows, ood_test_indices
 from harmony_mobile.evaluation import OOD_FRACTIONS, BackendWithSlots, EvaluationSetting, evaluate_client_at
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.replay import client_replay
 from harmony_mobile.federation.rounds import seed_turn
+from harmony_mobile.federation.slot_gate import SlotGate
 from harmony_mobile.flower import split
 from harmony_mobile.flower.records import (
     message_to_record,
@@ -70,6 +74,7 @@ RELEASES_RECORD = "releases"  # the one number of the client's state the server 
 PERSONALIZED = "personalized-model"  # context.state only: the model personalization left
 PERSONALIZED_THRESHOLD = "personalized-threshold"  # and its exit threshold
 SERVED_RECORD = "served-backend"  # evaluate.final: the back-end's weights
+PROTOTYPES_RECORD = "slot-prototypes"  # evaluate.final of a slot-gated run: the server's prototypes
 CLIENT_DIR_KEY = "client-dir"  # node config: where this client keeps its artifact
 LINEAGE_RECORD = "lineage"  # the run's label epoch, sent with every turn start
 SECRET_FILE_KEY = "federation-secret-file"
@@ -305,29 +310,58 @@ def keep_personalized(context: Context, client: Client) -> None:
     context.state[PERSONALIZED_THRESHOLD] = ConfigRecord({"threshold": float(client.threshold)})
 
 
-def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettings) -> RecordDict:
-    """Federated evaluation: this client's metrics with its personalized model and the server's
-    back-end (decoded with its own secret), its artifact saved where the node keeps it, and its
-    share of the replay set."""
-    config = settings.train_config
+def personalized_client(context: Context, content: RecordDict, settings: FlowerSettings) -> Client:
+    """This node's client as personalization left it (its model and threshold from the node state)."""
     label_epoch = str(content.config_records[LINEAGE_RECORD]["label-epoch"])
     client = build_client(context, settings, label_epoch)
     client.load_private_state(record_to_tensor_dict(context.state.array_records[CLIENT_STATE]))
     client.model.load_state_dict(record_to_tensor_dict(context.state.array_records[PERSONALIZED]))
     client.threshold = float(context.state.config_records[PERSONALIZED_THRESHOLD]["threshold"])
+    return client
+
+
+def replay_record(client: Client, config: TrainConfig) -> RecordDict:
+    """This client's share of the replay set (released like uploads), with its release count."""
+    features = client_replay(client, client_count(config), config.seed).features
+    return RecordDict(
+        {
+            "replay": tensor_dict_to_record({"features": features}),
+            RELEASES_RECORD: ConfigRecord({"max-releases": client.max_releases}),
+        }
+    )
+
+
+def evaluate_replay(context: Context, content: RecordDict, settings: FlowerSettings) -> RecordDict:
+    """A slot-gated run's first evaluation message: this client's replay share, from which the
+    ServerApp makes the slot prototypes evaluate.final brings back."""
+    client = personalized_client(context, content, settings)
+    reply = replay_record(client, settings.train_config)
+    context.state[CLIENT_STATE] = tensor_dict_to_record(client.private_state())
+    return reply
+
+
+def evaluate_final(context: Context, content: RecordDict, settings: FlowerSettings) -> RecordDict:
+    """Federated evaluation: this client's metrics with its personalized model and the server's
+    back-end (decoded with its own secret), its artifact saved where the node keeps it, and its
+    share of the replay set (a slot-gated run's came with evaluate.replay: this message brings the
+    slot prototypes, by which the client calibrates its threshold first, as training.gate_clients)."""
+    config = settings.train_config
+    client = personalized_client(context, content, settings)
     data = _client_data(config.model_dump_json(), partition_of(context, config), client.federation_secret)
     algorithm = build_algorithm(config.algorithm, config.algorithm_config)
     served = backend_with_slots(content, data.info.num_classes, config) if SERVED_RECORD in content else None
+    gated = PROTOTYPES_RECORD in content
+    if gated:
+        prototypes = record_to_tensor_dict(content[PROTOTYPES_RECORD])["prototypes"]
+        client.slot_gate = SlotGate(prototypes, client.own_slots(served.slot_tokens))
+        calibrate_client(client, algorithm.config.calibration_target, "slot_margin")
     setting = EvaluationSetting(data.rows, data.labels, data.partition, config.seed, algorithm.exit_rule)
     metrics = evaluate_client_at(client, served, setting)
     save_client(client_dir(context, settings), client_artifact(client, data.split))
     report = {**metrics, "threshold": client.threshold}
     reply = RecordDict({"metrics": ConfigRecord({"json": json.dumps(report)})})
-    if served is not None:
-        clients = client_count(config)
-        reply["replay"] = tensor_dict_to_record(
-            {"features": client_replay(client, clients, config.seed).features}
-        )
+    if served is not None and not gated:
+        reply["replay"] = replay_record(client, config)["replay"]
     reply[RELEASES_RECORD] = ConfigRecord({"max-releases": client.max_releases})
     context.state[CLIENT_STATE] = tensor_dict_to_record(client.private_state())
     for key in (PERSONALIZED, PERSONALIZED_THRESHOLD):  # saved in the client dir: the node state shrinks
@@ -369,6 +403,11 @@ def make_client_app(settings: FlowerSettings | None = None, keep_turns: bool = T
         return Message(
             run_turn(context, message.content, settings, personalize, keep_turns), reply_to=message
         )
+
+    @app.evaluate("replay")
+    def replay_share(message: Message, context: Context) -> Message:
+        run_settings = settings_of(context, settings)
+        return Message(evaluate_replay(context, message.content, run_settings), reply_to=message)
 
     @app.evaluate("final")
     def final_evaluation(message: Message, context: Context) -> Message:

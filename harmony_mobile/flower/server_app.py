@@ -33,10 +33,12 @@ from flwr.serverapp import Grid, ServerApp
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.evaluation import summarize
 from harmony_mobile.federation.rounds import personalization_round
+from harmony_mobile.federation.slot_gate import slot_prototypes
 from harmony_mobile.files import open_private
 from harmony_mobile.flower import split
 from harmony_mobile.flower.client_app import (
     LINEAGE_RECORD,
+    PROTOTYPES_RECORD,
     RELEASES_RECORD,
     SERVED_RECORD,
     STREAM_RECORD,
@@ -306,17 +308,25 @@ class FlowerClients:
     def evaluate(self, run, client_ids: list[int]) -> tuple[dict[str, dict], list[torch.Tensor]]:
         """Federated evaluation: each client scores its personalized model with the back-end the
         server sends and reports its metrics (and its replay rows); nothing else comes back. All
-        clients at once (no server step)."""
+        clients at once (no server step). A slot-gated run collects the replay rows first
+        (evaluate.replay) and sends the slot prototypes it makes from them with the back-end."""
         content = RecordDict({LINEAGE_RECORD: self.lineage()})
         server = run.federation.server
+        replay = []
         if server is not None:
             content[SERVED_RECORD] = tensor_dict_to_record(run.backend.state_dict())
             tokens = json.dumps([t.hex() for t in server.slot_table.tokens])
             content["slots"] = ConfigRecord({"tokens": tokens})
+        rule = build_algorithm(run.config.algorithm, run.config.algorithm_config).exit_rule
+        if server is not None and rule == "slot_margin":
+            replay = self.replay_shares(run, client_ids)
+            pooled = torch.cat(replay).to(torch.float16)
+            prototypes = slot_prototypes(run.backend.eval(), len(server.slot_table.tokens), pooled)
+            content[PROTOTYPES_RECORD] = tensor_dict_to_record({"prototypes": prototypes})
         finals = self.run_turns(
             run.federation, [(i, "evaluate.final", lambda: content) for i in client_ids], -1
         )
-        reports, replay = {}, []
+        reports = {}
         for client_id in client_ids:
             reply = finals.get(client_id)
             if reply is None:
@@ -326,6 +336,18 @@ class FlowerClients:
             if "replay" in reply:
                 replay.append(record_to_tensor_dict(reply["replay"])["features"])
         return reports, replay
+
+    def replay_shares(self, run, client_ids: list[int]) -> list[torch.Tensor]:
+        """Every answering client's replay share, in client order (as the in-process engine pools them)."""
+        content = RecordDict({LINEAGE_RECORD: self.lineage()})
+        finals = self.run_turns(
+            run.federation, [(i, "evaluate.replay", lambda: content) for i in client_ids], -1
+        )
+        if not finals:
+            raise FlowerRunError("no client sent its replay share")
+        for client_id, reply in finals.items():
+            self.max_releases[client_id] = int(reply.config_records[RELEASES_RECORD]["max-releases"])
+        return [record_to_tensor_dict(finals[i]["replay"])["features"] for i in client_ids if i in finals]
 
     def after_round(self, round_id: int, sampled: int, replied: int, seconds: float) -> None:
         """flower_rounds.jsonl: replies and bytes each way of the round."""
@@ -356,11 +378,6 @@ UNSUPPORTED = {
 def check_supported(config: TrainConfig) -> None:
     if config.algorithm in UNSUPPORTED:
         raise ValueError(f"{config.algorithm!r} {UNSUPPORTED[config.algorithm]}")
-    if build_algorithm(config.algorithm, config.algorithm_config).exit_rule == "slot_margin":
-        raise ValueError(
-            "exit_rule slot_margin is calibrated after the replay set, which only the in-process engine "
-            "does yet: train it with `harmony train`, or pick max_softmax or neg_entropy"
-        )
 
 
 def train_on_grid(grid, settings: FlowerSettings) -> dict:
