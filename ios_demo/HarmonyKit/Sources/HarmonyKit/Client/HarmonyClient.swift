@@ -161,8 +161,8 @@ public struct Classification: Sendable {
     public let features: FeatureTensor
 }
 
-/// The phone side of HARMONY inference: run the front-end; answer locally when the exit head is
-/// confident (max softmax >= the tier's threshold), otherwise send the interface features to the
+/// The phone side of HARMONY inference: run the front-end; answer locally when the exit gate says so
+/// (`ExitPolicy`: max softmax >= the tier's threshold; `SlotGatePolicy`: the slot margin), otherwise send the interface features to the
 /// server back-end; if the server fails (network, 4xx/5xx, a long Retry-After), answer with the
 /// local guess anyway. The exit head's outputs are in token order; `ExitDecoder` names the class of
 /// its top output. The server answers with a slot; `SlotDecoder` maps it to a class, and a slot that
@@ -170,7 +170,7 @@ public struct Classification: Sendable {
 /// therefore always has an answer.
 public final class HarmonyClient: Sendable {
     public let engine: any InferenceEngine
-    public let exitPolicy: ExitPolicy
+    public let exitPolicy: any ExitGate
     public let exits: ExitDecoder
     public let fallback: (any FallbackServer)?
     public let slots: SlotDecoder?
@@ -181,7 +181,7 @@ public final class HarmonyClient: Sendable {
     ///   - fallback: the server, or nil for local-only operation (offline, not enrolled).
     ///   - slots: maps the server's slots to this phone's classes; required with a fallback server.
     public init(
-        engine: any InferenceEngine, exitPolicy: ExitPolicy, exits: ExitDecoder, fallback: (any FallbackServer)?,
+        engine: any InferenceEngine, exitPolicy: any ExitGate, exits: ExitDecoder, fallback: (any FallbackServer)?,
         slots: SlotDecoder?, clock: @escaping @Sendable () -> UInt64 = { DispatchTime.now().uptimeNanoseconds }
     ) throws {
         if fallback != nil, slots == nil {
@@ -202,7 +202,7 @@ public final class HarmonyClient: Sendable {
             throw InferenceError(
                 "the exit head returned \(output.exitLogits.count) logits; the manifest names \(exits.outputs) classes")
         }
-        let local = exitPolicy.decide(output.exitLogits)
+        let local = try exitPolicy.decide(logits: output.exitLogits, features: output.features.values)
         let localClass = try exits.classIndex(output: local.topOutput)
         let localNanos = clock() - start
         if local.exitLocally {

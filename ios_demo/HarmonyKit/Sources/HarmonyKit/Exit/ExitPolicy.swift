@@ -56,3 +56,18 @@ public struct ExitPolicy: Sendable {
         return ExitDecision(topOutput: best, confidence: confidence, exitLocally: confidence >= threshold)
     }
 }
+
+/// Decides, for one sample, whether the phone answers with its exit head or falls back to the
+/// server: `ExitPolicy` by the exit head's max softmax, `SlotGatePolicy` by the slot margin of the
+/// sample's features (PROTOCOL.md 3.4-3.5). harmony-core's `exit.ExitGate` is the same interface.
+public protocol ExitGate: Sendable {
+    func decide(logits: [Float], features: [Float]) throws -> ExitDecision
+}
+
+extension ExitPolicy: ExitGate {
+    public func decide(logits: [Float], features: [Float]) -> ExitDecision {
+        decide(logits)
+    }
+}
+
+extension SlotGatePolicy: ExitGate {}

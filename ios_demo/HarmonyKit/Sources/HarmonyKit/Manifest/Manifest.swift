@@ -162,7 +162,7 @@ public struct TierEntry: Codable, Sendable, Equatable {
     /// Answer locally when the exit rule's score >= threshold.
     public let threshold: Double
     /// The score: absent = max softmax(exit_logits); "slot_margin" (PROTOCOL.md 3.5) is refused by
-    /// `ManifestVerifier` until `HarmonyClient` loads the manifest's slot prototypes.
+    /// `ManifestVerifier` until the model store fetches the manifest's slot prototypes.
     public let exitRule: String?
     public let quantization: [String]
     public let backends: [String]

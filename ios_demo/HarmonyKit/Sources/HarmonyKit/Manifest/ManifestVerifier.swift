@@ -139,8 +139,8 @@ public struct ManifestVerifier: Sendable {
         return manifest
     }
 
-    /// Every tier's threshold is on the score this app computes (SlotGatePolicy implements the slot
-    /// margin, but HarmonyClient does not load the manifest's slot prototypes yet).
+    /// Every tier's threshold is on the score this app computes (HarmonyClient answers by the slot
+    /// margin with a SlotGatePolicy, but the model store does not fetch the manifest's prototypes yet).
     public static func checkExitRules(_ manifest: Manifest) throws {
         for tier in manifest.tiers where (tier.exitRule ?? answeredExitRule) != answeredExitRule {
             throw ManifestError(

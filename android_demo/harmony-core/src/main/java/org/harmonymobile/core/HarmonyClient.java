@@ -6,7 +6,7 @@ import org.harmonymobile.core.engine.FrontEndOutput;
 import org.harmonymobile.core.engine.InferenceEngine;
 import org.harmonymobile.core.engine.InferenceException;
 import org.harmonymobile.core.exit.ExitDecision;
-import org.harmonymobile.core.exit.ExitPolicy;
+import org.harmonymobile.core.exit.ExitGate;
 import org.harmonymobile.core.server.ServerException;
 import org.harmonymobile.core.server.ServerPrediction;
 
@@ -21,7 +21,7 @@ import org.harmonymobile.core.server.ServerPrediction;
  */
 public final class HarmonyClient {
     private final InferenceEngine engine;
-    private final ExitPolicy exitPolicy;
+    private final ExitGate exitGate;
     private final ExitDecoder exits;
     private final FallbackServer fallback;
     private final SlotDecoder slots;
@@ -32,7 +32,7 @@ public final class HarmonyClient {
      * @param fallback the server, or null for local-only operation (offline, or crypto unavailable)
      * @param slots maps the server's slots to this phone's classes; required with a fallback server
      */
-    public HarmonyClient(InferenceEngine engine, ExitPolicy exitPolicy, ExitDecoder exits, FallbackServer fallback,
+    public HarmonyClient(InferenceEngine engine, ExitGate exitGate, ExitDecoder exits, FallbackServer fallback,
             SlotDecoder slots, LongSupplier nanoTime) {
         if (exits == null) {
             throw new IllegalArgumentException("exit heads answer in token order: pass an ExitDecoder");
@@ -41,16 +41,16 @@ public final class HarmonyClient {
             throw new IllegalArgumentException("a fallback server answers in slots: pass a SlotDecoder");
         }
         this.engine = engine;
-        this.exitPolicy = exitPolicy;
+        this.exitGate = exitGate;
         this.exits = exits;
         this.fallback = fallback;
         this.slots = slots;
         this.nanoTime = nanoTime;
     }
 
-    public HarmonyClient(InferenceEngine engine, ExitPolicy exitPolicy, ExitDecoder exits, FallbackServer fallback,
+    public HarmonyClient(InferenceEngine engine, ExitGate exitGate, ExitDecoder exits, FallbackServer fallback,
             SlotDecoder slots) {
-        this(engine, exitPolicy, exits, fallback, slots, System::nanoTime);
+        this(engine, exitGate, exits, fallback, slots, System::nanoTime);
     }
 
     public Classification classify(float[] input) throws InferenceException {
@@ -60,7 +60,7 @@ public final class HarmonyClient {
             throw new InferenceException("the exit head returned " + output.exitLogits().length
                     + " logits; the manifest names " + exits.outputs() + " classes");
         }
-        ExitDecision local = exitPolicy.decide(output.exitLogits());
+        ExitDecision local = exitGate.decide(output.exitLogits(), output.features().data());
         int localClass = exits.classIndex(local.topOutput());
         long localNanos = nanoTime.getAsLong() - start;
         if (local.exitLocally()) {

@@ -9,6 +9,7 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 import java.io.IOException;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.Set;
 import java.util.concurrent.atomic.AtomicInteger;
 import java.util.concurrent.atomic.AtomicLong;
 import org.harmonymobile.core.crypto.LabelTokens;
@@ -16,6 +17,7 @@ import org.harmonymobile.core.engine.FrontEndOutput;
 import org.harmonymobile.core.engine.InferenceEngine;
 import org.harmonymobile.core.engine.InferenceException;
 import org.harmonymobile.core.exit.ExitPolicy;
+import org.harmonymobile.core.exit.SlotGatePolicy;
 import org.harmonymobile.core.json.JsonObject;
 import org.harmonymobile.core.server.ServerException;
 import org.harmonymobile.core.server.ServerPrediction;
@@ -128,6 +130,51 @@ class HarmonyClientTest {
         assertEquals(0, c.predictedClass()); // the local answer: exit output 1, class "0"
         assertEquals(10, c.server().topSlot());
         assertTrue(c.serverError().contains("slot 10"));
+    }
+
+    /** One unit prototype per slot of {@code SLOTS}: slot s points along feature s. */
+    private static float[][] unitPrototypes() {
+        float[][] prototypes = new float[SLOTS.tokens().size()][64 * 8 * 8];
+        for (int s = 0; s < prototypes.length; s++) {
+            prototypes[s][s] = 1f;
+        }
+        return prototypes;
+    }
+
+    private Classification slotGated(int featureAlong) throws Exception {
+        SlotDecoder decoder = new SlotDecoder(new FederationKey(SECRET), CLASS_NAMES, version -> SLOTS);
+        // this phone holds classes "9" and "8": slots 0 and 1 (slot s holds class "9 - s")
+        boolean[] own = SlotGatePolicy.ownSlots(decoder.decode(SLOTS), Set.of("9", "8"));
+        float[] values = new float[64 * 8 * 8];
+        values[featureAlong] = 2f;
+        FeatureTensor features = new FeatureTensor(values, new int[] {1, 64, 8, 8});
+        InferenceEngine engine = new InferenceEngine() {
+            @Override
+            public FrontEndOutput run(float[] input) {
+                return new FrontEndOutput(logits(0, 0.5f), features); // a flat softmax: max-softmax would fall back
+            }
+
+            @Override
+            public void close() {}
+        };
+        FallbackServer server = sent -> {
+            serverCalls.incrementAndGet();
+            return new ServerPrediction("v1", new float[11], 2, 0.8);
+        };
+        return new HarmonyClient(engine, new SlotGatePolicy(unitPrototypes(), own, 0.5), exits(), server, decoder)
+                .classify(new float[784]);
+    }
+
+    @Test
+    void aSlotGatedPhoneAnswersWhatSitsNearItsOwnSlotsAndSendsTheRest() throws Exception {
+        Classification near = slotGated(1); // along slot 1 (own): margin 1 - 0
+        assertEquals(Classification.Source.LOCAL_EXIT, near.source());
+        assertEquals(1.0, near.confidence(), 1e-12);
+        assertEquals(0, serverCalls.get());
+        Classification far = slotGated(5); // along slot 5 (another phone's): margin 0 - 1
+        assertEquals(Classification.Source.SERVER, far.source());
+        assertEquals(-1.0, far.local().confidence(), 1e-12);
+        assertEquals(1, serverCalls.get());
     }
 
     @Test

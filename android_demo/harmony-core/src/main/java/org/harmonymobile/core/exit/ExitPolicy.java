@@ -6,7 +6,7 @@ package org.harmonymobile.core.exit;
  *
  * <p>Logits containing NaN or infinity never exit locally: a broken front-end must not answer.
  */
-public final class ExitPolicy {
+public final class ExitPolicy implements ExitGate {
     private final double threshold;
 
     public ExitPolicy(double threshold) {
@@ -18,6 +18,11 @@ public final class ExitPolicy {
 
     public double threshold() {
         return threshold;
+    }
+
+    @Override
+    public ExitDecision decide(float[] exitLogits, float[] features) {
+        return decide(exitLogits);
     }
 
     public ExitDecision decide(float[] logits) {

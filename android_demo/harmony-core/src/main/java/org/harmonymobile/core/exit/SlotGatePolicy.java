@@ -12,7 +12,7 @@ import java.util.List;
  *
  * <p>Non-finite logits or features never exit locally: a broken front-end must not answer.
  */
-public final class SlotGatePolicy {
+public final class SlotGatePolicy implements ExitGate {
     private static final double MIN_NORM = 1e-12; // as torch.nn.functional.normalize
 
     private final float[][] prototypes;
@@ -95,6 +95,7 @@ public final class SlotGatePolicy {
     }
 
     /** The verdict: the exit head's top output, with the margin as its confidence. */
+    @Override
     public ExitDecision decide(float[] logits, float[] features) {
         for (float logit : logits) {
             if (!Float.isFinite(logit)) {

@@ -29,8 +29,8 @@ public record TierEntry(
     static TierEntry from(JsonObject json) {
         String exitRule = json.optString("exit_rule", EXIT_RULE);
         if (!EXIT_RULE.equals(exitRule)) {
-            // the threshold is on another score (slot_margin: exit.SlotGatePolicy computes it, but
-            // HarmonyClient does not load the manifest's slot prototypes yet)
+            // the threshold is on another score (slot_margin: HarmonyClient answers by it with an
+            // exit.SlotGatePolicy, but the model store does not fetch the manifest's prototypes yet)
             throw new JsonException("tier " + json.getString("name") + " exits by " + exitRule
                     + "; this build answers locally by " + EXIT_RULE + " only");
         }
