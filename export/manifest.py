@@ -306,9 +306,11 @@ class Manifest(_Strict):
             raise ValueError(
                 f"tiers {', '.join(gated)} exit by slot_margin: the manifest needs slot_prototypes"
             )
-        if self.slot_prototypes is not None and self.slot_prototypes.shape[0] != len(self.slot_table):
+        expected = (len(self.slot_table), math.prod(self.interface_shape))
+        if self.slot_prototypes is not None and self.slot_prototypes.shape != expected:
             raise ValueError(
-                f"slot_prototypes has {self.slot_prototypes.shape[0]} rows for {len(self.slot_table)} slots"
+                f"slot_prototypes has shape {list(self.slot_prototypes.shape)}: {len(self.slot_table)} "
+                f"slots of the {expected[1]}-value interface need {list(expected)}"
             )
         return self
 

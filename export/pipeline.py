@@ -8,13 +8,13 @@ Output directory layout:
       backend/backend.pt                              g + h state dicts, run_dir.save_backend format
       backend/backend.pt2                             torch.export of g, dynamic batch
       backend/backend.onnx                            g for ONNX Runtime (replicas without torch)
-      backend/slot_prototypes.hmft                    slot_margin runs: what the phones gate by
       tiers/<tier>/front_fp32.pte                     XNNPACK, fully delegated
       tiers/<tier>/front_int8.pte                     PT2E static int8 per-channel, XNNPACK
       tiers/<tier>/front_coreml-fp16.mlpackage/       ML Program, iOS 16+ (coreml tiers)
       tiers/<tier>/front_coreml-int8.mlpackage/       int8 weights
       tiers/<tier>/front_coreml-palette4.mlpackage/   4-bit k-means palettized weights
       tiers/<tier>/personalize_{frozen,train,head}.pte  on-device training (personalization.py)
+      slot_prototypes.hmft                            slot_margin runs: what the phones gate by
 
 Everything is written into a temporary directory beside OUT and renamed into place only after
 the manifest was signed and verified, so a failure never leaves a half-written OUT. An existing
@@ -65,7 +65,7 @@ ProgressCallback = Callable[..., None]  # (description: str, advance: int = 0): 
 
 BACKEND_DIR = "backend"
 TIERS_DIR = "tiers"
-SLOT_PROTOTYPES_FILE = f"{BACKEND_DIR}/slot_prototypes.hmft"
+SLOT_PROTOTYPES_FILE = "slot_prototypes.hmft"  # phones fetch it: outside backend/, which they never get
 
 
 @dataclass

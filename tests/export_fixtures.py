@@ -137,6 +137,11 @@ def digits_or_random(seed: int = 0) -> ImageDataset:
         )
 
 
+def _slot_tokens(class_names, slot_classes: list[int] | None) -> list[bytes]:
+    tokens = class_tokens(epoch_key(FIXTURE_SECRET, FIXTURE_EPOCH), class_names)
+    return tokens if slot_classes is None else [tokens[c] for c in slot_classes]
+
+
 def make_run_dir(
     path: Path,
     tiers: TierSet = TEST_TIERS,
@@ -147,9 +152,11 @@ def make_run_dir(
     front_end_states: dict[str, dict] | None = None,
     algorithm_config: dict | None = None,
     replay_rows: int = 0,
+    slot_classes: list[int] | None = None,
 ) -> Path:
     """A run directory in the run_dir.py format: random-initialized front-ends, fixed random indices;
-    `algorithm_config` as the run's, and a replay set of `replay_rows` random feature rows."""
+    `algorithm_config` as the run's, a replay set of `replay_rows` random feature rows, and slot s
+    holding class `slot_classes[s]` (default: class s)."""
     data = digits_or_random(seed)
     info = RunInfo.of_dataset(
         data,
@@ -195,7 +202,7 @@ def make_run_dir(
             SlotTable(
                 FIXTURE_EPOCH,
                 info.num_classes,
-                class_tokens(epoch_key(FIXTURE_SECRET, FIXTURE_EPOCH), info.class_names),
+                _slot_tokens(info.class_names, slot_classes),
             ),
             torch.randn(replay_rows, *info.interface_spec.shape, generator=generator).half()
             if replay_rows

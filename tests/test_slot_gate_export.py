@@ -21,8 +21,12 @@ from harmony_mobile.device import (
     DeviceCredentials,
     DeviceError,
     FederationKey,
+    ModelStore,
     Phone,
     UploadQueue,
+    decode_public_key,
+    fetch_server_artifact,
+    fetch_signed_manifest,
     load_front_end,
     load_manifest,
     load_slot_prototypes,
@@ -37,12 +41,15 @@ from tests.helpers.fallback_server import enrol, make_settings
 
 TIER = "tiny"
 OWN = ("1", "4", "7")
+SLOT_CLASSES = [3, 7, 0, 9, 1, 5, 8, 2, 6, 4]  # slot s holds class SLOT_CLASSES[s]: not class order
 
 
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     root = tmp_path_factory.mktemp("slot-gate")
-    run = make_run_dir(root / "run", algorithm_config={"exit_rule": "slot_margin"}, replay_rows=64)
+    run = make_run_dir(
+        root / "run", algorithm_config={"exit_rule": "slot_margin"}, replay_rows=64, slot_classes=SLOT_CLASSES
+    )
     key, _ = load_or_create_signing_key(root / "keys")
     export_run(
         run, root / "export", tiers=[TIER], private_key=key, latency_runs=2, test_samples=8, progress=False
@@ -84,7 +91,7 @@ def test_the_phone_exits_by_the_margin_of_its_own_slots(export):
     _, export_dir, pinned = export
     manifest = load_manifest(export_dir, pinned)
     prototypes = load_slot_prototypes(export_dir, manifest)
-    own = torch.tensor([name in OWN for name in CLASS_NAMES])  # the fixture's slot i is class i
+    own = torch.tensor([CLASS_NAMES[c] in OWN for c in SLOT_CLASSES])
     program = load_front_end(export_dir, manifest, TIER, "fp32")
     normalization = manifest["tiers"][0]["normalization"]
     pixels = np.random.default_rng(0).integers(0, 256, (24, 1, 28, 28)).astype(np.uint8)
@@ -119,6 +126,11 @@ def test_a_gated_tier_needs_its_prototypes_and_the_phones_classes(export):
         phone(export_dir, manifest, http, slot_prototypes=prototypes, own_classes=("cat",))
     with pytest.raises(ValueError, match="slot_margin exit threshold"):
         phone(export_dir, manifest, http, slot_prototypes=prototypes, own_classes=OWN, threshold=-2.5)
+    with pytest.raises(DeviceError, match="slot prototypes of shape"):
+        phone(export_dir, manifest, http, slot_prototypes=prototypes[:, :10], own_classes=OWN)
+    energy = {**manifest, "tiers": [{**manifest["tiers"][0], "exit_rule": "energy"}]}
+    with pytest.raises(DeviceError, match="exits by 'energy'"):
+        phone(export_dir, energy, http, slot_prototypes=prototypes, own_classes=OWN)
 
 
 def test_tampered_prototypes_are_refused(export, tmp_path):
@@ -126,7 +138,6 @@ def test_tampered_prototypes_are_refused(export, tmp_path):
     manifest = load_manifest(export_dir, pinned)
     copy = tmp_path / "export"
     copy.mkdir()
-    (copy / "backend").mkdir()
     data = bytearray((export_dir / SLOT_PROTOTYPES_FILE).read_bytes())
     data[-1] ^= 1
     (copy / SLOT_PROTOTYPES_FILE).write_bytes(bytes(data))
@@ -149,12 +160,23 @@ def test_the_schema_ties_slot_margin_tiers_to_prototypes_and_a_margin_threshold(
         Manifest.model_validate(softmax)
 
 
-def test_the_fallback_server_serves_a_gated_export(export, tmp_path):
+def test_phones_install_the_prototypes_over_the_air_and_the_server_answers_a_gated_phone(export, tmp_path):
     _, export_dir, pinned = export
     manifest = load_manifest(export_dir, pinned)
     prototypes = load_slot_prototypes(export_dir, manifest)
     with TestClient(create_app(make_settings(tmp_path, export_dir))) as client:
-        credentials = DeviceCredentials.from_enrolment(enrol(client, tier=TIER))
+        enrolment = enrol(client, tier=TIER)
+        credentials = DeviceCredentials.from_enrolment(enrolment)
+        store = ModelStore(tmp_path / "store", decode_public_key(pinned), TIER)
+        installed = store.install(
+            *fetch_signed_manifest(client, enrolment["token"]),
+            fetch_server_artifact(client, enrolment["token"]),
+        )
+        assert torch.equal(load_slot_prototypes(installed.directory, installed.manifest), prototypes)
+        assert store.current().manifest_version == installed.manifest_version
+        (installed.directory / SLOT_PROTOTYPES_FILE).write_bytes(b"HMFT rot")
+        with pytest.raises(DeviceError, match="does not match the signed manifest"):
+            store.current()
         gated = phone(
             export_dir,
             manifest,

@@ -24,6 +24,10 @@ from harmony_mobile.protocol.wire import decode_tensor
 MANIFEST_FILE = "manifest.json"
 SIGNATURE_FILE = "manifest.sig"
 PUBLIC_KEY_FILE = "signing_key.pub"
+EXIT_RULES = (
+    "max_softmax",
+    "slot_margin",
+)  # the exit scores this runtime computes (docs/PROTOCOL.md 3.4-3.5)
 
 
 def decode_public_key(text: str | bytes) -> Ed25519PublicKey:
@@ -148,6 +152,21 @@ def read_verified_artifact(export_dir: str | Path, artifact: dict) -> bytes:
     return data
 
 
+def phone_files(manifest: dict, tier: str) -> list[dict]:
+    """The files a phone of `tier` installs: its front-end artifact, and the slot prototypes when
+    the tier exits by slot_margin (each a manifest entry with `path`, `sha256`, `size`)."""
+    entry = find_tier_entry(manifest, tier)
+    rule = entry.get("exit_rule", "max_softmax")
+    if rule not in EXIT_RULES:
+        raise DeviceError(f"tier {tier} exits by {rule!r}; this runtime answers by {' or '.join(EXIT_RULES)}")
+    files = [choose_artifact(entry)]
+    if rule == "slot_margin":
+        if not manifest.get("slot_prototypes"):
+            raise DeviceError(f"tier {tier} exits by slot_margin but the manifest has no slot_prototypes")
+        files.append(manifest["slot_prototypes"])
+    return files
+
+
 def load_slot_prototypes(export_dir: str | Path, manifest: dict) -> torch.Tensor | None:
     """The server's slot prototypes a slot_margin tier gates by (docs/PROTOCOL.md 3.5), checked
     against the signed manifest; None when the manifest ships none."""
@@ -158,10 +177,11 @@ def load_slot_prototypes(export_dir: str | Path, manifest: dict) -> torch.Tensor
         prototypes = decode_tensor(read_verified_artifact(export_dir, entry))
     except ValueError as error:
         raise DeviceError(f"{entry['path']}: {error}") from None
-    if list(prototypes.shape) != list(entry["shape"]) or entry["shape"][0] != len(manifest["slot_table"]):
+    expected = [len(manifest["slot_table"]), int(np.prod(manifest["interface_shape"]))]
+    if list(prototypes.shape) != list(entry["shape"]) or list(entry["shape"]) != expected:
         raise DeviceError(
-            f"{entry['path']} holds {list(prototypes.shape)}, the manifest says {entry['shape']} "
-            f"for {len(manifest['slot_table'])} slots"
+            f"{entry['path']} holds {list(prototypes.shape)}, the manifest says {entry['shape']}; "
+            f"{len(manifest['slot_table'])} slots of {expected[1]} features need {expected}"
         )
     if not np.isfinite(prototypes).all():
         raise DeviceError(f"{entry['path']} holds non-finite values")

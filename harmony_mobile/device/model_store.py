@@ -34,10 +34,9 @@ from harmony_mobile.device.errors import DeviceError
 from harmony_mobile.device.manifest import (
     MANIFEST_FILE,
     SIGNATURE_FILE,
-    choose_artifact,
-    find_tier_entry,
     is_update,
     manifest_version,
+    phone_files,
     read_verified_artifact,
     verify_manifest_bytes,
 )
@@ -76,7 +75,7 @@ class ModelStore:
             raise DeviceError(f"the installed model's pointer {CURRENT_FILE} is damaged: {error}") from None
 
     def current(self) -> InstalledModel | None:
-        """The model in use, re-verified (signature, then its artifact's digest), or None."""
+        """The model in use, re-verified (signature, then its files' digests), or None."""
         if self.installed_version() is None:
             return None
         pointer = json.loads((self.root / CURRENT_FILE).read_text(encoding="utf-8"))
@@ -86,28 +85,31 @@ class ModelStore:
         sha256 = hashlib.sha256(data).hexdigest()
         if sha256 != pointer["manifest_sha256"] or manifest_version(manifest) != pointer["manifest_version"]:
             raise DeviceError("the installed manifest is not the one current.json names")
-        read_verified_artifact(directory, choose_artifact(find_tier_entry(manifest, self.tier)))
+        for file in phone_files(manifest, self.tier):
+            read_verified_artifact(directory, file)
         return InstalledModel(manifest, directory, pointer["manifest_version"], sha256)
 
     def install(
         self, manifest_bytes: bytes, signature: bytes, fetch_artifact: Callable[[str], bytes]
     ) -> InstalledModel | None:
-        """Install a signed manifest and its artifact for this tier if it is an update; None when it
+        """Install a signed manifest and this tier's files (`phone_files`) if it is an update; None when it
         is the installed one. Raises DeviceError (RollbackError for an older one) and leaves the
         installed model as it was."""
         candidate = verify_manifest_bytes(manifest_bytes, signature, self.pinned_key)
         if not is_update(self.installed_version(), candidate, manifest_bytes):
             return None
-        artifact = choose_artifact(find_tier_entry(candidate, self.tier))
-        if Path(artifact["path"]).is_absolute() or ".." in Path(artifact["path"]).parts:
-            raise DeviceError(f"unsafe artifact path in the manifest: {artifact['path']!r}")
+        files = phone_files(candidate, self.tier)
+        for file in files:
+            if Path(file["path"]).is_absolute() or ".." in Path(file["path"]).parts:
+                raise DeviceError(f"unsafe artifact path in the manifest: {file['path']!r}")
         self.root.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
         try:
             _write(staging / MANIFEST_FILE, manifest_bytes)
             _write(staging / SIGNATURE_FILE, signature)
-            _write(staging / artifact["path"], fetch_artifact(artifact["path"]))
-            read_verified_artifact(staging, artifact)  # sha256 and size against the signed manifest
+            for file in files:
+                _write(staging / file["path"], fetch_artifact(file["path"]))
+                read_verified_artifact(staging, file)  # sha256 and size against the signed manifest
             version = manifest_version(candidate)
             target = self.root / VERSIONS_DIR / str(version)
             target.parent.mkdir(exist_ok=True)

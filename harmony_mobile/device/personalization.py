@@ -216,6 +216,10 @@ def personalize_phone(
     front_end = personalizer.front_end()
     threshold = phone.threshold
     target = personalizer.entry.get("calibration_target") if target is None else target
+    if target is not None and phone.exit_rule != "max_softmax":
+        raise ValueError(
+            f"tier {phone.tier} exits by {phone.exit_rule}: tau is recalibrated on max softmax only"
+        )
     if phone.entry["threshold_source"] == "calibrated" and target is not None:
         val_images = normalize(validation[0], phone.normalization)
         threshold = recalibrate(front_end, val_images, phone.exit_positions(validation[1]), target)

@@ -29,7 +29,7 @@ from harmony_mobile.device.fallback_client import (
     parse_slot_table,
 )
 from harmony_mobile.device.label_draws import LabelDraws, feature_sample_ids
-from harmony_mobile.device.manifest import find_tier_entry, normalize, upload_privacy
+from harmony_mobile.device.manifest import EXIT_RULES, find_tier_entry, normalize, upload_privacy
 from harmony_mobile.device.queue import PendingUpload, UploadQueue
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.protocol.label_tokens import (
@@ -126,6 +126,10 @@ class Phone:
         self.tier = tier
         self.program = program
         self.exit_rule = self.entry.get("exit_rule", "max_softmax")
+        if self.exit_rule not in EXIT_RULES:
+            raise DeviceError(
+                f"tier {tier} exits by {self.exit_rule!r}; this runtime answers by {' or '.join(EXIT_RULES)}"
+            )
         self.threshold = exit_threshold(
             self.entry["threshold"] if threshold is None else threshold, self.exit_rule
         )
@@ -186,8 +190,11 @@ class Phone:
                 f"own classes must be some of the manifest's class names; unknown: {sorted(unknown)}"
             )
         decoded = self._slot_classes[self.manifest["backend"]["model_version"]]
-        if prototypes.ndim != 2 or len(prototypes) != len(decoded):
-            raise DeviceError(f"slot prototypes of shape {list(prototypes.shape)} for {len(decoded)} slots")
+        width = math.prod(self.manifest["interface_shape"])
+        if list(prototypes.shape) != [len(decoded), width]:
+            raise DeviceError(
+                f"slot prototypes of shape {list(prototypes.shape)} for {len(decoded)} slots of {width} features"
+            )
         own = [c is not None and self.class_names[c] in set(own_classes) for c in decoded]
         return prototypes.double(), torch.tensor(own, dtype=torch.bool)
 

@@ -1,9 +1,9 @@
 """The served manifest's artifacts, for phones that install it (docs/PROTOCOL.md 2.3).
 
 `GET /v1/artifacts/{path}` answers a file the served manifest names for phones to load: each tier
-artifact (an .mlpackage file by file, as the manifest's `files` list it) and each tier's
-personalization programs. Nothing else in the model dir is served (not the back-end's weights, not
-the reports). The request path is only ever a key into that table, built from the manifest at
+artifact (an .mlpackage file by file, as the manifest's `files` list it), each tier's
+personalization programs and the slot prototypes slot_margin tiers gate by. Nothing else in the
+model dir is served (not the back-end's weights, not the reports). The request path is only ever a key into that table, built from the manifest at
 start; it is never joined onto the filesystem, so no path of a request can reach another file.
 """
 
@@ -24,8 +24,11 @@ class ServedFile:
 
 
 def _phone_paths(manifest: dict) -> tuple[set[str], set[str]]:
-    """(file paths, directory artifact paths) of what phones load: tier artifacts, personalization."""
+    """(file paths, directory artifact paths) of what phones load: tier artifacts, personalization,
+    the slot prototypes a slot_margin tier gates by."""
     files: set[str] = set()
+    if manifest.get("slot_prototypes"):
+        files.add(manifest["slot_prototypes"]["path"])
     for tier in manifest.get("tiers", []):
         for artifact in tier.get("artifacts", []):
             files.add(artifact["path"])

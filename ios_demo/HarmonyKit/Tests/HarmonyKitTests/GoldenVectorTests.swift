@@ -327,7 +327,10 @@ final class GoldenVectorTests: XCTestCase {
 
     func testSlotGateNonFiniteInputsNeverExit() throws {
         let policy = try SlotGatePolicy(prototypes: [[1, 0], [0, 1]], ownSlots: [true, false], threshold: -2)
-        XCTAssertFalse(try policy.decide(logits: [1, 0], features: [.nan, 1]).exitLocally)
+        let broken = try policy.decide(logits: [1, 0], features: [.nan, 1])
+        XCTAssertFalse(broken.exitLocally)
+        XCTAssertEqual(broken.topOutput, 0)  // the exit head's answer is still named
+        XCTAssertTrue(broken.confidence.isNaN)
         XCTAssertFalse(try policy.decide(logits: [.nan, 0], features: [1, 0]).exitLocally)
         XCTAssertTrue(try policy.decide(logits: [1, 0], features: [1, 0]).exitLocally)
         XCTAssertThrowsError(try SlotGatePolicy(prototypes: [[1]], ownSlots: [true, false], threshold: 0))

@@ -70,11 +70,9 @@ public struct SlotGatePolicy: Sendable {
         guard !logits.isEmpty, logits.allSatisfy(\.isFinite) else {
             return ExitDecision(topOutput: -1, confidence: .nan, exitLocally: false)
         }
-        let margin = try margin(features)
-        guard !margin.isNaN else {
-            return ExitDecision(topOutput: -1, confidence: .nan, exitLocally: false)
-        }
+        let score = try self.margin(features)
         let top = Softmax.argmax(logits.map(Double.init))
-        return ExitDecision(topOutput: top, confidence: margin, exitLocally: margin >= threshold)
+        // non-finite features: no exit, the exit head's answer still named (as harmony-core, Python)
+        return ExitDecision(topOutput: top, confidence: score, exitLocally: !score.isNaN && score >= threshold)
     }
 }

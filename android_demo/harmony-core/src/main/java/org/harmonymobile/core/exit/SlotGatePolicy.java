@@ -112,6 +112,7 @@ public final class SlotGatePolicy implements ExitGate {
                 best = i;
             }
         }
-        return new ExitDecision(Double.isNaN(margin) ? -1 : best, margin, margin >= threshold);
+        // non-finite features: no exit (NaN >= threshold is false), the exit head's answer still named
+        return new ExitDecision(best, margin, margin >= threshold);
     }
 }

@@ -63,7 +63,10 @@ class SlotGateVectorTest {
     @Test
     void nonFiniteInputsNeverExit() {
         SlotGatePolicy policy = new SlotGatePolicy(new float[][] {{1f, 0f}, {0f, 1f}}, new boolean[] {true, false}, -2);
-        assertFalse(policy.decide(new float[] {1f, 0f}, new float[] {Float.NaN, 1f}).exitLocally());
+        ExitDecision broken = policy.decide(new float[] {1f, 0f}, new float[] {Float.NaN, 1f});
+        assertFalse(broken.exitLocally());
+        assertEquals(0, broken.topOutput()); // the exit head's answer is still named
+        assertTrue(Double.isNaN(broken.confidence()));
         assertFalse(policy.decide(new float[] {Float.NaN, 0f}, new float[] {1f, 0f}).exitLocally());
         assertTrue(policy.decide(new float[] {1f, 0f}, new float[] {1f, 0f}).exitLocally());
     }
