@@ -140,7 +140,7 @@ public struct ManifestVerifier: Sendable {
     }
 
     /// Every tier's threshold is on the score this app computes (HarmonyClient answers by the slot
-    /// margin with a SlotGatePolicy, but the model store does not fetch the manifest's prototypes yet).
+    /// margin with a SlotGatePolicy, but this model store does not fetch the manifest's prototypes yet; harmony-core's does).
     public static func checkExitRules(_ manifest: Manifest) throws {
         for tier in manifest.tiers where (tier.exitRule ?? answeredExitRule) != answeredExitRule {
             throw ManifestError(

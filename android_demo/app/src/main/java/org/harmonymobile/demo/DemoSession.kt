@@ -12,6 +12,7 @@ import org.harmonymobile.core.HarmonyClient
 import org.harmonymobile.core.SlotDecoder
 import org.harmonymobile.core.engine.SerializedEngine
 import org.harmonymobile.core.exit.ExitPolicy
+import org.harmonymobile.core.manifest.TierEntry
 import org.harmonymobile.core.net.RetryPolicy
 import org.harmonymobile.core.net.RetryingTransport
 import org.harmonymobile.core.net.UrlConnectionTransport
@@ -73,6 +74,13 @@ class DemoSession(
     private val slots: SlotDecoder? = credentials?.let { device ->
         SlotDecoder(federation, model.manifest.classNames()) { version -> server.slotTable(device, version) }.apply {
             remember(model.manifest.backendModelVersion(), model.manifest.slotTable())
+        }
+    }
+    init {
+        // a slot_margin tier's threshold is on the margin of the classes the phone holds, which this
+        // demo app does not know: refused, never misread as a max-softmax threshold
+        require(model.tier.exitRule() == TierEntry.MAX_SOFTMAX) {
+            "tier ${model.tier.name()} exits by ${model.tier.exitRule()}: this demo app answers by max softmax only"
         }
     }
     val client = HarmonyClient(engine, ExitPolicy(model.tier.threshold()), exits, fallback, slots)

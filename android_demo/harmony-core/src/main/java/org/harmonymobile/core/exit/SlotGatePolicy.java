@@ -1,7 +1,9 @@
 package org.harmonymobile.core.exit;
 
+import java.util.Arrays;
 import java.util.Collection;
 import java.util.List;
+import org.harmonymobile.core.wire.FeatureTensor;
 
 /**
  * Answer locally when a sample sits nearer one of this phone's own slots than any other slot
@@ -46,6 +48,23 @@ public final class SlotGatePolicy implements ExitGate {
         }
         this.ownSlots = ownSlots.clone();
         this.threshold = threshold;
+    }
+
+    /**
+     * A gate from the manifest's slot prototypes file (an HMFT float32 tensor [slots, features], checked
+     * against the manifest by the model store).
+     */
+    public static SlotGatePolicy fromPrototypes(byte[] hmft, boolean[] ownSlots, double threshold) {
+        FeatureTensor tensor = FeatureTensor.decode(hmft);
+        int[] shape = tensor.shape();
+        if (shape.length != 2) {
+            throw new IllegalArgumentException("slot prototypes are [slots, features], got " + shape.length + " dimensions");
+        }
+        float[][] rows = new float[shape[0]][];
+        for (int s = 0; s < shape[0]; s++) {
+            rows[s] = Arrays.copyOfRange(tensor.data(), s * shape[1], (s + 1) * shape[1]);
+        }
+        return new SlotGatePolicy(rows, ownSlots, threshold);
     }
 
     /** Which slots are this phone's: those whose decoded class is one the phone holds. */

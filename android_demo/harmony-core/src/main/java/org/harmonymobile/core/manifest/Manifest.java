@@ -17,6 +17,7 @@ import org.harmonymobile.core.util.Immutable;
  * @param p256PublicKeySha256 sha256 of the P-256 key's SPKI DER, or null for an Ed25519-only export
  * @param labelEpoch the label epoch of the shipped back-end (null in exports made before slot tables)
  * @param slotTable the shipped back-end's slot table (null likewise)
+ * @param slotPrototypes what slot_margin tiers gate by (null when no tier does)
  */
 public record Manifest(
         int format,
@@ -31,7 +32,8 @@ public record Manifest(
         String labelEpoch,
         SlotTable slotTable,
         List<TierEntry> tiers,
-        List<FileEntry> files) {
+        List<FileEntry> files,
+        SlotPrototypesEntry slotPrototypes) {
     public static final int FORMAT = 1;
     public static final String KIND = "harmony-mobile/export";
 
@@ -53,6 +55,14 @@ public record Manifest(
         if (manifestVersion < 0) {
             throw new JsonException("manifest_version must be >= 0, got " + manifestVersion);
         }
+        List<TierEntry> tiers = Immutable.list(json.getObjectList("tiers").stream().map(TierEntry::from));
+        SlotPrototypesEntry prototypes =
+                json.has("slot_prototypes") ? SlotPrototypesEntry.from(json.getObject("slot_prototypes")) : null;
+        for (TierEntry tier : tiers) {
+            if (TierEntry.SLOT_MARGIN.equals(tier.exitRule()) && prototypes == null) {
+                throw new JsonException("tier " + tier.name() + " exits by slot_margin: the manifest has no slot_prototypes");
+            }
+        }
         return new Manifest(
                 format,
                 json.getString("model_version"),
@@ -65,8 +75,9 @@ public record Manifest(
                 signature.has("p256") ? signature.getObject("p256").getString("public_key_sha256") : null,
                 json.optString("label_epoch", null),
                 SlotTable.fromJson(json),
-                Immutable.list(json.getObjectList("tiers").stream().map(TierEntry::from)),
-                Immutable.list(json.getObjectList("files").stream().map(FileEntry::from)));
+                tiers,
+                Immutable.list(json.getObjectList("files").stream().map(FileEntry::from)),
+                prototypes);
     }
 
     public TierEntry tier(String name) {

@@ -6,7 +6,11 @@ import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
 import org.harmonymobile.core.util.Immutable;
 
-/** A device tier as the manifest describes it: the front-end a class of phones runs. */
+/**
+ * A device tier as the manifest describes it: the front-end a class of phones runs, and the exit rule
+ * its threshold is on ({@code max_softmax}: exit.ExitPolicy; {@code slot_margin}: exit.SlotGatePolicy
+ * with the manifest's slot prototypes, docs/PROTOCOL.md 3.5).
+ */
 public record TierEntry(
         String name,
         String family,
@@ -21,18 +25,18 @@ public record TierEntry(
         List<String> quantization,
         List<String> backends,
         double latencyBudgetMs,
-        List<Artifact> artifacts) {
+        List<Artifact> artifacts,
+        String exitRule) {
 
-    /** The exit rule this build answers by; a tier gated otherwise is refused, never misread. */
-    public static final String EXIT_RULE = "max_softmax";
+    public static final String MAX_SOFTMAX = "max_softmax";
+    public static final String SLOT_MARGIN = "slot_margin";
 
     static TierEntry from(JsonObject json) {
-        String exitRule = json.optString("exit_rule", EXIT_RULE);
-        if (!EXIT_RULE.equals(exitRule)) {
-            // the threshold is on another score (slot_margin: HarmonyClient answers by it with an
-            // exit.SlotGatePolicy, but the model store does not fetch the manifest's prototypes yet)
+        String exitRule = json.optString("exit_rule", MAX_SOFTMAX);
+        if (!MAX_SOFTMAX.equals(exitRule) && !SLOT_MARGIN.equals(exitRule)) {
+            // a threshold on a score this build does not compute: refused, never misread
             throw new JsonException("tier " + json.getString("name") + " exits by " + exitRule
-                    + "; this build answers locally by " + EXIT_RULE + " only");
+                    + "; this build answers locally by " + MAX_SOFTMAX + " or " + SLOT_MARGIN);
         }
         return new TierEntry(
                 json.getString("name"),
@@ -48,7 +52,8 @@ public record TierEntry(
                 Immutable.list(json.getStringList("quantization")),
                 Immutable.list(json.getStringList("backends")),
                 json.getDouble("latency_budget_ms"),
-                Immutable.list(json.getObjectList("artifacts").stream().map(Artifact::from)));
+                Immutable.list(json.getObjectList("artifacts").stream().map(Artifact::from)),
+                exitRule);
     }
 
     /** The artifact for a backend and quantization, e.g. ("xnnpack", "int8"). */

@@ -26,6 +26,7 @@ import org.harmonymobile.core.manifest.Manifest;
 import org.harmonymobile.core.manifest.ManifestException;
 import org.harmonymobile.core.manifest.ManifestVerifier;
 import org.harmonymobile.core.manifest.SignedManifest;
+import org.harmonymobile.core.manifest.SlotPrototypesEntry;
 import org.harmonymobile.core.manifest.TierEntry;
 import org.harmonymobile.core.manifest.VariantChooser;
 import org.harmonymobile.core.util.Immutable;
@@ -42,8 +43,8 @@ import org.harmonymobile.core.util.Immutable;
  *
  * <p>{@link #install} verifies the signature under the pinned key, refuses a rollback
  * ({@link ManifestUpdate}), picks the tier ({@code tierOf}) and its variant ({@link VariantChooser}),
- * streams the artifact from the {@link ArtifactSource}, checks its sha256 and size against the signed
- * manifest, and only then switches. The app's bundled export goes through the same path, so a
+ * streams the artifact (and a slot_margin tier's slot prototypes) from the {@link ArtifactSource},
+ * checks each file's sha256 and size against the signed manifest, and only then switches. The app's bundled export goes through the same path, so a
  * bundled model older than an installed update is refused too. Counterparts:
  * harmony_mobile/device/model_store.py, HarmonyKit ModelStore.
  */
@@ -51,8 +52,12 @@ public final class ModelStore {
     public static final String CURRENT_FILE = "current.json";
     public static final String VERSIONS_DIR = "versions";
 
-    /** The model in use: its verified manifest, tier, chosen artifact and that artifact's file. */
-    public record Installed(Manifest manifest, TierEntry tier, Artifact artifact, Path file, InstalledVersion version) {}
+    /**
+     * The model in use: its verified manifest, tier, chosen artifact and that artifact's file, and for a
+     * slot_margin tier the slot prototypes' file (null otherwise; {@code SlotGatePolicy.fromPrototypes}).
+     */
+    public record Installed(
+            Manifest manifest, TierEntry tier, Artifact artifact, Path file, InstalledVersion version, Path slotPrototypes) {}
 
     private final Path root;
     private final ManifestVerifier verifier;
@@ -96,7 +101,24 @@ public final class ModelStore {
         Artifact artifact = choose(tier);
         Path file = directory.resolve(artifact.sha256() + "." + artifact.format());
         ManifestVerifier.verifyFile(artifact, file);
-        return Optional.of(new Installed(manifest, tier, artifact, file, version));
+        Path prototypes = prototypesFile(manifest, tier, directory);
+        if (prototypes != null) {
+            verifyPrototypes(manifest.slotPrototypes(), prototypes);
+        }
+        return Optional.of(new Installed(manifest, tier, artifact, file, version, prototypes));
+    }
+
+    /** Where a slot_margin tier's prototypes live in an installed version's directory (null: none needed). */
+    private static Path prototypesFile(Manifest manifest, TierEntry tier, Path directory) {
+        return TierEntry.SLOT_MARGIN.equals(tier.exitRule())
+                ? directory.resolve(manifest.slotPrototypes().sha256() + ".hmft")
+                : null;
+    }
+
+    private static void verifyPrototypes(SlotPrototypesEntry entry, Path file) throws IOException, ManifestException {
+        try (InputStream in = Files.newInputStream(file)) {
+            ManifestVerifier.verifyFile(entry.sha256(), entry.size(), in, entry.path());
+        }
     }
 
     /**
@@ -123,6 +145,13 @@ public final class ModelStore {
                 write(file, in);
             }
             ManifestVerifier.verifyFile(artifact, file);
+            Path prototypes = prototypesFile(manifest, tier, staging);
+            if (prototypes != null) {
+                try (InputStream in = source.open(manifest.slotPrototypes().path())) {
+                    write(prototypes, in);
+                }
+                verifyPrototypes(manifest.slotPrototypes(), prototypes);
+            }
             deleteTree(target); // a half-installed copy of this same version
             Files.move(staging, target, StandardCopyOption.ATOMIC_MOVE);
         } catch (IOException | ManifestException | RuntimeException e) {
@@ -132,7 +161,8 @@ public final class ModelStore {
         InstalledVersion version = new InstalledVersion(manifest.manifestVersion(), ManifestUpdate.sha256(update.manifest()));
         switchTo(version, target);
         removeOtherVersions(target);
-        return Optional.of(new Installed(manifest, tier, artifact, target.resolve(artifact.sha256() + "." + artifact.format()), version));
+        return Optional.of(new Installed(manifest, tier, artifact, target.resolve(artifact.sha256() + "." + artifact.format()),
+                version, prototypesFile(manifest, tier, target)));
     }
 
     private Artifact choose(TierEntry tier) throws ManifestException {

@@ -28,7 +28,7 @@ class TierSelectionVectorTest {
         return new TierEntry(json.getString("name"), "cnn", json.getInt("split_depth"), json.getDouble("width"),
                 new TensorSpec("image", new long[] {1, 1, 28, 28}, "float32"),
                 new Normalization(1 / 255.0, new double[] {0.1307}, new double[] {0.3081}), List.of(), List.of(),
-                new long[] {64, 8, 8}, 0.9, List.of("fp32"), backends, 2.0, artifacts);
+                new long[] {64, 8, 8}, 0.9, List.of("fp32"), backends, 2.0, artifacts, TierEntry.MAX_SOFTMAX);
     }
 
     @Test

@@ -25,7 +25,7 @@ class TierSelectorTest {
                 .toList();
         return new TierEntry(name, "cnn", depth, width, new TensorSpec("image", new long[] {1, 1, 28, 28}, "float32"),
                 new Normalization(1 / 255.0, new double[] {0.1307}, new double[] {0.3081}), List.of(), List.of(),
-                new long[] {64, 8, 8}, 0.9, List.of("fp32"), List.of(backends), 2.0, artifacts);
+                new long[] {64, 8, 8}, 0.9, List.of("fp32"), List.of(backends), 2.0, artifacts, TierEntry.MAX_SOFTMAX);
     }
 
     private static DeviceCapabilities android(long ramMb, int bigCores, boolean npu, int api) {

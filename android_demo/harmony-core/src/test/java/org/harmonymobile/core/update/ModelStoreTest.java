@@ -1,5 +1,6 @@
 package org.harmonymobile.core.update;
 
+import static org.junit.jupiter.api.Assertions.assertArrayEquals;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
@@ -14,14 +15,17 @@ import java.security.KeyPair;
 import java.security.KeyPairGenerator;
 import java.security.Signature;
 import java.security.spec.ECGenParameterSpec;
+import java.util.ArrayList;
 import java.util.Base64;
 import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
+import java.util.function.Consumer;
 import java.util.stream.Stream;
 import org.harmonymobile.core.Vectors;
 import org.harmonymobile.core.crypto.Bytes;
+import org.harmonymobile.core.exit.SlotGatePolicy;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonObject;
 import org.harmonymobile.core.manifest.Manifest;
@@ -31,6 +35,7 @@ import org.harmonymobile.core.manifest.SignedManifest;
 import org.harmonymobile.core.manifest.TierEntry;
 import org.harmonymobile.core.manifest.VariantChooser;
 import org.harmonymobile.core.util.Hex;
+import org.harmonymobile.core.wire.FeatureTensor;
 import org.junit.jupiter.api.BeforeEach;
 import org.junit.jupiter.api.Test;
 import org.junit.jupiter.api.io.TempDir;
@@ -70,7 +75,13 @@ class ModelStoreTest {
      * it), with {@code modelVersion}, signed by {@code key}.
      */
     private SignedManifest signed(Long version, String modelVersion, KeyPair key) throws Exception {
+        return signed(version, modelVersion, key, manifest -> {});
+    }
+
+    private SignedManifest signed(Long version, String modelVersion, KeyPair key, Consumer<Map<String, Object>> edit)
+            throws Exception {
         Map<String, Object> manifest = new LinkedHashMap<>(Json.parseObject(vectors.getString("manifest_text")).asMap());
+        edit.accept(manifest);
         manifest.remove("manifest_version");
         if (version != null) {
             manifest.put("manifest_version", version);
@@ -104,6 +115,60 @@ class ModelStoreTest {
         try (Stream<Path> files = Files.list(root)) {
             return files.map(p -> p.getFileName().toString()).filter(n -> n.startsWith(".")).toList();
         }
+    }
+
+    /** The vector's manifest with entry-android gated by the slot margin and the prototypes published. */
+    private SignedManifest slotGated(long version, byte[] prototypes) throws Exception {
+        published.put("slot_prototypes.hmft", prototypes);
+        return signed(version, "golden-v1", pinned, manifest -> {
+            List<Object> tiers = new ArrayList<>();
+            for (Object entry : (List<?>) manifest.get("tiers")) {
+                Map<String, Object> tier = new LinkedHashMap<>(Json.parseObject(Json.write(entry)).asMap());
+                if (TIER.equals(tier.get("name"))) {
+                    tier.put("exit_rule", "slot_margin");
+                    tier.put("threshold", 0.25);
+                }
+                tiers.add(tier);
+            }
+            manifest.put("tiers", tiers);
+            Map<String, Object> entry = new LinkedHashMap<>();
+            entry.put("path", "slot_prototypes.hmft");
+            entry.put("sha256", Hex.encode(Bytes.sha256(prototypes)));
+            entry.put("size", (long) prototypes.length);
+            entry.put("shape", List.of(10L, 4096L));
+            manifest.put("slot_prototypes", entry);
+        });
+    }
+
+    @Test
+    void aSlotGatedTierInstallsItsPrototypesAndGatesByThem() throws Exception {
+        float[] values = new float[10 * 4096];
+        for (int s = 0; s < 10; s++) {
+            values[s * 4096 + s] = 1f; // slot s points along feature s
+        }
+        byte[] prototypes = new FeatureTensor(values, new int[] {10, 4096}).encode();
+        ModelStore.Installed installed = store.install(slotGated(4, prototypes), source(), ModelStoreTest::tier).get();
+        assertEquals(TierEntry.SLOT_MARGIN, installed.tier().exitRule());
+        assertArrayEquals(prototypes, Files.readAllBytes(installed.slotPrototypes()));
+        boolean[] own = new boolean[10];
+        own[3] = true;
+        SlotGatePolicy gate = SlotGatePolicy.fromPrototypes(
+                Files.readAllBytes(store.current(ModelStoreTest::tier).get().slotPrototypes()), own,
+                installed.tier().threshold());
+        float[] along = new float[4096];
+        along[3] = 1f;
+        assertTrue(gate.decide(new float[] {0f, 1f}, along).exitLocally());
+        along[3] = 0f;
+        along[4] = 1f;
+        assertFalse(gate.decide(new float[] {0f, 1f}, along).exitLocally());
+
+        Files.write(installed.slotPrototypes(), "bit rot".getBytes(StandardCharsets.UTF_8));
+        assertThrows(ManifestException.class, () -> store.current(ModelStoreTest::tier));
+        SignedManifest update = slotGated(5, prototypes);
+        published.put("slot_prototypes.hmft", "evil".getBytes(StandardCharsets.UTF_8));
+        ManifestException tampered = assertThrows(ManifestException.class,
+                () -> store.install(update, source(), ModelStoreTest::tier));
+        assertTrue(tampered.getMessage().contains("slot_prototypes.hmft"), tampered.getMessage());
     }
 
     @Test

@@ -22,7 +22,7 @@ class VariantChooserTest {
                     parts[2].equals("fail") ? List.of("int8_top1_agreement_ge_98") : List.of()));
         }
         return new TierEntry("t", "cnn", 1, 1.0, null, (Normalization) null, List.<TensorSpec>of(), List.of(), new long[0],
-                0.9, List.of(), List.of(), 1.0, artifacts);
+                0.9, List.of(), List.of(), 1.0, artifacts, TierEntry.MAX_SOFTMAX);
     }
 
     private static String chosen(TierEntry tier) {
@@ -44,7 +44,7 @@ class VariantChooserTest {
         Artifact fp32 = new Artifact("xnnpack", "fp32", "pte", "a", "0".repeat(64), 1, 1, 1);
         Artifact int8 = new Artifact("xnnpack", "int8", "pte", "b", "0".repeat(64), 1, 1, 1);
         TierEntry tier = new TierEntry("t", "cnn", 1, 1.0, null, null, List.of(), List.of(), new long[0], 0.9, List.of(),
-                List.of(), 1.0, List.of(fp32, int8));
+                List.of(), 1.0, List.of(fp32, int8), TierEntry.MAX_SOFTMAX);
         assertEquals(Artifact.NOT_CHECKED, fp32.verdict());
         assertEquals("int8", chosen(tier));
     }
