@@ -198,3 +198,43 @@ def test_a_run_exiting_by_a_rule_no_phone_computes_is_refused(tmp_path):
     with pytest.raises(ExportError, match="exit by neg_entropy"):
         export_run(run, tmp_path / "export", tiers=[TIER], key_dir=tmp_path / "keys", progress=False)
     assert not (tmp_path / "export").exists()
+
+
+def test_on_device_personalization_recalibrates_tau_on_the_margin(export, tmp_path):
+    from harmony_mobile.device.personalization import (
+        Personalizer,
+        calibrate_exit_threshold,
+        personalize_phone,
+    )
+
+    _, export_dir, pinned = export
+    manifest = load_manifest(export_dir, pinned)
+    http = httpx.Client(transport=httpx.MockTransport(lambda r: httpx.Response(503)))
+    gated = phone(
+        export_dir,
+        manifest,
+        http,
+        slot_prototypes=load_slot_prototypes(export_dir, manifest),
+        own_classes=OWN,
+    )
+    rng = np.random.default_rng(2)
+    pixels = rng.integers(0, 256, (100, 1, 28, 28)).astype(np.uint8)
+    class_ids = rng.integers(0, 10, 100).tolist()
+    result = personalize_phone(
+        gated,
+        Personalizer(export_dir, manifest, TIER),
+        (pixels[:60], class_ids[:60]),
+        (pixels[60:], class_ids[60:]),
+        steps=2,
+        seed=0,
+        model_version="test+local-1",
+        target=0.3,
+    )
+    logits, features = gated.program.run(normalize(pixels[60:], gated.normalization))
+    correct = (logits.argmax(dim=1) == gated.exit_positions(class_ids[60:])).numpy()
+    margins = slot_margin(
+        features.double(), load_slot_prototypes(export_dir, manifest).double(), gated._slot_gate[1]
+    )
+    softmax = torch.softmax(logits.float(), dim=1).max(dim=1).values
+    assert gated.threshold == result.threshold == calibrate_exit_threshold(margins.numpy(), correct, 0.3)
+    assert gated.threshold != calibrate_exit_threshold(softmax.numpy(), correct, 0.3)

@@ -187,11 +187,16 @@ class Personalizer:
         )
 
 
-def recalibrate(front_end, val_images: torch.Tensor, val_positions, target: float) -> float:
-    """tau of `front_end` on the phone's own validation samples (labels as exit positions)."""
-    logits, _ = front_end.run(val_images)
-    logits = logits.float()  # float32 softmax, as Phone.exit_answer compares it with tau
-    confidence = torch.softmax(logits, dim=1).max(dim=1).values
+def recalibrate(front_end, val_images: torch.Tensor, val_positions, target: float, scores=None) -> float:
+    """tau of `front_end` on the phone's own validation samples (labels as exit positions), on the
+    score the phone exits by (`scores(logits, features)`, `Phone.exit_scores`; default max softmax
+    in float32, as the phone compares it with tau)."""
+    logits, features = front_end.run(val_images)
+    logits = logits.float()
+    if scores is None:
+        confidence = torch.softmax(logits, dim=1).max(dim=1).values
+    else:
+        confidence = scores(logits, features)
     correct = logits.argmax(dim=1) == torch.as_tensor(np.asarray(val_positions), dtype=torch.int64)
     return calibrate_exit_threshold(confidence.numpy(), correct.numpy(), target)
 
@@ -216,13 +221,10 @@ def personalize_phone(
     front_end = personalizer.front_end()
     threshold = phone.threshold
     target = personalizer.entry.get("calibration_target") if target is None else target
-    if target is not None and phone.exit_rule != "max_softmax":
-        raise ValueError(
-            f"tier {phone.tier} exits by {phone.exit_rule}: tau is recalibrated on max softmax only"
-        )
     if phone.entry["threshold_source"] == "calibrated" and target is not None:
         val_images = normalize(validation[0], phone.normalization)
-        threshold = recalibrate(front_end, val_images, phone.exit_positions(validation[1]), target)
+        positions = phone.exit_positions(validation[1])
+        threshold = recalibrate(front_end, val_images, positions, target, phone.exit_scores)
         result.val_samples = len(val_images)
     result.threshold = threshold
     phone.use_local_front_end(front_end, threshold=threshold, model_version=model_version)

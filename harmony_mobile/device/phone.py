@@ -218,12 +218,18 @@ class Phone:
         """(score, class) of the local exit, the score compared with the threshold: the max softmax,
         or on a slot_margin tier the slot margin of the features (float64, as the golden vectors);
         the top output is named through the secret (outputs are in token order)."""
-        confidence, output = torch.softmax(logits[0].float(), dim=0).max(dim=0)
-        score = float(confidence)
-        if self._slot_gate is not None:
-            finite = bool(torch.isfinite(logits).all() and torch.isfinite(features).all())
-            score = float(slot_margin(features[:1].double(), *self._slot_gate)[0]) if finite else math.nan
-        return score, self._exit_classes[int(output)]
+        output = int(logits[0].argmax())
+        return float(self.exit_scores(logits[:1], features[:1])[0]), self._exit_classes[output]
+
+    def exit_scores(self, logits: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Each row's exit score, what the threshold is compared with: the max softmax (float32), or
+        on a slot_margin tier the slot margin (float64, as the golden vectors; NaN for a row with a
+        non-finite feature or logit, which never exits)."""
+        if self._slot_gate is None:
+            return torch.softmax(logits.float(), dim=1).max(dim=1).values
+        margin = slot_margin(features.double(), *self._slot_gate)
+        finite = torch.isfinite(logits.flatten(1)).all(dim=1) & torch.isfinite(features.flatten(1)).all(dim=1)
+        return margin.masked_fill(~finite, math.nan)
 
     def decode_exit_order(self, label_epoch: str) -> list[int]:
         """Class index of each exit output under the epoch the front-end was trained in."""
