@@ -787,6 +787,12 @@ def demo(
         int | None, typer.Option(help="on-device training steps per phone (ExecuTorch training .pte)")
     ] = None,
     seed: Annotated[int | None, typer.Option(help="default: the demo's")] = None,
+    algorithm: Annotated[
+        str | None,
+        typer.Option(
+            help="a split method (harmony-slot-gate: phones exit by the slot margin); default: harmony"
+        ),
+    ] = None,
     reuse_run: Annotated[
         bool,
         typer.Option("--reuse-run", help="keep a finished training run in OUT/run with the same settings"),
@@ -796,7 +802,9 @@ def demo(
     require_extras("demo", "server", "export", "train")
     from harmony_mobile.demo import DemoConfig, DemoError, run_demo
 
-    given = dict(out=out, dataset=dataset, rounds=rounds, drift_steps=drift_steps, seed=seed)
+    given = dict(
+        out=out, dataset=dataset, rounds=rounds, drift_steps=drift_steps, seed=seed, algorithm=algorithm
+    )
     config = DemoConfig(
         reuse_run=reuse_run, **{name: value for name, value in given.items() if value is not None}
     )

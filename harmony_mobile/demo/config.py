@@ -40,6 +40,7 @@ class DemoConfig:
     tiers_file: str | None = training_default("tiers_file")
     clients_per_tier: int = training_default("clients_per_tier")
     rounds: int = 8  # the demo's small budget, below `harmony train`'s
+    algorithm: str = training_default("algorithm")  # a split method the export ships (exit rules: 3.5)
     seed: int = training_default("seed")
     quantization: str = "int8"  # which .pte each phone runs
     ood_fraction: float = 0.5
@@ -65,6 +66,7 @@ class DemoConfig:
             tiers_file=self.tiers_file,
             clients_per_tier=self.clients_per_tier,
             rounds=self.rounds,
+            algorithm=self.algorithm,
             seed=self.seed,
             threads=1,
         )

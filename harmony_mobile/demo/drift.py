@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from harmony_mobile.algorithms.base import calibrate_threshold, exit_confidence
+from harmony_mobile.algorithms.base import calibrate_threshold
 from harmony_mobile.demo.config import DemoConfig, DemoError
 from harmony_mobile.demo.phones import PhoneData, to_pixels
 from harmony_mobile.device.engine import FrontEndProgram
-from harmony_mobile.device.manifest import normalize
+from harmony_mobile.device.manifest import EXIT_RULES, normalize
 from harmony_mobile.device.personalization import Personalizer, batch_indices, personalize_phone
 from harmony_mobile.device.phone import Phone
 from harmony_mobile.run_dir import RunDir, RunInfo
@@ -112,24 +112,25 @@ def calibration_target(info: RunInfo) -> float:
     from harmony_mobile.algorithms.registry import exit_gate
 
     rule, target = exit_gate(info.algorithm, info.train_config.get("algorithm_config"))
-    if target is None or rule != "max_softmax":
+    if target is None or rule not in EXIT_RULES:
         raise DemoError(
-            f"algorithm {info.algorithm!r} does not calibrate a max-softmax exit threshold; "
-            "the device runtime exits on max softmax >= tau"
+            f"algorithm {info.algorithm!r} does not calibrate a threshold on a score the device "
+            f"runtime computes ({' or '.join(EXIT_RULES)})"
         )
     return float(target)
 
 
 def calibrate_on_device(
-    program: FrontEndProgram, data: PhoneData, normalization: dict, target: float, exit_labels
+    phone: Phone, program: FrontEndProgram, data: PhoneData, target: float, exit_labels
 ) -> float:
     """What a phone does after personalizing its front-end: tau from its own held-out ID samples run
-    through the .pte it answers with; the same rule and target as training's `calibrate_client`.
-    `exit_labels` maps class ids to exit outputs (token order, through the phone's secret)."""
-    logits, _ = program.run(normalize(data.val_pixels, normalization))
+    through the .pte it answers with, on the score it exits by (`Phone.exit_scores`); the same rule
+    and target as training's `calibrate_client`. `exit_labels` maps class ids to exit outputs (token
+    order, through the phone's secret)."""
+    logits, features = program.run(normalize(data.val_pixels, phone.normalization))
     logits = logits.float()
     correct = logits.argmax(dim=1) == exit_labels(torch.as_tensor(data.val_labels))
-    return calibrate_threshold(exit_confidence(logits, "max_softmax"), correct, target)
+    return calibrate_threshold(phone.exit_scores(logits, features).float(), correct, target)
 
 
 def feature_shift(program_before: FrontEndProgram, program_after: FrontEndProgram, images) -> float:

@@ -34,6 +34,7 @@ from harmony_mobile.device import (
     enrol,
     load_front_end,
     load_manifest,
+    load_slot_prototypes,
 )
 from harmony_mobile.run_dir import RunDir
 
@@ -251,6 +252,9 @@ def enrol_phones(demo: DemoRun) -> None:
             credentials=credentials,
             federation_key=federation,
             queue=UploadQueue(out / "phones" / tier / "queue"),
+            # a slot_margin tier gates by the shipped prototypes and the classes the phone holds
+            slot_prototypes=load_slot_prototypes(out / "export", demo.manifest),
+            own_classes=[demo.info.class_names[c] for c in demo.data[tier].client.classes],
         )
 
 
@@ -279,7 +283,7 @@ def drift_phone(demo: DemoRun, tier: str, phone: Phone, target: float, report: P
         # context: tau the deployed .pte itself would get on the same val samples
         # (the manifest's was calibrated on the fp32 training model)
         "threshold_deployed_pte": calibrate_on_device(
-            phone.program, data, phone.normalization, target, demo.run.exit_labels
+            phone, phone.program, data, target, demo.run.exit_labels
         ),
     }
     report(1, f"train {config.drift_steps} steps through the training .pte")
