@@ -32,12 +32,11 @@ TIERS = {
 CONFIRMED = 24
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    root = tmp_path_factory.mktemp("demo")
+def small_demo(root, **overrides) -> DemoConfig:
+    """The demo on digits, two small tiers, two rounds: what the demo tests run."""
     tiers_file = root / "tiers.yaml"
     tiers_file.write_text(yaml.safe_dump(TIERS))
-    config = DemoConfig(
+    settings = dict(
         out=root / "out",
         dataset="digits",
         tiers_file=str(tiers_file),
@@ -49,6 +48,12 @@ def demo(tmp_path_factory):
         latency_runs=2,
         alignment={"steps": 20},  # otherwise the server's defaults
     )
+    return DemoConfig(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    config = small_demo(tmp_path_factory.mktemp("demo"))
     console = Console(record=True, width=160)
     report = run_demo(config, console)
     return config, report, console.export_text()

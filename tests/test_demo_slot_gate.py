@@ -9,36 +9,23 @@ import json
 import numpy as np
 import pytest
 import torch
-import yaml
 from rich.console import Console
 
 from harmony_mobile.algorithms.base import calibrate_threshold
-from harmony_mobile.demo import DemoConfig, run_demo
+from harmony_mobile.demo import run_demo
 from harmony_mobile.demo.phones import to_pixels
 from harmony_mobile.device import normalize
 from harmony_mobile.protocol.slot_gate import slot_margin
 from harmony_mobile.protocol.wire import decode_tensor
 from harmony_mobile.run_dir import RunDir
-from tests.test_demo_e2e import TIERS, personalized_front_end
+from tests.test_demo_e2e import personalized_front_end, small_demo
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     root = tmp_path_factory.mktemp("demo-gate")
-    tiers_file = root / "tiers.yaml"
-    tiers_file.write_text(yaml.safe_dump(TIERS))
-    config = DemoConfig(
-        out=root / "out",
-        dataset="digits",
-        tiers_file=str(tiers_file),
-        clients_per_tier=2,
-        rounds=2,
-        algorithm="harmony-slot-gate",
-        max_test=30,
-        confirmed=8,
-        drift_steps=10,
-        latency_runs=2,
-        alignment={"steps": 5},
+    config = small_demo(
+        root, algorithm="harmony-slot-gate", max_test=30, confirmed=8, drift_steps=10, alignment={"steps": 5}
     )
     return config, run_demo(config, Console(record=True, width=160))
 
