@@ -72,20 +72,6 @@ def test_the_exit_rule_is_the_methods_own_unless_configured():
         build_algorithm("harmony", {"exit_rule": "energy"})
 
 
-def test_flower_and_the_export_refuse_a_rule_they_cannot_run(slot_gate_run, tmp_path):
-    from harmony_mobile.export.pipeline import export_run
-    from harmony_mobile.export.steps import ExportError
-
-    from harmony_mobile.flower.server_app import check_supported
-
-    with pytest.raises(ValueError, match="in-process engine"):
-        check_supported(tiny_config("harmony-slot-gate"))
-    check_supported(tiny_config("harmony"))
-    with pytest.raises(ExportError, match="exit by slot_margin.*max softmax only"):
-        export_run(slot_gate_run[0], tmp_path / "out", key_dir=tmp_path / "keys", progress=False)
-    assert not (tmp_path / "out").exists()
-
-
 def test_a_slot_gate_variant_trains_with_its_methods_tuned_settings():
     from harmony_mobile.bench.profile import load_profile, parent_method
 
