@@ -152,13 +152,22 @@ def read_verified_artifact(export_dir: str | Path, artifact: dict) -> bytes:
     return data
 
 
+def tier_exit_rule(entry: dict) -> str:
+    """The score a tier's threshold is on (absent: max softmax); a rule this runtime does not
+    compute is refused, never misread."""
+    rule = entry.get("exit_rule", "max_softmax")
+    if rule not in EXIT_RULES:
+        raise DeviceError(
+            f"tier {entry['name']} exits by {rule!r}; this runtime answers by {' or '.join(EXIT_RULES)}"
+        )
+    return rule
+
+
 def phone_files(manifest: dict, tier: str) -> list[dict]:
     """The files a phone of `tier` installs: its front-end artifact, and the slot prototypes when
     the tier exits by slot_margin (each a manifest entry with `path`, `sha256`, `size`)."""
     entry = find_tier_entry(manifest, tier)
-    rule = entry.get("exit_rule", "max_softmax")
-    if rule not in EXIT_RULES:
-        raise DeviceError(f"tier {tier} exits by {rule!r}; this runtime answers by {' or '.join(EXIT_RULES)}")
+    rule = tier_exit_rule(entry)
     files = [choose_artifact(entry)]
     if rule == "slot_margin":
         if not manifest.get("slot_prototypes"):

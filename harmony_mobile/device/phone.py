@@ -29,7 +29,7 @@ from harmony_mobile.device.fallback_client import (
     parse_slot_table,
 )
 from harmony_mobile.device.label_draws import LabelDraws, feature_sample_ids
-from harmony_mobile.device.manifest import EXIT_RULES, find_tier_entry, normalize, upload_privacy
+from harmony_mobile.device.manifest import find_tier_entry, normalize, tier_exit_rule, upload_privacy
 from harmony_mobile.device.queue import PendingUpload, UploadQueue
 from harmony_mobile.privacy.feature_noise import privatize_features
 from harmony_mobile.protocol.label_tokens import (
@@ -125,11 +125,7 @@ class Phone:
         self.entry = find_tier_entry(manifest, tier)
         self.tier = tier
         self.program = program
-        self.exit_rule = self.entry.get("exit_rule", "max_softmax")
-        if self.exit_rule not in EXIT_RULES:
-            raise DeviceError(
-                f"tier {tier} exits by {self.exit_rule!r}; this runtime answers by {' or '.join(EXIT_RULES)}"
-            )
+        self.exit_rule = tier_exit_rule(self.entry)
         self.threshold = exit_threshold(
             self.entry["threshold"] if threshold is None else threshold, self.exit_rule
         )
