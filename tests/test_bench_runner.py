@@ -77,7 +77,7 @@ def test_a_tiny_benchmark_tunes_runs_and_counts_uplink_bytes(serial, tmp_path):
         assert set(record["per_tier"]) == {"entry-android", "mid-android", "mid-ios", "flagship"}
     assert runs["fedavg", 0]["per_tier"]["flagship"]["p=0.5"]["exit_rate"] == 1.0
     # split methods record their gate curves with the score they exit by; no-split methods have no gate
-    assert runs["harmony", 0]["gates"]["exit_rule"] == "max_softmax"
+    assert runs["harmony", 0]["gates"]["exit_rule"] == "slot_margin"
     assert runs["splitgp", 0]["gates"]["exit_rule"] == "neg_entropy"
     assert set(runs["harmony", 0]["gates"]["val"]["p=0.2"]["curve"]) == {
         "max_softmax",

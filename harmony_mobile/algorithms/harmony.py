@@ -41,6 +41,7 @@ from pydantic import Field, model_validator
 
 from harmony_mobile.algorithms.base import (
     SAMPLES_PER_STEP,
+    ExitRule,
     SplitMethod,
     SplitTrainingConfig,
     calibrate_client,
@@ -75,6 +76,13 @@ class HarmonyConfig(SplitTrainingConfig):
     # a meta step draws a support and a query batch: together the samples per step of the other methods
     batch_size: int = Field(default=SAMPLES_PER_STEP // 2, ge=2, description="support and query batch size")
     personalize_epochs: int = Field(default=2, ge=0, description="final personalization epochs on local data")
+    # HARMONY's phones gate by the server's slot prototypes: max softmax lets a third to a half of
+    # the unseen classes exit wrong (docs/ALGORITHM.md, "The exit gate")
+    exit_rule: ExitRule | None = Field(
+        default="slot_margin",
+        description="the score a phone exits by (see SplitTrainingConfig); slot_margin: its features' "
+        "nearest own slot prototype against the nearest other one",
+    )
     inner_steps: int = Field(default=1, ge=0, description="I: SGD steps of the inner personalization loop")
     inner_lr: float = Field(
         default=0.005,

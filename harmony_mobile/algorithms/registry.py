@@ -25,8 +25,9 @@ ALGORITHMS: dict[str, tuple[type, dict[str, Any]]] = {
     # meta-adaptation, and SupCon on the server at its former default weight
     "harmony-with-meta": (Harmony, {"meta": True}),
     "harmony-with-contrastive": (Harmony, {"contrastive_weight": 0.5}),
-    # the phones gate by the server's slot prototypes instead of max softmax (federation/slot_gate.py)
-    "harmony-slot-gate": (Harmony, {"exit_rule": "slot_margin"}),
+    # ablation: the phones exit by max softmax instead of the server's slot prototypes (federation/slot_gate.py)
+    "harmony-max-softmax": (Harmony, {"exit_rule": "max_softmax"}),
+    # the baseline with HARMONY's gate: which gains are the gate's and which the training's
     "splitgp-restricted-slot-gate": (SplitGP, {"restricted_softmax": True, "exit_rule": "slot_margin"}),
     # baselines (docs/ALGORITHM.md, Baselines); each has a nested pydantic `Config`
     "local": (Local, {}),  # every client alone, full model, no server
@@ -46,6 +47,8 @@ RENAMED = {
     "harmony-no-meta": "meta-adaptation is off by default, so 'harmony' is what 'harmony-no-meta' was; "
     "the variant with the inner loop is 'harmony-with-meta'",
     "harmony-stochastic-depth": "the ablation with that mechanism turned off is 'harmony-fixed-depth'",
+    "harmony-slot-gate": "the slot gate is HARMONY's default exit rule, so 'harmony' is what "
+    "'harmony-slot-gate' was; the variant that exits by max softmax is 'harmony-max-softmax'",
     "harmony-contrastive": "SupCon is off by default; the variant with it is 'harmony-with-contrastive'",
     "harmony-no-contrastive": "SupCon is off by default, so 'harmony' is what 'harmony-no-contrastive' "
     "was; the variant with it is 'harmony-with-contrastive'",
