@@ -274,12 +274,14 @@ def _head_difference(head: bytes, part: TrainedPart, hidden: torch.Tensor, param
 DEFAULT_LEARNING_RATE = 0.01  # 0.05 made SGD on the resnet tiers' exit features (up to ~140) unstable
 
 
-def calibration_target(algorithm: str, algorithm_config: dict | None) -> float | None:
+def calibration_target(
+    algorithm: str, algorithm_config: dict | None, recorded_rule: str | None = None
+) -> float | None:
     """The local-exit accuracy target the run calibrated tau with (None: its algorithm does not
     calibrate a max-softmax threshold)."""
     from harmony_mobile.algorithms.registry import exit_gate
 
-    rule, target = exit_gate(algorithm, algorithm_config)
+    rule, target = exit_gate(algorithm, algorithm_config, recorded_rule)
     return target if rule == "max_softmax" else None
 
 

@@ -145,7 +145,8 @@ def run_exit_rule(run: RunDir) -> str:
     """The score the run's phones exit by (its method's, or the run's `exit_rule`)."""
     from harmony_mobile.algorithms.registry import exit_gate
 
-    return exit_gate(run.info.algorithm, run.info.train_config.get("algorithm_config"))[0]
+    info = run.info
+    return exit_gate(info.algorithm, info.train_config.get("algorithm_config"), info.exit_rule)[0]
 
 
 def check_exit_rule(run: RunDir) -> None:
@@ -366,7 +367,7 @@ def export_personalization(run: RunDir, tier: Tier, inputs: TierInputs, director
         front_end, tuple(tier.input_shape), run.info.num_classes, max_batch, inputs.calibration
     )
     target = personalization.calibration_target(
-        run.info.algorithm, run.info.train_config.get("algorithm_config")
+        run.info.algorithm, run.info.train_config.get("algorithm_config"), run.info.exit_rule
     )
     entry = personalization.write_personalization(build, directory, f"{TIERS_DIR}/{tier.name}", target)
     row = {

@@ -87,6 +87,9 @@ class RunInfo(BaseModel):
     privacy: dict[str, Any] = {}  # upload protections and their accounting (privacy/feature_noise.py)
     train_config: dict[str, Any] = {}
     partition: dict[str, Any] = {}
+    # the score its phones exit by, as trained; None in runs saved before it was recorded
+    # (algorithms/registry.exit_gate reads their rule back)
+    exit_rule: str | None = None
 
     @property
     def interface_spec(self) -> InterfaceSpec:

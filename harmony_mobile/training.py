@@ -370,6 +370,7 @@ def new_run_info(
         privacy=privacy_report(config, 0, dataset.num_classes),
         train_config=config.model_dump(),
         partition={"scheme": config.partition},
+        exit_rule=build_algorithm(config.algorithm, config.algorithm_config).exit_rule,
     )
 
 

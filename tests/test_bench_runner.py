@@ -757,9 +757,18 @@ def test_a_record_made_before_a_setting_existed_is_read_as_that_settings_old_beh
 
 
 def test_a_split_methods_record_from_before_exit_rules_were_settings_matches_its_own_rule():
-    config = train_config(RunSpec("eval", BenchProfile(**TINY).settings[0], "harmony", 0, 1), {}, None)
-    record = {"train_config": config.model_dump(), "algorithm_settings": algorithm_settings("harmony", {})}
+    config = train_config(RunSpec("eval", BenchProfile(**TINY).settings[0], "splitgp", 0, 1), {}, None)
+    record = {"train_config": config.model_dump(), "algorithm_settings": algorithm_settings("splitgp", {})}
     assert record["algorithm_settings"].pop("exit_rule") is None
-    assert is_recorded_run(record, config.model_dump(), algorithm_settings("harmony", {}))
-    gated = algorithm_settings("harmony", {"exit_rule": "slot_margin"})
+    assert is_recorded_run(record, config.model_dump(), algorithm_settings("splitgp", {}))
+    gated = algorithm_settings("splitgp", {"exit_rule": "slot_margin"})
     assert not is_recorded_run(record, config.model_dump(), gated)
+
+
+def test_a_harmony_record_from_before_the_slot_gate_was_its_default_is_not_read_as_todays_harmony():
+    config = train_config(RunSpec("eval", BenchProfile(**TINY).settings[0], "harmony", 0, 1), {}, None)
+    old = algorithm_settings("harmony", {}) | {"exit_rule": None}  # then: the method's own, max softmax
+    record = {"train_config": config.model_dump(), "algorithm_settings": old}
+    assert not is_recorded_run(record, config.model_dump(), algorithm_settings("harmony", {}))
+    del record["algorithm_settings"]["exit_rule"]  # older still: before the setting existed
+    assert not is_recorded_run(record, config.model_dump(), algorithm_settings("harmony", {}))

@@ -19,6 +19,8 @@ from harmony_mobile.demo.phones import PhoneData
 from harmony_mobile.demo.run import outage_sample
 from harmony_mobile.device import FrontEndProgram, normalize
 from harmony_mobile.device.personalization import PersonalizedFrontEnd
+from harmony_mobile.protocol.slot_gate import slot_margin
+from harmony_mobile.protocol.wire import decode_tensor
 from harmony_mobile.run_dir import RunDir
 
 # Each tier exports the one .pte variant its phones run (DemoConfig.quantization): the fp32 variant
@@ -109,26 +111,39 @@ def personalized_front_end(out, entry) -> PersonalizedFrontEnd:
 
 
 def test_drifted_phone_recalibrated_its_threshold_on_its_val_data(demo):
-    """After drift the phone answers with tau calibrated on its own val split through its trained head
-    (docs/ALGORITHM.md: Inference), not with the manifest's tau of the front-end it no longer runs."""
+    """The phones exit by the slot margin (HARMONY's gate: the export ships the server's prototypes,
+    each phone scores with the classes it holds) and, after drift, answer with tau recalibrated on
+    the margin of its own val split through its trained head (docs/ALGORITHM.md, "The exit gate"),
+    not with the manifest's tau of the front-end it no longer runs."""
     config, report, _ = demo
     run = RunDir(config.out / "run")
     dataset, info = run.dataset(), run.info
     clients = {c.client_id: c for c in run.clients()}
     manifest = json.loads((config.out / "export" / "manifest.json").read_text())
+    prototypes = torch.from_numpy(
+        decode_tensor((config.out / "export" / manifest["slot_prototypes"]["path"]).read_bytes())
+    )
+    slot_classes = run.slot_to_class().tolist()  # the experimenter's view: class of each slot
     for entry in manifest["tiers"]:
         tier, drift, phases = entry["name"], report["drift"][entry["name"]], report["results"][entry["name"]]
         assert entry["threshold_source"] == "calibrated"
+        assert entry["exit_rule"] == "slot_margin" and -2 <= entry["threshold"] <= 2
         assert phases["deployed"]["threshold"] == drift["threshold_deployed"] == entry["threshold"]
-        val = list(clients[entry["client_id"]].val_idx)
+        assert phases["deployed"]["fallback_rate"] > 0, phases["deployed"]
+        client = clients[entry["client_id"]]
+        own = torch.tensor([c in client.classes for c in slot_classes])
+        val = list(client.val_idx)
         pixels = to_pixels(dataset.images[val], info.mean, info.std)
-        program = personalized_front_end(config.out, entry)
-        logits, _ = program.run(normalize(pixels, entry["normalization"]))
+        logits, features = personalized_front_end(config.out, entry).run(
+            normalize(pixels, entry["normalization"])
+        )
+        margins = slot_margin(features.double(), prototypes.double(), own).float()
         correct = logits.argmax(1) == run.exit_labels(dataset.labels[val])  # exit outputs: token order
-        expected = calibrate_threshold(logits.softmax(1).amax(1), correct, 0.98)  # training's default target
+        expected = calibrate_threshold(margins, correct, 0.98)  # training's default target
         assert drift["calibration_target"] == 0.98 and drift["val_samples"] == len(val)
         assert expected != entry["threshold"], tier  # drift moves tau here, so the check below has teeth
         assert drift["threshold_drifted"] == pytest.approx(expected, abs=1e-6)
+        assert np.isfinite(drift["threshold_deployed_pte"])
         for phase in ("drifted", "aligned"):  # what the phone actually answered with
             assert phases[phase]["threshold"] == pytest.approx(expected, abs=1e-6), (tier, phase)
 

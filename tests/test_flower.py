@@ -175,7 +175,7 @@ def metric_lines(run_path) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "algorithm", ["fedavg", "local", "harmony", "splitgp", "multi-exit", "harmony-slot-gate"]
+    "algorithm", ["fedavg", "local", "harmony", "splitgp", "multi-exit", "harmony-max-softmax"]
 )
 def test_flower_messages_give_exactly_the_in_process_numbers(tmp_path, monkeypatch, algorithm):
     """Same seed, data and budget: every client turn is the same arithmetic with its own random

@@ -20,7 +20,7 @@ from tests.test_flower import tiny_config
 def slot_gate_run(tmp_path_factory):
     torch.set_num_threads(1)
     path = tmp_path_factory.mktemp("slot-gate") / "run"
-    results = training.train(tiny_config("harmony-slot-gate", rounds=1), path, show_progress=False)
+    results = training.train(tiny_config("harmony", rounds=1), path, show_progress=False)
     return path, results
 
 
@@ -28,7 +28,7 @@ def test_each_phone_calibrates_on_the_slot_margin_and_exits_by_it(slot_gate_run)
     path, results = slot_gate_run
     run = load_finished_run(path)
     assert run.exit_rule == "slot_margin"
-    target = build_algorithm("harmony-slot-gate").config.calibration_target
+    target = build_algorithm("harmony").config.calibration_target
     by_max_softmax = []
     for client in run.clients:
         assert client.slot_gate is not None and client.slot_gate.own_slots.any()
@@ -64,7 +64,11 @@ def test_calibration_waits_for_the_gate_and_scoring_without_it_is_an_error(slot_
 
 
 def test_the_exit_rule_is_the_methods_own_unless_configured():
-    assert build_algorithm("harmony").exit_rule == "max_softmax"
+    assert build_algorithm("harmony").exit_rule == "slot_margin"  # HARMONY's config sets its gate
+    assert build_algorithm("harmony-max-softmax").exit_rule == "max_softmax"  # the gate's ablation
+    assert build_algorithm("harmony-fixed-depth").exit_rule == "slot_margin"  # other ablations keep it
+    with pytest.raises(ValueError, match="'harmony' is what 'harmony-slot-gate' was"):
+        build_algorithm("harmony-slot-gate")
     assert build_algorithm("splitgp").exit_rule == "neg_entropy"
     assert build_algorithm("splitgp", {"exit_rule": "slot_margin"}).exit_rule == "slot_margin"
     assert build_algorithm("splitgp-restricted-slot-gate").exit_rule == "slot_margin"
@@ -72,12 +76,26 @@ def test_the_exit_rule_is_the_methods_own_unless_configured():
         build_algorithm("harmony", {"exit_rule": "energy"})
 
 
+def test_a_run_records_its_exit_rule_and_an_older_run_reads_back_the_one_it_trained_with(slot_gate_run):
+    from harmony_mobile.algorithms.registry import exit_gate
+    from harmony_mobile.run_dir import RunDir
+
+    assert RunDir(slot_gate_run[0]).info.exit_rule == "slot_margin"
+    assert exit_gate("harmony", {}, "slot_margin") == ("slot_margin", 0.98)
+    # saved before runs recorded it: HARMONY then exited by max softmax unless its config said otherwise
+    assert exit_gate("harmony", {}) == ("max_softmax", 0.98)
+    assert exit_gate("harmony-fixed-depth", None)[0] == "max_softmax"
+    assert exit_gate("harmony", {"exit_rule": "slot_margin"})[0] == "slot_margin"
+    assert exit_gate("splitgp", {})[0] == "neg_entropy"
+    assert exit_gate("fedavg")[0] == "max_softmax"
+
+
 def test_a_slot_gate_variant_trains_with_its_methods_tuned_settings():
     from harmony_mobile.bench.profile import load_profile, parent_method
 
-    assert parent_method("harmony-slot-gate") == "harmony"
+    assert parent_method("harmony-max-softmax") == "harmony"
     assert parent_method("splitgp-restricted-slot-gate") == "splitgp-restricted"
     profile = load_profile("fashion-variants")
     tuned = {"harmony": {"lr": 0.01}}
-    gate = profile.method_config("harmony-slot-gate", tuned)
+    gate = profile.method_config("harmony-max-softmax", tuned)
     assert gate == profile.method_config("harmony", tuned) and gate["lr"] == 0.01

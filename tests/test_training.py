@@ -351,14 +351,16 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
         dataset="digits", clients_per_tier=1, rounds=2, algorithm_config=FAST, dataset_limit=900, threads=1
     )
     # a pinned lineage: a fresh secret reorders the slots (and g's initialisation per class), and
-    # two rounds this short land anywhere in 0.09-0.24 across secrets; this one lands at 0.24
+    # two rounds this short land anywhere in 0.09-0.24 across secrets; this one's exits at 0.22
     write_federation_secret(tmp_path / "run", b"\x04" * 32)
     (tmp_path / "run" / EPOCH_FILE).write_text("e-test")
     (tmp_path / "run" / EPOCH_FILE).chmod(0o600)
     results = train(config, tmp_path / "run", show_progress=False)
     summary = results["summary"]
     assert 0.0 <= summary["accuracy_with_ood"] <= 1.0
-    assert summary["accuracy_without_ood"] > 0.15  # above chance (0.1)
+    # the exits learned (above chance, 0.1); the hybrid's slot gate is calibrated on a handful of
+    # validation samples per client this small, so its accuracy says little here
+    assert summary["exit_only_accuracy_with_ood"] > 0.15
     run = RunDir(tmp_path / "run")
     tiers = {t.name for t in run.info.tiers.tiers}
     assert {c.tier for c in run.clients()} == tiers
@@ -374,7 +376,7 @@ def test_end_to_end_training_writes_a_run_that_export_and_serve_can_read(tmp_pat
     for path in [tmp_path / "run", *(tmp_path / "run").rglob("*")]:  # owner-only, every file and dir
         assert path.stat().st_mode & 0o077 == 0, path
     assert (tmp_path / "run" / SECRET_FILE).is_file()
-    assert 0 < client.threshold <= 1.0 + 1e-6
+    assert run.info.exit_rule == "slot_margin" and -2 <= client.threshold <= 2  # HARMONY's gate, a margin
 
     with pytest.raises(RunDirError, match="finished"):
         train(config, tmp_path / "run", show_progress=False)

@@ -80,8 +80,8 @@ class SplitTrainingConfig(LocalTrainingConfig):
         default=None,
         description="the score a phone exits by: max_softmax or neg_entropy of its exit logits, or "
         "slot_margin, its features' nearest own slot prototype against the nearest other one (the "
-        "server's prototypes; calibrated after the replay set, in-process engine only; phones cannot "
-        "run it yet); None = the method's own",
+        "server's prototypes, made from the replay set; calibrated once they exist); None = the "
+        "method's own",
     )
 
     @property

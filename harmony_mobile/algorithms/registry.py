@@ -79,9 +79,20 @@ def build_algorithm(name: str, config: dict[str, Any] | None = None) -> Algorith
     return constructor(constructor.Config(**effective_config(name, config)))
 
 
-def exit_gate(name: str, config: dict[str, Any] | None = None) -> tuple[str, float | None]:
+def exit_gate(
+    name: str, config: dict[str, Any] | None = None, recorded_rule: str | None = None
+) -> tuple[str, float | None]:
     """What a method's phones answer locally by: its exit rule, and the local-exit accuracy target
-    they calibrate its threshold to (None: the method calibrates none)."""
+    they calibrate its threshold to (None: the method calibrates none). `recorded_rule`: the rule a
+    saved run says it trained with; a run saved before runs said so trained with its config's rule,
+    else its method's, which for HARMONY was max softmax (its default is slot_margin since 2026-12-06)."""
     algorithm = build_algorithm(name, config)
     target = getattr(algorithm.config, "calibration_target", None)
-    return algorithm.exit_rule, float(target) if target is not None else None
+    rule = recorded_rule or _rule_of_an_unrecorded_run(algorithm, config)
+    return rule, float(target) if target is not None else None
+
+
+def _rule_of_an_unrecorded_run(algorithm: Algorithm, config: dict[str, Any] | None) -> str:
+    if isinstance(algorithm, Harmony) and not (config or {}).get("exit_rule"):
+        return "max_softmax"
+    return algorithm.exit_rule

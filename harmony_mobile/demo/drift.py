@@ -111,7 +111,7 @@ def calibration_target(info: RunInfo) -> float:
     (`calibration_target`, its default when the run did not override it)."""
     from harmony_mobile.algorithms.registry import exit_gate
 
-    rule, target = exit_gate(info.algorithm, info.train_config.get("algorithm_config"))
+    rule, target = exit_gate(info.algorithm, info.train_config.get("algorithm_config"), info.exit_rule)
     if target is None or rule not in EXIT_RULES:
         raise DemoError(
             f"algorithm {info.algorithm!r} does not calibrate a threshold on a score the device "
