@@ -47,7 +47,13 @@ from harmony_mobile.export.manifest import (
     Manifest,
     verify_manifest,
 )
-from harmony_mobile.export.provisioning import Provisioning, payload_uri, write_payload
+from harmony_mobile.export.provisioning import (
+    Provisioning,
+    ProvisioningError,
+    own_classes_of_export,
+    payload_uri,
+    write_payload,
+)
 
 from harmony_mobile.protocol.label_tokens import class_tokens, epoch_key
 
@@ -116,7 +122,8 @@ def install(
     if platform not in PLATFORMS:
         raise ExportAppError(f"platform must be one of {', '.join(PLATFORMS)}, got {platform!r}")
     export_dir = Path(export_dir)
-    secret = _federation_secret(run_dir if run_dir is not None else default_run_dir(export_dir), export_dir)
+    run_dir = run_dir if run_dir is not None else default_run_dir(export_dir)
+    secret = _federation_secret(run_dir, export_dir)
     key_text = _pinned_key_text(platform, repo, pinned_key)
     if platform == "android":
         manifest = verify_manifest(export_dir, p256_public_key=key_text)  # ManifestError names every problem
@@ -135,12 +142,27 @@ def install(
     else:
         _install_ios(result, manifest, repo, key_text)
     result.removed = _remove_stale_provisioning(repo)
-    payload = payload_uri(Provisioning(secret, result.server_url))
+    payload = payload_uri(
+        Provisioning(secret, result.server_url, own_classes=_own_classes(manifest, run_dir, export_dir))
+    )
     target = (
         payload_out if payload_out is not None else export_dir.parent / PAYLOAD_FILE.format(platform=platform)
     )
     result.payload = write_payload(target, payload, app_roots(repo))
     return result
+
+
+def _own_classes(manifest: Manifest, run_dir: Path, export_dir: Path) -> dict[str, tuple[str, ...]] | None:
+    """A slot-gated tier gates by the classes its phone holds: the demo apps, which install a front-end
+    personalized elsewhere, learn them from the payload (none needed when every tier exits by max softmax)."""
+    if all(tier.exit_rule == "max_softmax" for tier in manifest.tiers):
+        return None
+    from harmony_mobile.run_dir import RunDir, RunDirError  # torch: only for slot-gated exports
+
+    try:
+        return own_classes_of_export(RunDir(run_dir), export_dir)
+    except (ProvisioningError, RunDirError) as error:
+        raise ExportAppError(f"the payload cannot name each tier's own classes: {error}") from None
 
 
 def app_roots(repo: Path) -> list[Path]:
@@ -191,12 +213,15 @@ def _check_url(url: str) -> str:
 
 
 def _artifacts(manifest: Manifest, platform: str) -> list[str]:
-    """The tier artifacts the app can load, and each tier's personalization programs (XNNPACK
-    .pte files the app trains and answers with on device) where the app runs XNNPACK."""
+    """The tier artifacts the app can load, each tier's personalization programs (XNNPACK .pte files
+    the app trains and answers with on device) where the app runs XNNPACK, and the slot prototypes
+    a slot-gated tier installs with its artifact."""
     backends = APP_BACKENDS[platform]
     paths = {a.path for t in manifest.tiers for a in t.artifacts if a.backend in backends}
     if "xnnpack" in backends:
         paths |= {p.path for t in manifest.tiers if t.personalization for p in t.personalization.programs()}
+    if manifest.slot_prototypes is not None:
+        paths.add(manifest.slot_prototypes.path)
     return sorted(paths)
 
 

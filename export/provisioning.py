@@ -18,9 +18,15 @@ The JSON document (compact, keys in this order):
     server_url          optional: http(s) URL of the fallback server
     device              optional: {"device_id", "token", "server_public_key" (base64 of 32 bytes)},
                         an enrolment the operator made for this phone (POST /v1/devices)
+    own_classes         optional: {tier name: [class name, ...]}, the classes the phone holds when
+                        it runs that tier's front-end: what a slot_margin tier gates by (docs/PROTOCOL.md
+                        3.5). A phone trained on its own data knows them; a demo app that installs a
+                        front-end personalized elsewhere learns them here, from the owner, never from
+                        the operator's manifest
 
-Readers refuse unknown keys, another kind or format, a secret outside 16..1024 bytes and the public
-placeholder secret the demo apps once bundled. Parsers: harmony-core
+Readers refuse unknown keys, another kind or format, a secret outside 16..1024 bytes, the public
+placeholder secret the demo apps once bundled, and own_classes that is not 1..64 tiers (names of
+1..64 characters) each with 1..1000 distinct class names of 1..128 characters. Parsers: harmony-core
 `org.harmonymobile.core.provisioning.ProvisioningPayload`, HarmonyKit `Provisioning/ProvisioningPayload.swift`.
 """
 
@@ -33,6 +39,10 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the run dir pulls in torch; a payload is read without it
+    from harmony_mobile.run_dir import RunDir
 
 PAYLOAD_KIND = "harmony-mobile/provisioning"
 PAYLOAD_FORMAT = 1
@@ -43,6 +53,10 @@ MAX_SECRET_BYTES = 1024
 MAX_DEVICE_ID_CHARS = 128
 MAX_TOKEN_CHARS = 512
 SERVER_KEY_BYTES = 32
+MAX_OWN_CLASS_TIERS = 64
+MAX_TIER_NAME_CHARS = 64
+MAX_OWN_CLASSES = 1000
+MAX_CLASS_NAME_CHARS = 128
 # The secret the demo apps bundled as a placeholder (public, in git history): never a real one.
 PLACEHOLDER_SECRET = b"harmony demo federation secret!!!"
 _URL = re.compile(r"https?://[^\s\"'\\<>]+")
@@ -64,6 +78,7 @@ class Provisioning:
     federation_secret: bytes = field(repr=False)
     server_url: str | None = None
     device: ProvisionedDevice | None = None
+    own_classes: dict[str, tuple[str, ...]] | None = None  # tier name -> the classes its phone holds
 
     def __post_init__(self) -> None:
         check_secret(self.federation_secret)
@@ -71,6 +86,8 @@ class Provisioning:
             raise ProvisioningError(f"server_url must be an http(s) URL, got {self.server_url!r}")
         if self.device is not None:
             _check_device(self.device)
+        if self.own_classes is not None:
+            _check_own_classes(self.own_classes)
 
 
 def check_secret(secret: bytes) -> bytes:
@@ -90,6 +107,22 @@ def _check_device(device: ProvisionedDevice) -> None:
         raise ProvisioningError(f"device.token must have 1..{MAX_TOKEN_CHARS} characters")
     if len(device.server_public_key) != SERVER_KEY_BYTES:
         raise ProvisioningError(f"device.server_public_key must hold {SERVER_KEY_BYTES} bytes")
+
+
+def _check_own_classes(own_classes: dict) -> None:
+    if not isinstance(own_classes, dict) or not 0 < len(own_classes) <= MAX_OWN_CLASS_TIERS:
+        raise ProvisioningError(f"own_classes must map 1..{MAX_OWN_CLASS_TIERS} tier names to class names")
+    for tier, classes in own_classes.items():
+        if not isinstance(tier, str) or not 0 < len(tier) <= MAX_TIER_NAME_CHARS:
+            raise ProvisioningError(f"own_classes: a tier name has 1..{MAX_TIER_NAME_CHARS} characters")
+        if not isinstance(classes, tuple) or not 0 < len(classes) <= MAX_OWN_CLASSES:
+            raise ProvisioningError(f"own_classes[{tier!r}] must list 1..{MAX_OWN_CLASSES} class names")
+        if not all(isinstance(c, str) and 0 < len(c) <= MAX_CLASS_NAME_CHARS for c in classes):
+            raise ProvisioningError(
+                f"own_classes[{tier!r}]: a class name is a string of 1..{MAX_CLASS_NAME_CHARS} characters"
+            )
+        if len(set(classes)) != len(classes):
+            raise ProvisioningError(f"own_classes[{tier!r}] names a class twice")
 
 
 def provisioned_device(enrolment: dict) -> ProvisionedDevice:
@@ -116,6 +149,8 @@ def payload_document(provisioning: Provisioning) -> dict:
             "token": provisioning.device.token,
             "server_public_key": base64.b64encode(provisioning.device.server_public_key).decode("ascii"),
         }
+    if provisioning.own_classes is not None:
+        document["own_classes"] = {tier: list(classes) for tier, classes in provisioning.own_classes.items()}
     return document
 
 
@@ -151,7 +186,7 @@ def parse_payload(text: str) -> Provisioning:
 def _from_document(document: object) -> Provisioning:
     if not isinstance(document, dict):
         raise ProvisioningError("the payload is not a JSON object")
-    unknown = set(document) - {"kind", "format", "federation_secret", "server_url", "device"}
+    unknown = set(document) - {"kind", "format", "federation_secret", "server_url", "device", "own_classes"}
     if unknown:
         raise ProvisioningError(f"unknown payload keys: {', '.join(sorted(unknown))}")
     if document.get("kind") != PAYLOAD_KIND:
@@ -172,7 +207,18 @@ def _from_document(document: object) -> Provisioning:
         _base64(document.get("federation_secret"), "federation_secret"),
         None if server_url is None else _string(server_url, "server_url"),
         device,
+        _own_classes(document.get("own_classes")),
     )
+
+
+def _own_classes(value: object) -> dict[str, tuple[str, ...]] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise ProvisioningError("own_classes must be a JSON object of tier name -> class names")
+    if not all(isinstance(classes, list) for classes in value.values()):
+        raise ProvisioningError("own_classes: each tier's classes are a JSON array")
+    return {tier: tuple(classes) for tier, classes in value.items()}  # checked by Provisioning
 
 
 def _string(value: object, name: str) -> str:
@@ -188,6 +234,30 @@ def _base64(value: object, name: str) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError) as error:
         raise ProvisioningError(f"{name} is not base64: {error}") from None
+
+
+def own_classes_of_export(run: RunDir, export_dir: Path) -> dict[str, tuple[str, ...]]:
+    """For each tier an export ships, the classes of the client whose front-end it is: the owner's
+    run knows them (its client part); the manifest, which the operator serves, names only the client."""
+    manifest_file = Path(export_dir) / "manifest.json"
+    try:
+        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
+        tiers = {entry["name"]: entry["client_id"] for entry in manifest["tiers"]}
+        class_names = manifest["class_names"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
+        raise ProvisioningError(f"{manifest_file} is not an export's manifest: {error}") from None
+    if list(class_names) != list(run.info.class_names):
+        raise ProvisioningError(f"{export_dir} was not exported from {run.path}: its class names differ")
+    clients = {client.client_id: client for client in run.clients()}
+    own = {}
+    for tier, client_id in tiers.items():
+        client = clients.get(client_id)
+        if client is None or client.tier != tier:
+            raise ProvisioningError(
+                f"{export_dir} ships client {client_id} for tier {tier!r}, which {run.path} does not hold"
+            )
+        own[tier] = tuple(run.info.class_names[c] for c in client.classes)
+    return own
 
 
 def write_payload(path: Path, text: str, app_roots: list[Path]) -> Path:

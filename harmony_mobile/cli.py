@@ -626,29 +626,41 @@ def provision_command(
         str | None, typer.Option(help="the enrolled device's tier (with --admin-token-file)")
     ] = None,
     name: Annotated[str | None, typer.Option(help="the enrolled device's name")] = None,
+    export_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--export",
+            help="an export of this run: the payload names, per tier, the classes its front-end's "
+            "phone holds (what a slot-gated tier gates by on a demo app)",
+        ),
+    ] = None,
 ) -> None:
     """Write a provisioning payload: the run's federation secret (and, with --admin-token-file, a
-    device enrolment) for one phone, as the deep link its QR code carries."""
+    device enrolment; with --export, each tier's own classes) for one phone, as the deep link its QR
+    code carries."""
     from harmony_mobile.export.provisioning import (
         Provisioning,
         ProvisioningError,
+        own_classes_of_export,
         payload_uri,
         provisioned_device,
         write_payload,
     )
+    from harmony_mobile.run_dir import RunDir, RunDirError
 
     secret_path = run_dir / "clients" / "federation_secret"
     try:
+        own = None if export_dir is None else own_classes_of_export(RunDir(run_dir), export_dir)
         device = None
         if admin_token_file is not None:
             device = _enrol_for_payload(server_url, admin_token_file, tier, name, provisioned_device)
-        payload = payload_uri(Provisioning(secret_path.read_bytes(), server_url, device))
+        payload = payload_uri(Provisioning(secret_path.read_bytes(), server_url, device, own))
         if str(out) == "-":
             print(payload)
             return
         repo = _repository_or_none()
         written = write_payload(out, payload, [repo / "android_demo", repo / "ios_demo"] if repo else [])
-    except (ProvisioningError, OSError) as error:
+    except (ProvisioningError, RunDirError, OSError) as error:
         fail(str(error))
     console.print(f"wrote {written} (owner-only: it holds the federation secret)", soft_wrap=True)
 
@@ -790,7 +802,7 @@ def demo(
     algorithm: Annotated[
         str | None,
         typer.Option(
-            help="a split method (harmony-slot-gate: phones exit by the slot margin); default: harmony"
+            help="a split method (harmony-max-softmax: phones exit by max softmax); default: harmony"
         ),
     ] = None,
     reuse_run: Annotated[

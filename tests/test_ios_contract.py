@@ -423,6 +423,7 @@ def test_manifest_constants_match_export_manifest_py():
         ("BackendEntry", "BackendEntry"),
         ("SignatureInfo", "SignatureInfo"),
         ("P256SignatureInfo", "P256SignatureInfo"),
+        ("SlotPrototypesEntry", "SlotPrototypes"),
     ],
 )
 def test_manifest_codable_keys_exist_in_the_schema(swift_type, python_model):
@@ -461,6 +462,10 @@ def test_variant_choice_and_updates_follow_the_python_rules():
         ("minSecretBytes", "MIN_SECRET_BYTES"),
         ("maxSecretBytes", "MAX_SECRET_BYTES"),
         ("serverKeyBytes", "SERVER_KEY_BYTES"),
+        ("maxOwnClassTiers", "MAX_OWN_CLASS_TIERS"),
+        ("maxTierNameCharacters", "MAX_TIER_NAME_CHARS"),
+        ("maxOwnClasses", "MAX_OWN_CLASSES"),
+        ("maxClassNameCharacters", "MAX_CLASS_NAME_CHARS"),
     ]:
         assert swift("ProvisioningPayload", swift_name) == provisioning[python_name], swift_name
     assert swift("ProvisioningPayload", "placeholderSecret") == provisioning["PLACEHOLDER_SECRET"]

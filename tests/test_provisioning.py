@@ -5,6 +5,7 @@ from, agreed with harmony-core and HarmonyKit through tests/vectors/provisioning
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,8 @@ from harmony_mobile.export.provisioning import (
 from typer.testing import CliRunner
 
 from harmony_mobile.cli import app
-from harmony_mobile.run_dir import write_federation_secret
+from harmony_mobile.run_dir import RunDir, save_client, write_federation_secret
+from tests.export_fixtures import make_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = json.loads((ROOT / "tests" / "vectors" / "provisioning_payloads.json").read_text(encoding="utf-8"))
@@ -30,7 +32,7 @@ SECRET = bytes(range(50, 82))
 
 
 def _expected(case: dict) -> Provisioning:
-    device = case["device"]
+    device, own = case["device"], case["own_classes"]
     return Provisioning(
         bytes.fromhex(case["federation_secret_hex"]),
         case["server_url"],
@@ -39,6 +41,7 @@ def _expected(case: dict) -> Provisioning:
         else ProvisionedDevice(
             device["device_id"], device["token"], bytes.fromhex(device["server_public_key_hex"])
         ),
+        None if own is None else {tier: tuple(classes) for tier, classes in own.items()},
     )
 
 
@@ -60,7 +63,7 @@ def test_invalid_payloads_are_refused(case):
 
 def test_the_vector_file_names_the_constants_the_apps_use():
     assert CASES["uri_prefix"] == URI_PREFIX and CASES["managed_config_key"] == MANAGED_CONFIG_KEY
-    assert len(CASES["valid"]) >= 3 and len(CASES["invalid"]) >= 15
+    assert len(CASES["valid"]) >= 4 and len(CASES["invalid"]) >= 25
 
 
 def test_a_payload_never_shows_its_secret_in_a_repr():
@@ -102,3 +105,29 @@ def test_harmony_provision_refuses_the_app_trees_and_a_missing_run(run, tmp_path
     assert missing.exit_code == 2 and "federation_secret" in missing.output
     printed = CliRunner().invoke(app, ["provision", "--run", str(run), "--out", "-"])
     assert printed.exit_code == 0 and parse_payload(printed.output).federation_secret == SECRET
+
+
+def test_harmony_provision_names_each_exported_tiers_own_classes(tmp_path):
+    """With --export the payload says, per tier, the classes of the client whose front-end the export
+    ships (what a demo app's slot gate needs); an export of another run is refused."""
+    run = make_run_dir(tmp_path / "run")
+    for client in RunDir(run).clients():  # clients that hold different classes, as after training
+        save_client(run, replace(client, classes=tuple(range(client.client_id, client.client_id + 3))))
+    clients, names = RunDir(run).clients(), RunDir(run).info.class_names
+    shipped = {c.tier: c for c in reversed(clients)}  # the second client of each tier
+    export = tmp_path / "export"
+    export.mkdir()
+    manifest = {
+        "class_names": list(names),
+        "tiers": [{"name": t, "client_id": c.client_id} for t, c in shipped.items()],
+    }
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(app, ["provision", "--run", str(run), "--export", str(export), "--out", "-"])
+    assert result.exit_code == 0, result.output
+    own = parse_payload(result.output).own_classes
+    assert own == {t: tuple(names[c] for c in client.classes) for t, client in shipped.items()}
+    assert len(set(own.values())) == len(own)  # each tier its own client's classes
+    manifest["class_names"] = [f"class {i}" for i in range(10)]
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    other = CliRunner().invoke(app, ["provision", "--run", str(run), "--export", str(export), "--out", "-"])
+    assert other.exit_code == 2 and "was not exported from" in " ".join(other.output.split())

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from harmony_mobile.export.keys import encode_public_key, load_or_create_signing_key
+from harmony_mobile.export.apps import install
+from harmony_mobile.export.keys import PUBLIC_KEY_FILE, encode_public_key, load_or_create_signing_key
 from harmony_mobile.export.manifest import Manifest
 from harmony_mobile.export.pipeline import SLOT_PROTOTYPES_FILE, export_run
+from harmony_mobile.export.provisioning import parse_payload
 from harmony_mobile.server import create_app
 
 from harmony_mobile.device import (
@@ -238,3 +240,19 @@ def test_on_device_personalization_recalibrates_tau_on_the_margin(export, tmp_pa
     softmax = torch.softmax(logits.float(), dim=1).max(dim=1).values
     assert gated.threshold == result.threshold == calibrate_exit_threshold(margins.numpy(), correct, 0.3)
     assert gated.threshold != calibrate_exit_threshold(softmax.numpy(), correct, 0.3)
+
+
+def test_export_app_provisions_each_tier_with_the_classes_its_phone_holds(export, tmp_path):
+    """A demo app installs a front-end personalized on another client's data: the payload export-app
+    writes names that client's classes per tier (the slot gate's own slots), beside the secret."""
+    run_dir, export_dir, _ = export
+    repo = tmp_path / "repo"
+    (repo / "ios_demo" / "HarmonyDemo" / "HarmonyDemo" / "Resources").mkdir(parents=True)
+    result = install(
+        "ios", export_dir, repo, run_dir=run_dir, pinned_key=export_dir.parent / "keys" / PUBLIC_KEY_FILE
+    )
+    run = RunDir(run_dir)
+    client = run.representative_client(TIER)
+    own = parse_payload(result.payload.read_text()).own_classes
+    assert own == {TIER: tuple(run.info.class_names[c] for c in client.classes)}
+    assert SLOT_PROTOTYPES_FILE in result.copied  # installed from the app's bundle with the tier's artifact

@@ -10,6 +10,7 @@ import javax.crypto.KeyGenerator
 import javax.crypto.SecretKey
 import javax.crypto.spec.GCMParameterSpec
 import org.harmonymobile.core.FederationKey
+import org.harmonymobile.core.json.Json
 import org.harmonymobile.core.provisioning.ProvisioningPayload
 import org.harmonymobile.core.server.DeviceCredentials
 
@@ -38,12 +39,27 @@ class CredentialStore(context: Context) {
             .commit()
     }
 
-    /** Stores a verified provisioning payload: the secret, and the server URL and enrolment it names. */
+    /**
+     * Stores a verified provisioning payload: the secret and the classes each tier's phone holds (sealed:
+     * both are the owner's, not the operator's), and the server URL and enrolment it names.
+     */
     fun applyProvisioning(payload: ProvisioningPayload) {
         val (iv, sealed) = seal(payload.federationSecret())
-        prefs.edit().putString(KEY_SECRET_IV, encode(iv)).putString(KEY_SECRET, encode(sealed)).commit()
+        val (ownIv, ownSealed) = seal(Json.write(payload.ownClasses()).toByteArray(Charsets.UTF_8))
+        prefs.edit()
+            .putString(KEY_SECRET_IV, encode(iv)).putString(KEY_SECRET, encode(sealed))
+            .putString(KEY_OWN_CLASSES_IV, encode(ownIv)).putString(KEY_OWN_CLASSES, encode(ownSealed))
+            .commit()
         payload.serverUrl()?.let { serverUrl = it }
         payload.device()?.let { save(it) }
+    }
+
+    /** Tier name -> the classes its phone holds, as the payload named them (empty when it named none). */
+    fun ownClasses(): Map<String, List<String>> {
+        val iv = decode(prefs.getString(KEY_OWN_CLASSES_IV, null) ?: return emptyMap())
+        val sealed = decode(prefs.getString(KEY_OWN_CLASSES, null) ?: return emptyMap())
+        return Json.parseObject(String(open(iv, sealed), Charsets.UTF_8)).asMap()
+            .mapValues { (_, classes) -> (classes as List<*>).map { it as String } }
     }
 
     /** The provisioned label-token key, or null: the app then tokenizes and decodes nothing. */
@@ -54,7 +70,7 @@ class CredentialStore(context: Context) {
     }
 
     fun forgetProvisioning() {
-        prefs.edit().remove(KEY_SECRET).remove(KEY_SECRET_IV).apply()
+        prefs.edit().remove(KEY_SECRET).remove(KEY_SECRET_IV).remove(KEY_OWN_CLASSES).remove(KEY_OWN_CLASSES_IV).apply()
     }
 
     private fun seal(plaintext: ByteArray): Pair<ByteArray, ByteArray> {
@@ -107,6 +123,8 @@ class CredentialStore(context: Context) {
         const val KEY_SERVER_PUBLIC = "server_public_key"
         const val KEY_SECRET = "federation_secret_sealed"
         const val KEY_SECRET_IV = "federation_secret_iv"
+        const val KEY_OWN_CLASSES = "own_classes_sealed"
+        const val KEY_OWN_CLASSES_IV = "own_classes_iv"
 
         fun encode(bytes: ByteArray): String = Base64.encodeToString(bytes, Base64.NO_WRAP)
         fun decode(text: String): ByteArray = Base64.decode(text, Base64.NO_WRAP)

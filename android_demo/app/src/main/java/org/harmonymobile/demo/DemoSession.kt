@@ -11,8 +11,6 @@ import org.harmonymobile.core.FederationKey
 import org.harmonymobile.core.HarmonyClient
 import org.harmonymobile.core.SlotDecoder
 import org.harmonymobile.core.engine.SerializedEngine
-import org.harmonymobile.core.exit.ExitPolicy
-import org.harmonymobile.core.manifest.TierEntry
 import org.harmonymobile.core.net.RetryPolicy
 import org.harmonymobile.core.net.RetryingTransport
 import org.harmonymobile.core.net.UrlConnectionTransport
@@ -41,6 +39,7 @@ class DemoSession(
     private val serverUrl: String,
     credentials: DeviceCredentials?,
     private val federation: FederationKey,
+    ownClasses: Map<String, List<String>>,
 ) : AutoCloseable {
 
     init {
@@ -55,6 +54,13 @@ class DemoSession(
         },
         model.manifest.classNames(),
     )
+
+    /**
+     * Max softmax, or the slot gate by the classes the provisioning payload says this tier's phone
+     * holds (its front-end was personalized on them). A slot-gated tier without them stops the session
+     * before the engine loads: its threshold is never misread as a max-softmax one.
+     */
+    private val gate = model.installed.exitGate(federation, ownClasses[model.tier.name()])
     private val engine = SerializedEngine(ExecuTorchEngine(model.file.absolutePath, model.tier))
     private val server = HarmonyServerClient(
         RetryingTransport(
@@ -76,14 +82,7 @@ class DemoSession(
             remember(model.manifest.backendModelVersion(), model.manifest.slotTable())
         }
     }
-    init {
-        // a slot_margin tier's threshold is on the margin of the classes the phone holds, which this
-        // demo app does not know: refused, never misread as a max-softmax threshold
-        require(model.tier.exitRule() == TierEntry.MAX_SOFTMAX) {
-            "tier ${model.tier.name()} exits by ${model.tier.exitRule()}: this demo app answers by max softmax only"
-        }
-    }
-    val client = HarmonyClient(engine, ExitPolicy(model.tier.threshold()), exits, fallback, slots)
+    val client = HarmonyClient(engine, gate, exits, fallback, slots)
 
     /** Uploads name the lineage's label epoch, which the verified manifest carries. */
     val uploads: ConfirmedUploads? = credentials?.takeIf { model.manifest.labelEpoch() != null }?.let { device ->

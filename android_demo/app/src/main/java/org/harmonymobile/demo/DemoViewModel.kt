@@ -73,7 +73,7 @@ class DemoViewModel(application: Application) : AndroidViewModel(application) {
                 val samples = withContext(Dispatchers.IO) {
                     val device = DeviceProfiler.capabilities(app)
                     val model = ModelInstaller(app, BuildConfig.PINNED_MANIFEST_KEY).install(device)
-                    created = DemoSession(app, model, url, credentials.load(), federation)
+                    created = DemoSession(app, model, url, credentials.load(), federation, credentials.ownClasses())
                     SampleDigits.load(app)
                 }
                 replace(State.Ready(created!!, samples))

@@ -40,6 +40,8 @@ class ModelInstaller(private val context: Context, pinnedKeyBase64: String) {
         val artifact: Artifact,
         val file: File,
         val deviceClass: DeviceClass,
+        /** What the store verified, including a slot-gated tier's prototypes ([ModelStore.Installed.exitGate]). */
+        val installed: ModelStore.Installed,
     )
 
     private val verifier: ManifestVerifier = run {
@@ -88,7 +90,8 @@ class ModelInstaller(private val context: Context, pinnedKeyBase64: String) {
     private fun current(device: DeviceCapabilities): InstalledModel {
         val installed = store.current { tierFor(it, device) }
             .orElseThrow { ManifestException("no model installed") }
-        return InstalledModel(installed.manifest(), installed.tier(), installed.artifact(), installed.file().toFile(), DeviceClass.of(device))
+        return InstalledModel(
+            installed.manifest(), installed.tier(), installed.artifact(), installed.file().toFile(), DeviceClass.of(device), installed)
     }
 
     private fun tierFor(manifest: Manifest, device: DeviceCapabilities): TierEntry = TierSelector.select(manifest.tiers(), device)

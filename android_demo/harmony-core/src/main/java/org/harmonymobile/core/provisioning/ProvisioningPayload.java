@@ -4,9 +4,13 @@ import java.nio.charset.CharacterCodingException;
 import java.nio.charset.CodingErrorAction;
 import java.nio.charset.StandardCharsets;
 import java.nio.ByteBuffer;
+import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Base64;
+import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
+import java.util.Optional;
 import java.util.Set;
 import java.util.regex.Pattern;
 import org.harmonymobile.core.FederationKey;
@@ -14,6 +18,7 @@ import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
 import org.harmonymobile.core.server.DeviceCredentials;
+import org.harmonymobile.core.util.Immutable;
 
 /**
  * What a phone is provisioned with at run time, never bundled in the app: the federation secret
@@ -21,12 +26,15 @@ import org.harmonymobile.core.server.DeviceCredentials;
  * (export/provisioning.py writes it; docs/PROVISIONING.md). Read from a deep link / QR code
  * ({@value #URI_PREFIX}base64url of the JSON) or from managed configuration (the bare JSON under
  * {@value #MANAGED_CONFIG_KEY}). Unknown keys, another kind or format, a secret outside
- * 16..1024 bytes and the public placeholder secret are refused.
+ * 16..1024 bytes, the public placeholder secret and malformed own classes are refused.
  *
  * @param serverUrl null when the payload names none
  * @param device null when the phone enrols itself
+ * @param ownClasses tier name to the classes the phone holds when it runs that tier's front-end (what a
+ *     slot_margin tier gates by, {@code SlotGatePolicy.ownSlots}); empty when the payload names none
  */
-public record ProvisioningPayload(byte[] federationSecret, String serverUrl, DeviceCredentials device) {
+public record ProvisioningPayload(
+        byte[] federationSecret, String serverUrl, DeviceCredentials device, Map<String, List<String>> ownClasses) {
     public static final String URI_PREFIX = "harmony-mobile://provision/v1#";
     public static final String MANAGED_CONFIG_KEY = "provisioning_payload";
     public static final String KIND = "harmony-mobile/provisioning";
@@ -36,15 +44,31 @@ public record ProvisioningPayload(byte[] federationSecret, String serverUrl, Dev
     public static final int MAX_DEVICE_ID_CHARS = 128;
     public static final int MAX_TOKEN_CHARS = 512;
     public static final int SERVER_KEY_BYTES = 32;
+    public static final int MAX_OWN_CLASS_TIERS = 64;
+    public static final int MAX_TIER_NAME_CHARS = 64;
+    public static final int MAX_OWN_CLASSES = 1000;
+    public static final int MAX_CLASS_NAME_CHARS = 128;
     /** The placeholder the demo apps once bundled: public, so never a federation's secret. */
     static final byte[] PLACEHOLDER_SECRET = "harmony demo federation secret!!!".getBytes(StandardCharsets.US_ASCII);
 
-    private static final Set<String> KEYS = Set.of("kind", "format", "federation_secret", "server_url", "device");
+    private static final Set<String> KEYS =
+            Set.of("kind", "format", "federation_secret", "server_url", "device", "own_classes");
     private static final Set<String> DEVICE_KEYS = Set.of("device_id", "token", "server_public_key");
     private static final Pattern URL = Pattern.compile("https?://[^\\s\"'\\\\<>]+");
 
     public ProvisioningPayload {
         federationSecret = federationSecret.clone();
+        ownClasses = ownClasses == null ? Map.of() : Immutable.map(ownClasses);
+    }
+
+    /** A payload that names no own classes. */
+    public ProvisioningPayload(byte[] federationSecret, String serverUrl, DeviceCredentials device) {
+        this(federationSecret, serverUrl, device, Map.of());
+    }
+
+    /** The classes this phone holds when it runs {@code tier}'s front-end, if the payload names them. */
+    public Optional<List<String>> ownClassesFor(String tier) {
+        return Optional.ofNullable(ownClasses.get(tier));
     }
 
     /** The label-token key this payload provisions. */
@@ -116,7 +140,43 @@ public record ProvisioningPayload(byte[] federationSecret, String serverUrl, Dev
             }
         }
         DeviceCredentials device = map.get("device") == null ? null : device(map.get("device"));
-        return new ProvisioningPayload(secret, serverUrl, device);
+        Map<String, List<String>> own = map.get("own_classes") == null ? Map.of() : ownClasses(map.get("own_classes"));
+        return new ProvisioningPayload(secret, serverUrl, device, own);
+    }
+
+    private static Map<String, List<String>> ownClasses(Object value) throws ProvisioningException {
+        if (!(value instanceof Map<?, ?> raw) || raw.isEmpty() || raw.size() > MAX_OWN_CLASS_TIERS) {
+            throw new ProvisioningException(
+                    "own_classes must map 1.." + MAX_OWN_CLASS_TIERS + " tier names to class names");
+        }
+        Map<String, List<String>> own = new LinkedHashMap<>();
+        for (Map.Entry<?, ?> entry : raw.entrySet()) {
+            String tier = (String) entry.getKey(); // JSON object keys are strings
+            if (tier.isEmpty() || tier.length() > MAX_TIER_NAME_CHARS) {
+                throw new ProvisioningException("own_classes: a tier name has 1.." + MAX_TIER_NAME_CHARS + " characters");
+            }
+            own.put(tier, classNames(entry.getValue(), tier));
+        }
+        return own;
+    }
+
+    private static List<String> classNames(Object value, String tier) throws ProvisioningException {
+        String where = "own_classes[\"" + tier + "\"]";
+        if (!(value instanceof List<?> list) || list.isEmpty() || list.size() > MAX_OWN_CLASSES) {
+            throw new ProvisioningException(where + " must list 1.." + MAX_OWN_CLASSES + " class names");
+        }
+        List<String> names = new ArrayList<>();
+        for (Object item : list) {
+            if (!(item instanceof String name) || name.isEmpty() || name.length() > MAX_CLASS_NAME_CHARS) {
+                throw new ProvisioningException(
+                        where + ": a class name is a string of 1.." + MAX_CLASS_NAME_CHARS + " characters");
+            }
+            if (names.contains(name)) {
+                throw new ProvisioningException(where + " names class \"" + name + "\" twice");
+            }
+            names.add(name);
+        }
+        return Immutable.list(names);
     }
 
     /** A secret of the allowed size that is not the public placeholder. */

@@ -18,6 +18,10 @@ import java.util.Map;
 import java.util.Optional;
 import java.util.function.Function;
 import java.util.stream.Stream;
+import org.harmonymobile.core.FederationKey;
+import org.harmonymobile.core.exit.ExitGate;
+import org.harmonymobile.core.exit.ExitPolicy;
+import org.harmonymobile.core.exit.SlotGatePolicy;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonException;
 import org.harmonymobile.core.json.JsonObject;
@@ -29,6 +33,7 @@ import org.harmonymobile.core.manifest.SignedManifest;
 import org.harmonymobile.core.manifest.SlotPrototypesEntry;
 import org.harmonymobile.core.manifest.TierEntry;
 import org.harmonymobile.core.manifest.VariantChooser;
+import org.harmonymobile.core.server.SlotTable;
 import org.harmonymobile.core.util.Immutable;
 
 /**
@@ -57,7 +62,34 @@ public final class ModelStore {
      * slot_margin tier the slot prototypes' file (null otherwise; {@code SlotGatePolicy.fromPrototypes}).
      */
     public record Installed(
-            Manifest manifest, TierEntry tier, Artifact artifact, Path file, InstalledVersion version, Path slotPrototypes) {}
+            Manifest manifest, TierEntry tier, Artifact artifact, Path file, InstalledVersion version, Path slotPrototypes) {
+
+        /**
+         * The gate this phone answers locally by: max softmax at the tier's threshold, or the slot gate
+         * from the installed prototypes, whose own slots are those the manifest's slot table decodes
+         * (with {@code federation}) to one of {@code ownClasses}, the class names the phone holds. A
+         * slot-gated tier without them is refused: its threshold means nothing on a max-softmax score.
+         */
+        public ExitGate exitGate(FederationKey federation, List<String> ownClasses) throws IOException {
+            if (TierEntry.MAX_SOFTMAX.equals(tier.exitRule())) {
+                return new ExitPolicy(tier.threshold());
+            }
+            if (ownClasses == null || ownClasses.isEmpty()) {
+                throw new IllegalStateException("tier " + tier.name() + " exits by " + tier.exitRule()
+                        + ", which needs the classes this phone holds: provision it with a payload that names"
+                        + " them (harmony provision --export)");
+            }
+            for (String name : ownClasses) {
+                if (!manifest.classNames().contains(name)) {
+                    throw new IllegalArgumentException("own class \"" + name + "\" is none of the manifest's class names");
+                }
+            }
+            SlotTable table = manifest.slotTable();
+            List<String> slotClasses = federation.tokens(table.labelEpoch()).slotClasses(manifest.classNames(), table.tokens());
+            boolean[] own = SlotGatePolicy.ownSlots(slotClasses, ownClasses);
+            return SlotGatePolicy.fromPrototypes(Files.readAllBytes(slotPrototypes), own, tier.threshold());
+        }
+    }
 
     private final Path root;
     private final ManifestVerifier verifier;

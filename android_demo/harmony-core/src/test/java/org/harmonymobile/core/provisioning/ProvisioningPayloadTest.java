@@ -30,7 +30,7 @@ class ProvisioningPayloadTest {
     @Test
     void everyValidPayloadParsesToItsSecretServerAndDevice() throws Exception {
         List<JsonObject> cases = vectors.getObjectList("valid");
-        assertEquals(3, cases.size());
+        assertEquals(4, cases.size());
         for (JsonObject c : cases) {
             ProvisioningPayload payload = ProvisioningPayload.parse(c.getString("payload"));
             assertArrayEquals(c.getHex("federation_secret_hex"), payload.federationSecret(), c.getString("name"));
@@ -43,13 +43,22 @@ class ProvisioningPayloadTest {
                 assertEquals(device.getString("token"), payload.device().token());
                 assertArrayEquals(device.getHex("server_public_key_hex"), payload.device().serverPublicKey());
             }
+            JsonObject own = c.optObject("own_classes");
+            if (own == null) {
+                assertTrue(payload.ownClasses().isEmpty(), c.getString("name"));
+            } else {
+                assertEquals(own.asMap(), payload.ownClasses(), c.getString("name"));
+                String tier = own.asMap().keySet().iterator().next();
+                assertEquals(own.asMap().get(tier), payload.ownClassesFor(tier).orElseThrow());
+            }
+            assertTrue(payload.ownClassesFor("no such tier").isEmpty());
         }
     }
 
     @Test
     void everyInvalidPayloadIsRefused() {
         List<JsonObject> cases = vectors.getObjectList("invalid");
-        assertTrue(cases.size() >= 15);
+        assertTrue(cases.size() >= 25);
         for (JsonObject c : cases) {
             assertThrows(ProvisioningException.class, () -> ProvisioningPayload.parse(c.getString("payload")),
                     c.getString("name"));

@@ -23,8 +23,11 @@ import java.util.List;
 import java.util.Map;
 import java.util.function.Consumer;
 import java.util.stream.Stream;
+import org.harmonymobile.core.FederationKey;
 import org.harmonymobile.core.Vectors;
 import org.harmonymobile.core.crypto.Bytes;
+import org.harmonymobile.core.exit.ExitGate;
+import org.harmonymobile.core.exit.ExitPolicy;
 import org.harmonymobile.core.exit.SlotGatePolicy;
 import org.harmonymobile.core.json.Json;
 import org.harmonymobile.core.json.JsonObject;
@@ -169,6 +172,35 @@ class ModelStoreTest {
         ManifestException tampered = assertThrows(ManifestException.class,
                 () -> store.install(update, source(), ModelStoreTest::tier));
         assertTrue(tampered.getMessage().contains("slot_prototypes.hmft"), tampered.getMessage());
+    }
+
+    @Test
+    void theInstalledTierGivesTheGateItsPhoneAnswersBy() throws Exception {
+        float[] values = new float[10 * 4096];
+        for (int s = 0; s < 10; s++) {
+            values[s * 4096 + s] = 1f; // slot s points along feature s
+        }
+        ModelStore.Installed installed = store.install(
+                slotGated(4, new FeatureTensor(values, new int[] {10, 4096}).encode()), source(), ModelStoreTest::tier).get();
+        FederationKey key = new FederationKey(Vectors.load("label_tokens.json").getHex("federation_secret"));
+        Manifest manifest = installed.manifest();
+        List<String> slotClasses =
+                key.tokens(manifest.slotTable().labelEpoch()).slotClasses(manifest.classNames(), manifest.slotTable().tokens());
+        ExitGate gate = installed.exitGate(key, List.of(slotClasses.get(3))); // the phone holds slot 3's class
+        float[] along = new float[4096];
+        along[3] = 1f;
+        assertTrue(gate.decide(new float[] {0f, 1f}, along).exitLocally());
+        along[3] = 0f;
+        along[4] = 1f; // nearest another class's slot
+        assertFalse(gate.decide(new float[] {0f, 1f}, along).exitLocally());
+
+        IllegalStateException unprovisioned = assertThrows(IllegalStateException.class, () -> installed.exitGate(key, List.of()));
+        assertTrue(unprovisioned.getMessage().contains("harmony provision --export"), unprovisioned.getMessage());
+        assertThrows(IllegalArgumentException.class, () -> installed.exitGate(key, List.of("no such class")));
+        ModelStore.Installed maxSoftmax = new ModelStore.Installed(manifest, manifest.tiers().stream()
+                .filter(t -> TierEntry.MAX_SOFTMAX.equals(t.exitRule())).findFirst().orElseThrow(),
+                installed.artifact(), installed.file(), installed.version(), null);
+        assertTrue(maxSoftmax.exitGate(key, null) instanceof ExitPolicy);
     }
 
     @Test
