@@ -124,7 +124,7 @@ struct ContentView: View {
                 LabeledContent("Answer", value: "\(result.predictedClass) (\(source(result.source)))")
                 LabeledContent(
                     "Local",
-                    value: "\(result.localClass), p = \(percent(result.local.confidence)), "
+                    value: "\(result.localClass), \(localScore(result.local.confidence)), "
                         + "\(milliseconds(result.localLatencyNanos)), "
                         + (result.local.exitLocally ? "exit" : "below threshold"))
                 if let server = result.server {
@@ -182,6 +182,12 @@ struct ContentView: View {
         case .localAfterServerFailure: return "on the phone, server unavailable"
         case .localServerUnnamed: return "on the phone, the server's slot names no class here"
         }
+    }
+
+    /// The local exit score: the slot gate's is a margin in [-2, 2], not a probability.
+    private func localScore(_ confidence: Double) -> String {
+        guard model.tier?.exitRule == .slotMargin else { return "p = \(percent(confidence))" }
+        return confidence.isFinite ? String(format: "margin = %.2f", confidence) : "margin n/a"
     }
 
     private func percent(_ value: Double) -> String {

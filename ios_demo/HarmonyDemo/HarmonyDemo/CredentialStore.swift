@@ -61,3 +61,27 @@ enum CredentialStore {
         item.delete()
     }
 }
+
+/// Keeps the provisioning payload's own classes (tier name -> the classes this phone holds) in the
+/// Keychain beside the secret: a slot_margin tier gates by them, and the payload is not kept whole.
+enum OwnClassesStore {
+    private static let item = KeychainItem(account: "own-classes")
+
+    static func load() -> [String: [String]]? {
+        item.read().flatMap { try? JSONDecoder().decode([String: [String]].self, from: $0) }
+    }
+
+    /// A payload without own classes clears the stored ones: they described the phone as the last
+    /// provisioning saw it, and gating by stale classes would answer wrongly without saying so.
+    static func save(_ ownClasses: [String: [String]]?) throws {
+        guard let ownClasses else {
+            item.delete()
+            return
+        }
+        try item.write(try JSONEncoder().encode(ownClasses))
+    }
+
+    static func delete() {
+        item.delete()
+    }
+}

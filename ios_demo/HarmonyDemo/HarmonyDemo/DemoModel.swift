@@ -37,6 +37,8 @@ final class DemoModel: ObservableObject {
     /// One queue for the app's lifetime: a second actor on the same directory would race the first.
     private var uploadQueue: UploadQueue?
     private var federationKey: FederationKey?
+    /// Tier name -> the classes this phone holds (the provisioning payload's own_classes).
+    private var ownClasses: [String: [String]]?
     private var installed: ModelStore.Installed?
     private let device = DeviceProfile.current()
 
@@ -58,6 +60,7 @@ final class DemoModel: ObservableObject {
             return
         }
         federationKey = ProvisioningStore.federationKey()
+        ownClasses = OwnClassesStore.load()
         provisioned = federationKey != nil
         guard let federationKey else {
             status = "Not provisioned: scan the provisioning QR code (`harmony provision`), open its "
@@ -150,6 +153,7 @@ final class DemoModel: ObservableObject {
         defer { busy = false }
         status = "Verifying and loading \(artifact.path)…"
         do {
+            let gate = try makeExitGate(for: tier, installed: installed)
             let directory = installed.directory
             let engine = try await Task.detached {
                 try await ModelFiles.makeEngine(tier: tier, artifact: artifact, in: directory)
@@ -160,11 +164,10 @@ final class DemoModel: ObservableObject {
                     version: manifest.backend.modelVersion, table: SlotTable(labelEpoch: epoch, tokens: table))
             }
             client = try HarmonyClient(
-                engine: engine, exitPolicy: try ExitPolicy(threshold: tier.threshold), exits: try makeExits(),
-                fallback: server?.server, slots: server?.slots)
+                engine: engine, exitPolicy: gate, exits: try makeExits(), fallback: server?.server, slots: server?.slots)
             uploads = try makeUploads(for: tier)
             engineDescription = "\(artifact.path) (\(artifact.quantization), \(artifact.verdict ?? "not_checked"), "
-                + "threshold \(tier.threshold), manifest \(installed.manifest.version))"
+                + "\(tier.exitRule?.rawValue ?? "?") >= \(tier.threshold), manifest \(installed.manifest.version))"
             status = "Ready"
             await refreshQueue()
         } catch {
@@ -292,6 +295,42 @@ final class DemoModel: ObservableObject {
         }
         return try ExitDecoder(
             federationKey: requireFederationKey(), labelEpoch: labelEpoch, classNames: manifest.classNames)
+    }
+
+    /// The tier's exit rule at its threshold: max softmax, or the slot gate by the installed slot
+    /// prototypes and this phone's own slots. A slot-gated tier never falls back to max softmax: its
+    /// threshold is on the margin.
+    private func makeExitGate(for tier: TierEntry, installed: ModelStore.Installed) throws -> any ExitGate {
+        guard tier.exitRule == .slotMargin else { return try ExitPolicy(threshold: tier.threshold) }
+        guard let prototypes = try installed.slotPrototypesData(for: tier) else {
+            throw ManifestError("tier \(tier.name) exits by slot_margin, but its slot prototypes are not installed")
+        }
+        return try SlotGatePolicy.fromPrototypes(
+            prototypes, ownSlots: makeOwnSlots(for: tier, manifest: installed.manifest), threshold: tier.threshold)
+    }
+
+    /// Which slots are this phone's: the manifest's slot table decoded with the federation secret; a
+    /// slot is own when its class is one the provisioning payload says this phone holds for the tier
+    /// (the owner knows them; the operator's manifest never says).
+    private func makeOwnSlots(for tier: TierEntry, manifest: Manifest) throws -> [Bool] {
+        guard let own = ownClasses?[tier.name] else {
+            throw ProvisioningError(
+                "tier \(tier.name) exits by the slot gate, which needs the classes this phone holds, and the "
+                    + "provisioning payload names none for it: provision the phone with "
+                    + "`harmony provision --export <export dir>` (which writes own_classes)")
+        }
+        let unknown = Set(own).subtracting(manifest.classNames)
+        guard unknown.isEmpty else {
+            throw ProvisioningError(
+                "the provisioned classes of tier \(tier.name) are not all this model's: \(unknown.sorted())")
+        }
+        guard let labelEpoch = manifest.labelEpoch, let table = manifest.slotTable else {
+            throw HarmonyFormatError(
+                "this export names no label epoch or slot table, so its slots cannot be decoded: re-export it")
+        }
+        let slotClasses = try requireFederationKey().tokens(labelEpoch: labelEpoch)
+            .slotClasses(classNames: manifest.classNames, slotTable: table)
+        return SlotGatePolicy.ownSlots(slotClasses: slotClasses, ownClassNames: Set(own))
     }
 
     /// The server and the decoder of its slots (seeded with the manifest's own slot table, so only

@@ -172,9 +172,11 @@ enum ProvisioningStore {
         item.read().flatMap { try? FederationKey(secret: $0) }
     }
 
-    /// Stores a parsed payload's secret (and its enrolment, if it carries one).
+    /// Stores a parsed payload's secret, its own classes (or clears the stored ones) and its
+    /// enrolment, if it carries one.
     static func apply(_ payload: ProvisioningPayload) throws {
         try item.write(payload.federationSecret)
+        try OwnClassesStore.save(payload.ownClasses)
         if let device = payload.device {
             try CredentialStore.save(device)
         }
@@ -182,5 +184,6 @@ enum ProvisioningStore {
 
     static func delete() {
         item.delete()
+        OwnClassesStore.delete()
     }
 }

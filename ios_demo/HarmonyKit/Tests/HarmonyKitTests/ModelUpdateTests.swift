@@ -5,7 +5,8 @@ import XCTest
 
 /// Updates through the model store: a newer manifest signed by the pinned key installs and switches;
 /// an older one (rollback), a reused version with other content, another key's signature and a
-/// tampered artifact are refused and the installed export stays. Variant choice prefers a passing one.
+/// tampered artifact are refused and the installed export stays. A slot-gated tier's slot prototypes
+/// install with its artifact and are checked likewise. Variant choice prefers a passing one.
 final class ModelUpdateTests: XCTestCase {
     private var vectors: ManifestVectors!
     private var published: [String: Data] = [:]
@@ -26,9 +27,13 @@ final class ModelUpdateTests: XCTestCase {
         try? FileManager.default.removeItem(at: root)
     }
 
-    /// The vector's manifest at `version` (nil: without the field), signed by `key`.
-    private func signed(_ version: Int?, model: String = "golden-v1", key: P256.Signing.PrivateKey? = nil) throws -> (Data, Data) {
+    /// The vector's manifest at `version` (nil: without the field), changed by `edit`, signed by `key`.
+    private func signed(
+        _ version: Int?, model: String = "golden-v1", key: P256.Signing.PrivateKey? = nil,
+        edit: (inout [String: Any]) -> Void = { _ in }
+    ) throws -> (Data, Data) {
         var manifest = try XCTUnwrap(JSONSerialization.jsonObject(with: Data(vectors.manifestText.utf8)) as? [String: Any])
+        edit(&manifest)
         manifest["manifest_version"] = version
         manifest["model_version"] = model
         var signature = try XCTUnwrap(manifest["signature"] as? [String: Any])
@@ -49,6 +54,76 @@ final class ModelUpdateTests: XCTestCase {
                 try (tampered ? Data("evil".utf8) : published[artifact.path] ?? Data()).write(to: destination)
             },
             wanted: { manifest in manifest.tier(named: "entry-android")?.artifacts ?? [] })
+    }
+
+    /// The vector's manifest with entry-android gated by the slot margin, and `prototypes` published.
+    private func slotGated(_ version: Int, prototypes: Data) throws -> (Data, Data) {
+        published["slot_prototypes.hmft"] = prototypes
+        return try signed(version) { manifest in
+            let tiers = manifest["tiers"] as? [[String: Any]] ?? []
+            manifest["tiers"] = tiers.map { (entry: [String: Any]) -> [String: Any] in
+                var tier = entry
+                if tier["name"] as? String == "entry-android" {
+                    tier["exit_rule"] = "slot_margin"
+                    tier["threshold"] = 0.25
+                }
+                return tier
+            }
+            manifest["slot_prototypes"] = [
+                "path": "slot_prototypes.hmft", "sha256": Hex.encode(SHA256.hash(data: prototypes)),
+                "size": prototypes.count, "shape": [10, 4096],
+            ] as [String: Any]
+        }
+    }
+
+    /// Ten unit prototypes of the 64x8x8 interface: slot s points along feature s.
+    private func unitPrototypes() throws -> Data {
+        var values = [Float](repeating: 0, count: 10 * 4096)
+        for slot in 0..<10 {
+            values[slot * 4096 + slot] = 1
+        }
+        return try FeatureTensor(values: values, shape: [10, 4096]).encoded()
+    }
+
+    func testASlotGatedTierInstallsItsPrototypesAndGatesByThem() throws {
+        let prototypes = try unitPrototypes()
+        let installed = try XCTUnwrap(try install(try slotGated(4, prototypes: prototypes)))
+        XCTAssertEqual(try Data(contentsOf: XCTUnwrap(installed.slotPrototypes)), prototypes)
+        let current = try XCTUnwrap(try store.current())
+        let tier = try XCTUnwrap(current.manifest.tier(named: "entry-android"))
+        XCTAssertEqual(tier.exitRule, .slotMargin)
+        XCTAssertNil(try current.slotPrototypesData(for: XCTUnwrap(current.manifest.tier(named: "flagship"))))
+        var own = [Bool](repeating: false, count: 10)
+        own[3] = true
+        let gate = try SlotGatePolicy.fromPrototypes(
+            XCTUnwrap(current.slotPrototypesData(for: tier)), ownSlots: own, threshold: tier.threshold)
+        var along = [Float](repeating: 0, count: 4096)
+        along[3] = 1 // own slot 3: margin 1 - 0
+        XCTAssertTrue(try gate.decide(logits: [0, 1], features: along).exitLocally)
+        along[3] = 0
+        along[4] = 1 // another phone's slot 4: margin 0 - 1
+        XCTAssertFalse(try gate.decide(logits: [0, 1], features: along).exitLocally)
+    }
+
+    func testTamperedOrRottenSlotPrototypesAreRefused() throws {
+        let prototypes = try unitPrototypes()
+        let installed = try XCTUnwrap(try install(try slotGated(4, prototypes: prototypes)))
+        var flipped = prototypes
+        flipped[flipped.count - 1] ^= 0x01
+        for tampered in [flipped, prototypes.prefix(100)] { // another sha256, another size
+            let update = try slotGated(5, prototypes: prototypes)
+            published["slot_prototypes.hmft"] = tampered
+            XCTAssertThrowsError(try install(update)) { error in
+                XCTAssertTrue(error is ManifestError)
+                XCTAssertTrue("\(error)".contains("slot_prototypes.hmft"), "\(error)")
+            }
+            XCTAssertEqual(try store.current()?.version.manifestVersion, 4)
+        }
+        let leftovers = try FileManager.default.contentsOfDirectory(atPath: root.path).filter { $0.hasPrefix(".staging-") }
+        XCTAssertEqual(leftovers, [])
+
+        try Data("bit rot".utf8).write(to: XCTUnwrap(installed.slotPrototypes))
+        XCTAssertThrowsError(try store.current()) { XCTAssertTrue($0 is ManifestError) }
     }
 
     func testANewerManifestInstallsAndSwitchesTheSameOneIsANoOp() throws {

@@ -15,6 +15,8 @@ struct ProvisioningVectors: Decodable {
         let federationSecretHex: String
         let serverUrl: String?
         let device: Device?
+        /// Tier names without "_", so snake_case key conversion leaves them as they are.
+        let ownClasses: [String: [String]]?
     }
 
     struct Invalid: Decodable {
@@ -38,7 +40,8 @@ final class ProvisioningTests: XCTestCase {
 
     func testEveryValidPayloadParses() throws {
         let vectors = try Vectors.load("provisioning_payloads.json", as: ProvisioningVectors.self)
-        XCTAssertEqual(vectors.valid.count, 3)
+        XCTAssertEqual(vectors.valid.count, 4)
+        XCTAssertEqual(vectors.valid.filter { $0.ownClasses != nil }.count, 1)
         for vector in vectors.valid {
             let payload = try ProvisioningPayload.parse(vector.payload)
             XCTAssertEqual(payload.federationSecret, try hex(vector.federationSecretHex), vector.name)
@@ -48,7 +51,31 @@ final class ProvisioningTests: XCTestCase {
             if let device = vector.device {
                 XCTAssertEqual(payload.device?.serverPublicKey, try hex(device.serverPublicKeyHex), vector.name)
             }
+            XCTAssertEqual(payload.ownClasses, vector.ownClasses, vector.name)
+            for (tier, classes) in vector.ownClasses ?? [:] {
+                XCTAssertEqual(payload.ownClassNames(tier: tier), classes, vector.name)
+            }
             XCTAssertFalse(payload.description.contains(vector.federationSecretHex))
+        }
+    }
+
+    func testOwnClassesAreRefusedUnlessEveryTierNamesDistinctClasses() throws {
+        func payload(_ ownClasses: String) -> String {
+            #"{"kind":"harmony-mobile/provisioning","format":1,"#
+                + #""federation_secret":"aGFybW9ueSBnb2xkZW4gZmVkZXJhdGlvbiBzZWNyZXQ=","own_classes":"# + ownClasses + "}"
+        }
+        let parsed = try ProvisioningPayload.parse(payload(#"{"mid-ios":["T-shirt/top","Ankle boot"]}"#))
+        XCTAssertEqual(parsed.ownClassNames(tier: "mid-ios"), ["T-shirt/top", "Ankle boot"])
+        XCTAssertNil(parsed.ownClassNames(tier: "flagship"))
+        XCTAssertNil(try ProvisioningPayload.parse(payload("null")).ownClasses)
+        let tooMany = "{" + (0...64).map { #""t\#($0)":["0"]"# }.joined(separator: ",") + "}"
+        let longName = "{\"" + String(repeating: "t", count: 65) + #"":["0"]}"#
+        let longClass = #"{"t":[""# + String(repeating: "c", count: 129) + #""]}"#
+        let manyClasses = #"{"t":["# + (0...1000).map { "\"\($0)\"" }.joined(separator: ",") + "]}"
+        for refused in [tooMany, longName, longClass, manyClasses, #"{"t":[null]}"#, #"{"t":{"0":1}}"#] {
+            XCTAssertThrowsError(try ProvisioningPayload.parse(payload(refused)), refused) { error in
+                XCTAssertTrue("\(error)".contains("own_classes"), "\(error)")
+            }
         }
     }
 

@@ -144,7 +144,8 @@ public struct Classification: Sendable {
     public let source: Source
     /// The answer; -1 only if the front-end produced non-finite logits and the server failed.
     public let predictedClass: Int
-    /// Max softmax probability behind the answer.
+    /// The score behind the answer: the exit gate's (max softmax probability, or the slot margin of a
+    /// slot-gated tier) for a local answer, the server's confidence for its answer.
     public let confidence: Double
     /// The early-exit decision (always computed); its top output is in token order.
     public let local: ExitDecision

@@ -37,6 +37,18 @@ public struct SlotGatePolicy: Sendable {
         self.present = prototypes.map { row in row.contains { $0 != 0 } }
     }
 
+    /// A gate from the manifest's slot prototypes file: an HMFT float32 tensor [slots, features]
+    /// (`ModelStore.Installed.slotPrototypesData(for:)` checks it against the signed manifest first).
+    public static func fromPrototypes(_ hmft: Data, ownSlots: [Bool], threshold: Double) throws -> SlotGatePolicy {
+        let tensor = try FeatureTensor.decode(hmft)
+        guard tensor.shape.count == 2 else {
+            throw HarmonyFormatError("slot prototypes are [slots, features], got shape \(tensor.shape)")
+        }
+        let width = tensor.shape[1]
+        let rows = (0..<tensor.shape[0]).map { slot in Array(tensor.values[slot * width..<(slot + 1) * width]) }
+        return try SlotGatePolicy(prototypes: rows, ownSlots: ownSlots, threshold: threshold)
+    }
+
     /// Which slots are this phone's: those whose decoded class is one the phone holds.
     public static func ownSlots(slotClasses: [String?], ownClassNames: Set<String>) -> [Bool] {
         slotClasses.map { name in name.map(ownClassNames.contains) ?? false }

@@ -24,6 +24,9 @@ public struct Manifest: Codable, Sendable, Equatable {
     public let labelEpoch: String?
     /// The shipped back-end's slot table, lowercase hex tokens (nil likewise).
     public let slotTable: [String]?
+    /// What slot_margin tiers gate by (nil when no tier does; `ManifestVerifier` refuses a slot-gated
+    /// tier without it).
+    public let slotPrototypes: SlotPrototypesEntry?
 
     enum CodingKeys: String, CodingKey {
         case format
@@ -40,6 +43,7 @@ public struct Manifest: Codable, Sendable, Equatable {
         case files
         case labelEpoch = "label_epoch"
         case slotTable = "slot_table"
+        case slotPrototypes = "slot_prototypes"
     }
 
     /// The manifest_version, 0 for a manifest written before it existed.
@@ -63,6 +67,35 @@ public struct FileEntry: Codable, Sendable, Equatable {
         case path
         case sha256
         case size
+    }
+}
+
+/// The manifest's `slot_prototypes` (export/manifest.py `SlotPrototypes`): the server's slot
+/// prototypes a slot_margin tier gates by (docs/PROTOCOL.md 3.5), one HMFT float32 tensor of `shape`
+/// [slots, features] at `path`, served like the artifacts (`GET /v1/artifacts/<path>`).
+public struct SlotPrototypesEntry: Codable, Sendable, Equatable {
+    /// The `format` of the artifact view the model store fetches it as.
+    public static let artifactFormat = "hmft"
+
+    public let path: String
+    public let sha256: String
+    public let size: Int64
+    /// [slots, features]: one row per slot of the slot table, as wide as the flattened interface.
+    public let shape: [Int]
+
+    enum CodingKeys: String, CodingKey {
+        case path
+        case sha256
+        case size
+        case shape
+    }
+
+    /// The file as an `Artifact` (a plain file of format "hmft"), so the model store fetches it through
+    /// the same `ArtifactSource` as the front-end and checks it with the same digest and size rule.
+    var artifact: Artifact {
+        Artifact(
+            backend: "", quantization: "", format: Self.artifactFormat, path: path, sha256: sha256, size: size,
+            batch: [], parameters: nil, verdict: nil, failedChecks: nil)
     }
 }
 
@@ -148,6 +181,14 @@ public struct Artifact: Codable, Sendable, Equatable {
     }
 }
 
+/// The score a tier's threshold is on (docs/PROTOCOL.md 3.4-3.5).
+public enum ExitRule: String, Sendable, CaseIterable {
+    /// The exit head's maximum softmax probability: `ExitPolicy`.
+    case maxSoftmax = "max_softmax"
+    /// The sample's slot margin against the manifest's slot prototypes: `SlotGatePolicy`.
+    case slotMargin = "slot_margin"
+}
+
 /// A device tier: the front-end a class of phones runs.
 public struct TierEntry: Codable, Sendable, Equatable {
     public let name: String
@@ -161,9 +202,9 @@ public struct TierEntry: Codable, Sendable, Equatable {
     public let interfaceShape: [Int]
     /// Answer locally when the exit rule's score >= threshold.
     public let threshold: Double
-    /// The score: absent = max softmax(exit_logits); "slot_margin" (PROTOCOL.md 3.5) is refused by
-    /// `ManifestVerifier` until the model store fetches the manifest's slot prototypes.
-    public let exitRule: String?
+    /// The exit rule as the manifest spells it: absent = "max_softmax"; "slot_margin" (PROTOCOL.md 3.5)
+    /// gates by the manifest's slot prototypes. Read `exitRule`.
+    public let exitRuleName: String?
     public let quantization: [String]
     public let backends: [String]
     public let latencyBudgetMs: Double
@@ -180,11 +221,17 @@ public struct TierEntry: Codable, Sendable, Equatable {
         case classNames = "class_names"
         case interfaceShape = "interface_shape"
         case threshold
-        case exitRule = "exit_rule"
+        case exitRuleName = "exit_rule"
         case quantization
         case backends
         case latencyBudgetMs = "latency_budget_ms"
         case artifacts
+    }
+
+    /// The score `threshold` is on; nil for a rule this app does not compute (`ManifestVerifier`
+    /// refuses such a manifest, so a verified one never has it).
+    public var exitRule: ExitRule? {
+        ExitRule(rawValue: exitRuleName ?? ExitRule.maxSoftmax.rawValue)
     }
 
     /// The artifact for a backend and quantization, e.g. ("xnnpack", "int8").

@@ -15,7 +15,8 @@ public struct ManifestError: Error, CustomStringConvertible, Sendable {
 /// 1. a signature over the **exact bytes** of `manifest.json` under the **pinned** public key the
 ///    app ships: `manifest.sig` (base64 of a 64-byte Ed25519 signature) for an Ed25519 key, or
 ///    `manifest.p256.sig` (base64 of a DER ECDSA P-256 / SHA-256 signature) for a P-256 key;
-/// 2. parse (format 1, kind `harmony-mobile/export`, the signature section names the pinned key);
+/// 2. parse (format 1, kind `harmony-mobile/export`, the signature section names the pinned key,
+///    every tier exits by a rule this app computes and a slot-gated one has the slot prototypes);
 /// 3. sha256 and size of every file the app loads (a `.pte` file, or the tree digest of an
 ///    `.mlpackage` directory).
 ///
@@ -31,8 +32,6 @@ public struct ManifestVerifier: Sendable {
     public static let p256PublicKeyFile = "signing_key_p256.pub"
     public static let supportedFormat = 1
     public static let kind = "harmony-mobile/export"
-    /// The exit rule `HarmonyClient` answers by; a tier gated otherwise is refused, never misread.
-    public static let answeredExitRule = "max_softmax"
     public static let signatureAlgorithm = "Ed25519"
     public static let p256SignatureAlgorithm = "ECDSA-P256-SHA256"
     public static let publicKeyBytes = 32
@@ -139,12 +138,42 @@ public struct ManifestVerifier: Sendable {
         return manifest
     }
 
-    /// Every tier's threshold is on the score this app computes (HarmonyClient answers by the slot
-    /// margin with a SlotGatePolicy, but this model store does not fetch the manifest's prototypes yet; harmony-core's does).
+    /// Every tier's threshold is on a score this app computes (`ExitRule`): a threshold on another
+    /// score is refused, never misread. A slot_margin tier gates by the manifest's slot prototypes, so
+    /// the manifest must have them (as harmony-core's Manifest and export/manifest.py require).
     public static func checkExitRules(_ manifest: Manifest) throws {
-        for tier in manifest.tiers where (tier.exitRule ?? answeredExitRule) != answeredExitRule {
-            throw ManifestError(
-                "\(manifestFile): tier \(tier.name) exits by \(tier.exitRule ?? ""); this app answers locally by \(answeredExitRule) only")
+        for tier in manifest.tiers {
+            guard let rule = tier.exitRule else {
+                let known = ExitRule.allCases.map(\.rawValue).joined(separator: " or ")
+                throw ManifestError(
+                    "\(manifestFile): tier \(tier.name) exits by \(tier.exitRuleName ?? ""); "
+                        + "this app answers locally by \(known)")
+            }
+            if rule == .slotMargin, manifest.slotPrototypes == nil {
+                throw ManifestError(
+                    "\(manifestFile): tier \(tier.name) exits by slot_margin: the manifest has no slot_prototypes")
+            }
+        }
+        if let prototypes = manifest.slotPrototypes {
+            try checkSlotPrototypes(prototypes)
+        }
+    }
+
+    /// The slot_prototypes entry names a file the store may write (a safe relative path), its digest
+    /// as lowercase hex, and a shape of [slots, features].
+    static func checkSlotPrototypes(_ entry: SlotPrototypesEntry) throws {
+        let what = "\(manifestFile): slot_prototypes"
+        guard isSafeRelativePath(entry.path) else {
+            throw ManifestError("\(what): unsafe path \(entry.path)")
+        }
+        guard entry.sha256.range(of: "^[0-9a-f]{64}$", options: .regularExpression) != nil else {
+            throw ManifestError("\(what): sha256 must be 64 lowercase hex characters, got \(entry.sha256)")
+        }
+        guard entry.size >= 0 else {
+            throw ManifestError("\(what): size must be >= 0, got \(entry.size)")
+        }
+        guard entry.shape.count == 2, entry.shape.allSatisfy({ $0 > 0 }) else {
+            throw ManifestError("\(what): shape must be [slots, features] of positive sizes, got \(entry.shape)")
         }
     }
 

@@ -10,11 +10,14 @@ public struct ProvisioningError: Error, CustomStringConvertible, Sendable {
 }
 
 /// What a phone is provisioned with at run time, never bundled in the app: the federation secret
-/// and, optionally, the fallback server's URL and an enrolment the operator made for this phone
-/// (export/provisioning.py writes it; docs/PROVISIONING.md). Read from a deep link / QR code
+/// and, optionally, the fallback server's URL, an enrolment the operator made for this phone and the
+/// classes the phone holds per tier, which a slot_margin tier gates by (export/provisioning.py writes
+/// it; docs/PROVISIONING.md). Read from a deep link / QR code
 /// (`uriPrefix` + base64url of the JSON) or from managed app config (the bare JSON under
 /// `managedConfigKey` of `com.apple.configuration.managed`). Unknown keys, another kind or format,
-/// a secret outside 16...1024 bytes and the public placeholder secret are refused.
+/// a secret outside 16...1024 bytes, the public placeholder secret, and own_classes that is not 1...64
+/// tiers (names of 1...64 characters) each with 1...1000 distinct class names of 1...128 characters
+/// are refused.
 /// Counterpart: harmony-core `org.harmonymobile.core.provisioning.ProvisioningPayload`.
 public struct ProvisioningPayload: Sendable, CustomStringConvertible {
     public static let uriPrefix = "harmony-mobile://provision/v1#"
@@ -26,19 +29,32 @@ public struct ProvisioningPayload: Sendable, CustomStringConvertible {
     public static let maxDeviceIDCharacters = 128
     public static let maxTokenCharacters = 512
     public static let serverKeyBytes = 32
+    public static let maxOwnClassTiers = 64
+    public static let maxTierNameCharacters = 64
+    public static let maxOwnClasses = 1000
+    public static let maxClassNameCharacters = 128
     /// The placeholder the demo apps once bundled: public, so never a federation's secret.
     static let placeholderSecret = Data("harmony demo federation secret!!!".utf8)
 
     public let federationSecret: Data
     public let serverURL: String?
     public let device: DeviceCredentials?
+    /// Tier name -> the class names the phone holds when it runs that tier's front-end (nil: the payload
+    /// names none). The owner knows them; the operator's manifest never says which classes a phone has.
+    public let ownClasses: [String: [String]]?
 
     public var federationKey: FederationKey {
         get throws { try FederationKey(secret: federationSecret) }
     }
 
+    /// The classes the phone holds when it runs `tier`; nil when the payload names none for it.
+    public func ownClassNames(tier: String) -> [String]? {
+        ownClasses?[tier]
+    }
+
     public var description: String {
-        "ProvisioningPayload(secret hidden, server \(serverURL ?? "none"), device \(device?.description ?? "none"))"
+        "ProvisioningPayload(secret hidden, server \(serverURL ?? "none"), device \(device?.description ?? "none"), "
+            + "own classes of \(ownClasses?.count ?? 0) tier(s))"
     }
 
     /// A deep link / QR code text or a bare JSON document (managed app config), validated.
@@ -68,7 +84,7 @@ public struct ProvisioningPayload: Sendable, CustomStringConvertible {
     }
 
     private static func fromDocument(_ document: [String: Any]) throws -> ProvisioningPayload {
-        let known: Set<String> = ["kind", "format", "federation_secret", "server_url", "device"]
+        let known: Set<String> = ["kind", "format", "federation_secret", "server_url", "device", "own_classes"]
         if let unknown = document.keys.first(where: { !known.contains($0) }) {
             throw ProvisioningError("unknown payload key \"\(unknown)\"")
         }
@@ -88,7 +104,12 @@ public struct ProvisioningPayload: Sendable, CustomStringConvertible {
         if let value = document["device"], !(value is NSNull) {
             device = try deviceCredentials(value)
         }
-        return ProvisioningPayload(federationSecret: secret, serverURL: serverURL, device: device)
+        var ownClasses: [String: [String]]?
+        if let value = document["own_classes"], !(value is NSNull) {
+            ownClasses = try checkOwnClasses(value)
+        }
+        return ProvisioningPayload(
+            federationSecret: secret, serverURL: serverURL, device: device, ownClasses: ownClasses)
     }
 
     /// A secret of the allowed size that is not the public placeholder.
@@ -119,6 +140,44 @@ public struct ProvisioningPayload: Sendable, CustomStringConvertible {
             throw ProvisioningError("device.server_public_key must hold \(serverKeyBytes) bytes")
         }
         return DeviceCredentials(deviceID: deviceID, token: token, serverPublicKey: serverKey)
+    }
+
+    /// 1...64 tiers, each naming 1...1000 distinct classes; lengths count code points, as Python's len.
+    private static func checkOwnClasses(_ value: Any) throws -> [String: [String]] {
+        guard let raw = value as? [String: Any] else {
+            throw ProvisioningError("own_classes must be a JSON object of tier name -> class names")
+        }
+        guard (1...maxOwnClassTiers).contains(raw.count) else {
+            throw ProvisioningError("own_classes must map 1...\(maxOwnClassTiers) tier names to class names")
+        }
+        var ownClasses = [String: [String]]()
+        for (tier, classes) in raw {
+            guard (1...maxTierNameCharacters).contains(tier.unicodeScalars.count) else {
+                throw ProvisioningError("own_classes: a tier name has 1...\(maxTierNameCharacters) characters")
+            }
+            ownClasses[tier] = try checkClassNames(classes, tier: tier)
+        }
+        return ownClasses
+    }
+
+    private static func checkClassNames(_ value: Any, tier: String) throws -> [String] {
+        guard let list = value as? [Any] else {
+            throw ProvisioningError("own_classes: each tier's classes are a JSON array")
+        }
+        guard (1...maxOwnClasses).contains(list.count) else {
+            throw ProvisioningError("own_classes[\"\(tier)\"] must list 1...\(maxOwnClasses) class names")
+        }
+        let names = list.compactMap { $0 as? String }
+        guard names.count == list.count,
+              names.allSatisfy({ (1...maxClassNameCharacters).contains($0.unicodeScalars.count) })
+        else {
+            throw ProvisioningError(
+                "own_classes[\"\(tier)\"]: a class name is a string of 1...\(maxClassNameCharacters) characters")
+        }
+        guard Set(names).count == names.count else {
+            throw ProvisioningError("own_classes[\"\(tier)\"] names a class twice")
+        }
+        return names
     }
 
     private static func string(_ value: Any, _ name: String) throws -> String {

@@ -8,7 +8,8 @@ import Foundation
 ///     root/.staging-<uuid>/      an update being written (deleted when it fails)
 ///
 /// `install` verifies the signature under the pinned key, refuses a rollback (`ManifestUpdate`),
-/// copies the artifacts `wanted` names from the source and checks each one against the signed
+/// copies the artifacts `wanted` names from the source (and, when one of them is a slot_margin tier's,
+/// the manifest's slot prototypes, which that tier gates by) and checks each file against the signed
 /// manifest (sha256 and size, or an .mlpackage's tree digest) before switching. The bundled export
 /// takes the same path, so a bundled model older than an installed update is refused too.
 /// Counterparts: harmony-core `update.ModelStore`, harmony_mobile/device/model_store.py.
@@ -19,13 +20,32 @@ public struct ModelStore: Sendable {
     /// Where artifacts come from: the app bundle's export, the server (`GET /v1/artifacts/{path}`), or
     /// another host the export is published on. It
     /// writes `artifact` (a file, or an .mlpackage directory whose files the verified `manifest` lists)
-    /// to `destination`.
+    /// to `destination`. The slot prototypes come the same way, as a plain file of format
+    /// `SlotPrototypesEntry.artifactFormat` at the entry's path.
     public typealias ArtifactSource = @Sendable (_ artifact: Artifact, _ manifest: Manifest, _ destination: URL) throws -> Void
 
     public struct Installed: Sendable {
         public let manifest: Manifest
         public let directory: URL
         public let version: InstalledVersion
+        /// The manifest's slot prototypes beside the artifacts, checked against the signed manifest;
+        /// nil when no installed artifact is a slot_margin tier's.
+        public let slotPrototypes: URL?
+
+        /// The HMFT bytes a slot_margin tier gates by (`SlotGatePolicy.fromPrototypes`), checked
+        /// against the signed manifest once more as they are read, as an artifact is before it loads;
+        /// nil for a max_softmax tier.
+        public func slotPrototypesData(for tier: TierEntry) throws -> Data? {
+            guard tier.exitRule == .slotMargin else { return nil }
+            guard let entry = manifest.slotPrototypes, let slotPrototypes else {
+                throw ManifestError("tier \(tier.name) exits by slot_margin, but its slot prototypes are not installed")
+            }
+            let data = try Data(contentsOf: slotPrototypes)
+            guard Int64(data.count) == entry.size, ManifestUpdate.sha256(data) == entry.sha256 else {
+                throw ManifestError("\(entry.path): does not match the manifest's sha256 and size")
+            }
+            return data
+        }
     }
 
     private struct Pointer: Codable {
@@ -54,7 +74,7 @@ public struct ModelStore: Sendable {
         return InstalledVersion(manifestVersion: pointer.manifestVersion, manifestSha256: pointer.manifestSha256)
     }
 
-    /// The export in use, its manifest re-verified; artifacts are verified when loaded.
+    /// The export in use, its manifest and slot prototypes re-verified; artifacts are verified when loaded.
     public func current() throws -> Installed? {
         guard let pointer = try pointer() else { return nil }
         guard !pointer.directory.contains("..") else { throw ManifestError("current.json points outside the store") }
@@ -67,7 +87,28 @@ public struct ModelStore: Sendable {
         guard manifest.version == version.manifestVersion, ManifestUpdate.sha256(bytes) == version.manifestSha256 else {
             throw ManifestError("the installed manifest is not the one current.json names")
         }
-        return Installed(manifest: manifest, directory: directory, version: version)
+        let prototypes = Self.slotPrototypesFile(of: manifest, in: directory)
+        if prototypes != nil, let entry = manifest.slotPrototypes {
+            // re-verified as the manifest is: bit rot shows here, not as wrong local answers
+            try ManifestVerifier.verifyArtifact(entry.artifact, in: directory)
+        }
+        return Installed(manifest: manifest, directory: directory, version: version, slotPrototypes: prototypes)
+    }
+
+    /// The slot prototypes in an installed version's directory; nil when the install fetched none (no
+    /// artifact it fetched is a slot_margin tier's).
+    private static func slotPrototypesFile(of manifest: Manifest, in directory: URL) -> URL? {
+        guard let entry = manifest.slotPrototypes else { return nil }
+        let url = directory.appendingPathComponent(entry.path)
+        return FileManager.default.fileExists(atPath: url.path) ? url : nil
+    }
+
+    /// The artifacts `wanted` picks, and the slot prototypes when one of them is a slot_margin tier's.
+    private static func filesToFetch(_ wanted: [Artifact], of manifest: Manifest) -> [Artifact] {
+        let gated = manifest.tiers.filter { $0.exitRule == .slotMargin }
+        let needsPrototypes = gated.contains { tier in tier.artifacts.contains { wanted.contains($0) } }
+        guard needsPrototypes, let prototypes = manifest.slotPrototypes else { return wanted }
+        return wanted + [prototypes.artifact]
     }
 
     /// Installs a signed manifest and the artifacts `wanted` picks when it is an update; nil when it is
@@ -88,7 +129,7 @@ public struct ModelStore: Sendable {
             try files.createDirectory(at: staging, withIntermediateDirectories: true)
             try manifestBytes.write(to: staging.appendingPathComponent(ManifestVerifier.manifestFile), options: .atomic)
             try signatureFile.write(to: staging.appendingPathComponent(verifier.signatureFileName), options: .atomic)
-            for artifact in wanted(manifest) {
+            for artifact in Self.filesToFetch(wanted(manifest), of: manifest) {
                 guard ManifestVerifier.isSafeRelativePath(artifact.path) else {
                     throw ManifestError("\(artifact.path): unsafe path in manifest")
                 }
@@ -109,7 +150,9 @@ public struct ModelStore: Sendable {
         where old.lastPathComponent != String(manifest.version) {
             try? files.removeItem(at: old)
         }
-        return Installed(manifest: manifest, directory: target, version: version)
+        return Installed(
+            manifest: manifest, directory: target, version: version,
+            slotPrototypes: Self.slotPrototypesFile(of: manifest, in: target))
     }
 
     private func pointer() throws -> Pointer? {
