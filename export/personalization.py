@@ -274,14 +274,12 @@ def _head_difference(head: bytes, part: TrainedPart, hidden: torch.Tensor, param
 DEFAULT_LEARNING_RATE = 0.01  # 0.05 made SGD on the resnet tiers' exit features (up to ~140) unstable
 
 
-def calibration_target(
-    algorithm: str, algorithm_config: dict | None, recorded_rule: str | None = None
-) -> float | None:
-    """The local-exit accuracy target the run calibrated tau with (None: its algorithm does not
-    calibrate a max-softmax threshold)."""
-    from harmony_mobile.algorithms.registry import exit_gate
+def calibration_target(info) -> float | None:
+    """The local-exit accuracy target the run (its `run_dir.RunInfo`) calibrated tau with (None: its
+    algorithm does not calibrate a max-softmax threshold)."""
+    from harmony_mobile.algorithms.registry import run_exit_gate
 
-    rule, target = exit_gate(algorithm, algorithm_config, recorded_rule)
+    rule, target = run_exit_gate(info)
     return target if rule == "max_softmax" else None
 
 

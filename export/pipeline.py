@@ -143,10 +143,9 @@ SHIPPED_EXIT_RULES = ("max_softmax", "slot_margin")  # the scores the manifest a
 
 def run_exit_rule(run: RunDir) -> str:
     """The score the run's phones exit by (its method's, or the run's `exit_rule`)."""
-    from harmony_mobile.algorithms.registry import exit_gate
+    from harmony_mobile.algorithms.registry import run_exit_gate
 
-    info = run.info
-    return exit_gate(info.algorithm, info.train_config.get("algorithm_config"), info.exit_rule)[0]
+    return run_exit_gate(run.info)[0]
 
 
 def check_exit_rule(run: RunDir) -> None:
@@ -366,9 +365,7 @@ def export_personalization(run: RunDir, tier: Tier, inputs: TierInputs, director
     build = personalization.build_personalization(
         front_end, tuple(tier.input_shape), run.info.num_classes, max_batch, inputs.calibration
     )
-    target = personalization.calibration_target(
-        run.info.algorithm, run.info.train_config.get("algorithm_config"), run.info.exit_rule
-    )
+    target = personalization.calibration_target(run.info)
     entry = personalization.write_personalization(build, directory, f"{TIERS_DIR}/{tier.name}", target)
     row = {
         "scope": entry.scope,

@@ -92,6 +92,12 @@ def exit_gate(
     return rule, float(target) if target is not None else None
 
 
+def run_exit_gate(info: Any) -> tuple[str, float | None]:
+    """`exit_gate` of a saved run, from its run.json (`run_dir.RunInfo`): its method, its config and
+    the rule it recorded."""
+    return exit_gate(info.algorithm, info.train_config.get("algorithm_config"), info.exit_rule)
+
+
 def _rule_of_an_unrecorded_run(algorithm: Algorithm, config: dict[str, Any] | None) -> str:
     if isinstance(algorithm, Harmony) and not (config or {}).get("exit_rule"):
         return "max_softmax"

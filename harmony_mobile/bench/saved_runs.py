@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from harmony_mobile import training
-from harmony_mobile.algorithms.registry import exit_gate
+from harmony_mobile.algorithms.registry import run_exit_gate
 from harmony_mobile.data.partition import Partition
 from harmony_mobile.evaluation import BackendWithSlots
 from harmony_mobile.federation.client import Client
@@ -49,7 +49,7 @@ def load_finished_run(path: str | Path) -> FinishedRun:
         client.threshold = artifact.threshold
     loaded = run.backend()
     served = BackendWithSlots(loaded.backend.eval(), loaded.slot_table.tokens)
-    exit_rule = exit_gate(config.algorithm, config.algorithm_config, run.info.exit_rule)[0]
+    exit_rule = run_exit_gate(run.info)[0]
     if exit_rule == "slot_margin":  # the gate as training made it (the thresholds are the artifacts')
         gates = slot_gates(served.backend, served.slot_tokens, loaded.replay, clients)
         for client, gate in zip(clients, gates, strict=True):

@@ -109,9 +109,9 @@ def personalize_on_device(
 def calibration_target(info: RunInfo) -> float:
     """The local-exit accuracy target training calibrated tau with: the run's algorithm config
     (`calibration_target`, its default when the run did not override it)."""
-    from harmony_mobile.algorithms.registry import exit_gate
+    from harmony_mobile.algorithms.registry import run_exit_gate
 
-    rule, target = exit_gate(info.algorithm, info.train_config.get("algorithm_config"), info.exit_rule)
+    rule, target = run_exit_gate(info)
     if target is None or rule not in EXIT_RULES:
         raise DemoError(
             f"algorithm {info.algorithm!r} does not calibrate a threshold on a score the device "
