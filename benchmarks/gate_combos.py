@@ -1,5 +1,5 @@
-"""Evaluation-only screening: does combining the slot margin with the exit's own confidence gate
-better than the slot margin alone? Over a benchmark's finished HARMONY runs, each phone's
+"""Evaluation-only screening: does combining the slot margin with the exit's own confidence, or
+the softmax mass on the phone's own slots, gate better than the slot margin alone? Over a benchmark's finished HARMONY runs, each phone's
 accuracy-vs-fallback curve for candidate scores computed on the phone from what it holds (its exit
 logits, the server's slot prototypes, which slots are its own and which class each own slot is);
 validation picks, test confirms. Nothing is retrained; the runs' files must be on disk.
@@ -23,6 +23,7 @@ from harmony_mobile.bench.saved_runs import load_finished_run
 from harmony_mobile.evaluation import client_answers
 
 WEIGHTS = (0.1, 0.25, 0.5, 1.0)
+TEMPERATURES = (0.05, 0.1)
 SHOWN = (0.1, 0.2, 0.3, 0.5)
 OWN_SLOT_CLASS: dict[int, torch.Tensor] = {}  # id(SlotGate) -> exit index of each slot
 
@@ -43,6 +44,10 @@ def candidate_scores(exit_logits, features, prototypes) -> dict:
         "slot_margin": margin,
         "margin, disagreeing last": margin - 4 * disagree,
     }
+    for temperature in TEMPERATURES:  # the softmax mass the phone's own slots take among all slots
+        logits = (cosine / temperature).masked_fill(~present, float("-inf"))
+        own_mass = logits.softmax(dim=1).masked_fill(~gate.own_slots, 0.0).sum(dim=1)
+        scores[f"own-slot mass, T {temperature}"] = own_mass
     for w in WEIGHTS:
         scores[f"margin + {w} max_softmax"] = margin + w * max_softmax
         scores[f"margin + {w} log max_softmax"] = margin + w * max_softmax.clamp_min(1e-6).log()
@@ -112,7 +117,7 @@ def main() -> None:
     for path in sorted(args.runs_under.glob(f"*/{args.method}/seed-*")):
         studied.setdefault(path.parent.parent.name, []).append(study(path))
     lines = [
-        "# Slot margin combined with the exit's confidence (evaluation only)",
+        "# Slot margin against its combinations and the own-slot softmax mass (evaluation only)",
         "",
         f"`python benchmarks/gate_combos.py --runs-under {args.runs_under} --method {args.method}` over "
         f"the saved `{args.method}` runs; accuracy with OOD (mean of p = 0.2 and 0.5) when each phone "
