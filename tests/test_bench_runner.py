@@ -20,6 +20,7 @@ from harmony_mobile.bench.runner import (
     run_one,
     same_training,
     train_config,
+    training_twins,
 )
 
 TINY = {
@@ -772,3 +773,47 @@ def test_a_harmony_record_from_before_the_slot_gate_was_its_default_is_not_read_
     assert not is_recorded_run(record, config.model_dump(), algorithm_settings("harmony", {}))
     del record["algorithm_settings"]["exit_rule"]  # older still: before the setting existed
     assert not is_recorded_run(record, config.model_dump(), algorithm_settings("harmony", {}))
+
+
+def test_a_run_that_differs_only_in_its_exit_rule_is_its_twins_training_evaluated_again(serial, tmp_path):
+    """harmony-max-softmax trains exactly what harmony trains: the benchmark evaluates harmony's
+    files by max softmax instead of training again, and gets what training it would have given."""
+    _, serial_results, _ = serial
+    picked = {"harmony": serial_results["method_configs"]["harmony"]}
+    profile = BenchProfile(
+        **{**TINY, "methods": ["harmony", "harmony-max-softmax"], "tuning": None, "algorithm_config": picked}
+    )
+    lines: list[str] = []
+    results = run_benchmark(profile, tmp_path / "twins", log=lines.append, jobs=2)
+    harmony, twin = results["runs"]
+    assert twin["method"] == "harmony-max-softmax" and "trained_by" not in harmony
+    assert twin["trained_by"] == {"method": "harmony", "cpu_seconds": harmony["cpu_seconds"]}
+    assert twin["cpu_seconds"] < harmony["cpu_seconds"]  # an evaluation, not a training
+    assert trained_methods(lines) == ["harmony", "harmony-max-softmax"]  # the twin after its training
+    assert twin["gates"]["exit_rule"] == "max_softmax" and harmony["gates"]["exit_rule"] == "slot_margin"
+    spec = evaluation_specs(profile, {})[1]
+    trained = run_one(spec, profile.train, tmp_path / "trained")  # the same run trained, not evaluated
+    assert "trained_by" not in trained
+    assert comparable(twin) == comparable(trained)
+    assert twin["thresholds"] == trained["thresholds"] and twin["round_metrics"] == trained["round_metrics"]
+
+
+def test_only_runs_that_train_the_same_weights_are_twins():
+    setting = BenchProfile(**TINY).settings[0]
+
+    def spec(method, seed=0, keeps_files=False, **config):
+        return RunSpec("eval", setting, method, seed, 1, config, keeps_files=keeps_files)
+
+    specs = [
+        spec("harmony"),
+        spec("harmony-max-softmax"),  # the exit rule only: a twin
+        spec("harmony", calibration_target=0.9),  # the calibration only: a twin
+        spec("harmony-fixed-depth"),  # trains otherwise
+        spec("harmony-max-softmax", seed=1),  # another seed
+        spec("harmony", seed=1, keeps_files=True),  # the report reads its files: trained itself
+        spec("splitgp"),
+        spec("splitgp", exit_rule="slot_margin"),  # SplitGP gated by the slot margin: a twin
+        spec("fedavg"),
+        spec("fedavg", lr=0.01),
+    ]
+    assert training_twins(specs) == {1: 0, 2: 0, 7: 6}

@@ -32,6 +32,7 @@ from harmony_mobile import training
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.bench.hooks import BenchObserver, RunExtras, UplinkCounter
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Budget, Setting, repo_relative
+from harmony_mobile.bench.saved_runs import evaluate_saved_run
 from harmony_mobile.bench.stats import sum_known
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.run_dir import RunDir
@@ -89,10 +90,13 @@ def run_one(
     data_root: str | None = None,
     resume: bool = False,
     code: dict | None = None,
+    trained_by: Path | None = None,
 ) -> dict:
     """Train one run and return its record (also written to RUN/bench.json). With `resume`, a
     finished run of the same configuration is read back instead; anything else there is redone.
-    `code`: the version the caller loaded (a commit made while runs train must not relabel them)."""
+    `code`: the version the caller loaded (a commit made while runs train must not relabel them).
+    `trained_by`: a finished run that trained exactly this one's weights (`training_twins`): when
+    its files are there, this run is that run evaluated by its own exit rule, not trained again."""
     config = train_config(spec, shared, data_root)
     settings = algorithm_settings(spec.method, config.algorithm_config)
     run_path = spec.path(work_dir)
@@ -104,22 +108,38 @@ def run_one(
             return {**record, "reused": True}
     if run_path.exists():
         shutil.rmtree(run_path)
-    counter, extras = UplinkCounter(), RunExtras()
-    started, cpu_started = time.perf_counter(), time.process_time()
-    observer = BenchObserver(counter, extras, spec.seed)
-    results = training.train(config, run_path, show_progress=False, observer=observer)
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    train_samples = sum(len(c.train_idx) for c in RunDir(run_path).clients())
-    record = {
+    if trained_by is not None and _finished_with_record(trained_by):
+        record = _evaluated_twin(spec, config, trained_by, code)
+    else:
+        record = _trained(spec, config, run_path, code)
+    record["algorithm_settings"] = settings
+    run_path.mkdir(parents=True, exist_ok=True)
+    record_file.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def _record_head(spec: RunSpec, config: training.TrainConfig, code: dict | None) -> dict:
+    return {
         "stage": spec.stage,
         "setting": spec.setting.name,
         "method": spec.method,
         "seed": spec.seed,
         "trial": spec.trial,
         "train_config": config.model_dump(),
-        "algorithm_settings": settings,
         "code": code or code_version(),  # a profile resumed across commits says which made each run
         "cpu": cpu_info(),  # and across machines, which CPU
+    }
+
+
+def _trained(spec: RunSpec, config: training.TrainConfig, run_path: Path, code: dict | None) -> dict:
+    counter, extras = UplinkCounter(), RunExtras()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    observer = BenchObserver(counter, extras, spec.seed)
+    results = training.train(config, run_path, show_progress=False, observer=observer)
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    train_samples = sum(len(c.train_idx) for c in RunDir(run_path).clients())
+    return {
+        **_record_head(spec, config, code),
         "wall_seconds": wall,
         "cpu_seconds": cpu,  # on a shared machine closer to the run's own cost than wall time
         "summary": results["summary"],
@@ -129,14 +149,52 @@ def run_one(
         "upload_bytes_per_sample": counter.total() / train_samples,
         "thresholds": results.get("thresholds", {}),
         "privacy": results.get("privacy", {}),  # label DP / feature DP settings and their accounting
+        **_extra_metrics(extras),
+        "round_metrics": _round_metrics(run_path),
+    }
+
+
+def _extra_metrics(extras: RunExtras) -> dict:
+    return {
         "validation": extras.validation,
         "unseen": extras.unseen,
         "per_tier": extras.per_tier,
         "gates": extras.gates,
-        "round_metrics": _round_metrics(run_path),
     }
-    record_file.write_text(json.dumps(record, indent=1))
-    return record
+
+
+# What a training twin shares with the run that trained its weights: everything training decided.
+TRAINING_FIELDS = ("uplink", "train_samples", "upload_bytes_per_sample", "privacy", "round_metrics")
+
+
+def _evaluated_twin(spec: RunSpec, config: training.TrainConfig, trained_by: Path, code: dict | None) -> dict:
+    """The record of `trained_by`'s weights evaluated by `spec`'s exit rule; its time is the
+    evaluation's alone (what the run cost), the training's is the other run's."""
+    algorithm = build_algorithm(spec.method, config.algorithm_config)
+    trained = json.loads((trained_by / RECORD).read_text())
+    extras = RunExtras()
+    started, cpu_started = time.perf_counter(), time.process_time()
+    observer = BenchObserver(UplinkCounter(), extras, spec.seed)
+    results = evaluate_saved_run(
+        trained_by, algorithm.exit_rule, algorithm.config.calibration_target, observer
+    )
+    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    return {
+        **_record_head(spec, config, code),
+        "wall_seconds": wall,
+        "cpu_seconds": cpu,
+        "summary": results["summary"],
+        "mean": results["mean"],
+        **{key: trained[key] for key in TRAINING_FIELDS},
+        "thresholds": results["thresholds"],
+        **_extra_metrics(extras),
+        "trained_by": {"method": trained["method"], "cpu_seconds": trained["cpu_seconds"]},
+    }
+
+
+def _finished_with_record(run_path: Path) -> bool:
+    """A run whose files and record are both there (training writes final_metrics.json last)."""
+    return (run_path / RECORD).is_file() and (run_path / "final_metrics.json").is_file()
 
 
 def algorithm_settings(method: str, algorithm_config: dict | None) -> dict:
@@ -196,10 +254,48 @@ def exit_with_parent(parent: int) -> None:
 
 
 def _run_in_worker(
-    spec: RunSpec, shared: dict, work_dir: Path, data_root: str | None, resume: bool, code: dict
+    spec: RunSpec,
+    shared: dict,
+    work_dir: Path,
+    data_root: str | None,
+    resume: bool,
+    code: dict,
+    trained_by: Path | None = None,
 ) -> dict:
     torch.set_num_threads(1)
-    return run_one(spec, shared, work_dir, data_root, resume, code)
+    return run_one(spec, shared, work_dir, data_root, resume, code, trained_by)
+
+
+# Settings that decide only how a trained run is evaluated (its exit gate), never its weights.
+EVALUATION_ONLY_SETTINGS = ("exit_rule", "calibration_target")
+
+
+def training_key(spec: RunSpec) -> str | None:
+    """What a split run's weights depend on besides the shared settings: two specs with the same key
+    train the same weights (the bench's lineage follows the seed, so even the label tokens agree).
+    None for a method without a back-end: it has no gate to evaluate it by."""
+    algorithm = build_algorithm(spec.method, spec.algorithm_config)
+    if not algorithm.uses_split:
+        return None
+    settings = algorithm.config.model_dump(mode="json", exclude=set(EVALUATION_ONLY_SETTINGS))
+    where = [spec.stage, spec.setting.name, spec.seed, spec.rounds, type(algorithm).__name__]
+    return json.dumps([where, settings], sort_keys=True)
+
+
+def training_twins(specs: list[RunSpec]) -> dict[int, int]:
+    """Index of each spec that trains exactly what an earlier spec trains -> that spec's index: the
+    benchmark evaluates the earlier run's files by the twin's exit rule instead of training them
+    again. A run whose files the report reads is never a twin (a twin has no files of its own)."""
+    first: dict[str, int] = {}
+    twins = {}
+    for index, spec in enumerate(specs):
+        key = training_key(spec)
+        if key is None:
+            continue
+        if key in first and not spec.keeps_files:
+            twins[index] = first[key]
+        first.setdefault(key, index)
+    return twins
 
 
 def execute(
@@ -211,12 +307,18 @@ def execute(
     jobs: int,
     log: Callable[[str], None],
 ) -> list[dict]:
-    """Run every spec (in `jobs` worker processes when jobs > 1); records in the order of `specs`."""
+    """Run every spec (in `jobs` worker processes when jobs > 1); records in the order of `specs`.
+    Training twins (`training_twins`) run after everything else, from their twin's files."""
     started = time.perf_counter()
     code = code_version()
     records: list[dict | None] = [None] * len(specs)
+    twins = training_twins(specs)
+    done = 0
 
-    def report(index: int, record: dict, done: int) -> None:
+    def report(index: int, record: dict) -> None:
+        nonlocal done
+        done += 1
+        records[index] = record
         val = record.get("validation", {}).get("accuracy_with_ood", float("nan"))
         how = "reused" if record.get("reused") else f"{record['wall_seconds']:.0f} s"
         log(
@@ -225,23 +327,26 @@ def execute(
             f"total {time.perf_counter() - started:.0f} s"
         )
 
+    passes = [[i for i in range(len(specs)) if i not in twins], list(twins)]
+    for indices in passes:
+        jobs_of = {i: (specs[i], shared, work_dir, data_root, resume, code) for i in indices}
+        for i in set(indices) & set(twins):
+            jobs_of[i] += (specs[twins[i]].path(work_dir),)
+        _run_jobs(jobs_of, jobs, report)
+    return records
+
+
+def _run_jobs(jobs_of: dict[int, tuple], jobs: int, report: Callable[[int, dict], None]) -> None:
     if jobs <= 1:
-        for index, spec in enumerate(specs):
-            records[index] = run_one(spec, shared, work_dir, data_root, resume, code)
-            report(index, records[index], index + 1)
-        return records
+        for index, args in jobs_of.items():
+            report(index, run_one(*args))
+        return
     # spawn: a fresh interpreter per worker (no forked torch thread pools)
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(jobs, spawn, initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
-        futures = {
-            pool.submit(_run_in_worker, spec, shared, work_dir, data_root, resume, code): index
-            for index, spec in enumerate(specs)
-        }
-        for done, future in enumerate(as_completed(futures), start=1):
-            index = futures[future]
-            records[index] = future.result()
-            report(index, records[index], done)
-    return records
+        futures = {pool.submit(_run_in_worker, *args): index for index, args in jobs_of.items()}
+        for future in as_completed(futures):
+            report(futures[future], future.result())
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 
 from harmony_mobile import training
+from harmony_mobile.algorithms.base import calibrate_client
 from harmony_mobile.algorithms.registry import run_exit_gate
 from harmony_mobile.data.partition import Partition
-from harmony_mobile.evaluation import BackendWithSlots
+from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting, client_answers, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.slot_gate import slot_gates
 from harmony_mobile.run_dir import RunDir
@@ -57,3 +58,42 @@ def load_finished_run(path: str | Path) -> FinishedRun:
     return FinishedRun(
         clients, served, dataset.images, dataset.labels, partition, config.seed, exit_rule, loaded.replay
     )
+
+
+def evaluate_saved_run(
+    path: str | Path,
+    exit_rule: str,
+    calibration_target: float,
+    observer: training.TrainObserver | None = None,
+) -> dict:
+    """A finished split run's final evaluation once more, its phones gated by `exit_rule` and
+    their thresholds calibrated to `calibration_target` on their validation samples, as training
+    ends: what a run that trained the same way but exits by another rule reports, without training
+    it again. `observer` gets the evaluation as training's would (the benchmark's extra metrics)."""
+    run = load_finished_run(path)
+    if run.served is None or run.replay is None:
+        raise ValueError(f"{path} is not a split run: there is no gate to evaluate it by")
+    if exit_rule == "slot_margin":
+        backend, tokens = run.served.backend, run.served.slot_tokens
+        training.gate_clients(run.clients, backend, tokens, run.replay, calibration_target)
+    else:
+        for client in run.clients:
+            client.slot_gate = None
+            calibrate_client(client, calibration_target, exit_rule)
+    setting = EvaluationSetting(run.images, run.labels, run.partition, run.seed, exit_rule)
+    answers = client_answers(run.clients, run.served, run.images)
+    results = evaluate(run.clients, run.served, setting, answers)
+    if observer is not None:
+        observer.after_evaluate(
+            run.clients,
+            run.served,
+            run.images,
+            run.labels,
+            run.partition,
+            results,
+            exit_rule,
+            answers,
+            run.replay,
+        )
+    results["thresholds"] = {client.name: client.threshold for client in run.clients}
+    return results
