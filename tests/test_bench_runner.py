@@ -796,6 +796,9 @@ def test_a_run_that_differs_only_in_its_exit_rule_is_its_twins_training_evaluate
     assert "trained_by" not in trained
     assert comparable(twin) == comparable(trained)
     assert twin["thresholds"] == trained["thresholds"] and twin["round_metrics"] == trained["round_metrics"]
+    text = write_bench_report(results, tmp_path / "report").read_text()
+    assert "1 of the runs train exactly what another run trains" in text
+    assert "`harmony-max-softmax` from `harmony` (1)" in text
 
 
 def test_only_runs_that_train_the_same_weights_are_twins():

@@ -809,7 +809,22 @@ def time_line(results: dict) -> str:
     text += _goal_clause(
         results, (wall if cpu is None else cpu) / 60 / jobs, cpu is not None, evaluation_only
     )
-    return text + "." + (" " + studies_time_line(results, jobs) if evaluation_only else "")
+    return (
+        text + "." + _twins_line(runs) + (" " + studies_time_line(results, jobs) if evaluation_only else "")
+    )
+
+
+def _twins_line(runs: list[dict]) -> str:
+    """Runs that trained nothing: another run's weights evaluated by their own exit gate."""
+    twins = Counter(
+        f"`{run['method']}` from `{run['trained_by']['method']}`" for run in runs if run.get("trained_by")
+    )
+    if not twins:
+        return ""
+    return (
+        f" {sum(twins.values())} of the runs train exactly what another run trains and differ only in their "
+        f"exit gate, so they are that run's files evaluated again ({_tally(twins)}): their time is the evaluation's."
+    )
 
 
 def _goal_clause(results: dict, minutes: float, on_cpu: bool, evaluation_only: bool) -> str:
