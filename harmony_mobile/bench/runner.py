@@ -6,7 +6,9 @@ Every run writes its record (RUN/bench.json) as soon as it finishes, so an inter
 continues with `resume`: finished runs are read back, a run killed half-way (no record) is redone
 from scratch. Runs are independent (each builds its own data, partition and models from the
 seed), so `jobs` > 1 runs them in that many worker processes, each with one torch thread; the
-numbers are the same as with `jobs` = 1.
+numbers are the same as with `jobs` = 1. A run that trains exactly what another run of the
+profile trains and differs only in its exit gate (`harmony-max-softmax` beside `harmony`) is not
+trained again: it is the other run's files evaluated by its own gate (`training_twins`).
 """
 
 from __future__ import annotations
