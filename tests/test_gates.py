@@ -219,3 +219,16 @@ def test_the_report_compares_harmonys_gate_scores_on_validation_and_test():
         newer["curve"] = newer["curve"] | {"slot_margin": newer["curve"]["prototype"]}
     text = "\n".join(gate_score_table({"runs": runs}, "s"))
     assert "| prototype | test |" in text and "slot_margin" not in text
+
+
+def test_a_study_that_names_no_split_baseline_states_only_the_server_only_target():
+    from harmony_mobile.bench.gate_report import curve_target_lines, curve_targets
+
+    runs = [fake_run("harmony", s, 0.2) for s in range(3)]
+    for baselines in ([], ["fedavg"]):  # none, or none with a back-end
+        entry = curve_targets(runs, "harmony", baselines)
+        assert not entry["above"]["named"]
+        lines = curve_target_lines("s", "harmony", entry, {True: "met", False: "not met"})
+        assert len(lines) == 1 and "below its back-end answering everything" in lines[0]
+    entry = curve_targets(runs, "harmony", ["multi-exit"])  # named, not run: still a verdict
+    assert len(curve_target_lines("s", "harmony", entry, {True: "met", False: "not met"})) == 2
