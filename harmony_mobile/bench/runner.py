@@ -339,6 +339,8 @@ def execute(
 
 
 def _run_jobs(jobs_of: dict[int, tuple], jobs: int, report: Callable[[int, dict], None]) -> None:
+    if not jobs_of:  # e.g. no twins: no worker processes to start
+        return
     if jobs <= 1:
         for index, args in jobs_of.items():
             report(index, run_one(*args))
