@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -62,17 +63,20 @@ def slot_gates_knowing_classes(backend, slot_tokens, replay, clients):
 
 
 SLOT_GATES = gates.slot_gates
-# the study harness computes its scores through these two names: the candidates replace them
-gates.gate_scores = candidate_scores
-gates.slot_gates = slot_gates_knowing_classes
 
 
 def study(path: Path) -> dict:
+    """The study harness's curves of one run, its scores the candidates: it computes them through
+    these two names, replaced for this call only."""
     run = load_finished_run(path)
     answers = client_answers(run.clients, run.served, run.images)
-    return gates.gate_studies(
-        answers, run.served, run.labels, run.partition, run.seed, run.exit_rule, run.replay
-    )
+    with (
+        mock.patch.object(gates, "gate_scores", candidate_scores),
+        mock.patch.object(gates, "slot_gates", slot_gates_knowing_classes),
+    ):
+        return gates.gate_studies(
+            answers, run.served, run.labels, run.partition, run.seed, run.exit_rule, run.replay
+        )
 
 
 def mean_curves(runs: list[dict], on: str) -> tuple[dict, dict, float]:

@@ -52,3 +52,36 @@ def test_the_study_needs_a_report_folder_and_finished_runs(tmp_path, capsys):
         with mock.patch.object(sys, "argv", ["gate_study.py", *argv]), pytest.raises(SystemExit):
             script.main()
         assert message in capsys.readouterr().err
+
+
+def test_gate_combos_scores_its_candidates_and_leaves_the_harness_as_it_was(work_folder, tmp_path):
+    """The combination study computes the harness's own slot_margin and max_softmax curves among its
+    candidates, and the harness scores by its own gates again afterwards."""
+    from harmony_mobile.bench import gates
+
+    script = load_script(REPO_ROOT / "benchmarks/gate_combos.py")
+    run = work_folder / "tiny" / "harmony" / "seed-0"
+    argv = [
+        "gate_combos.py",
+        "--runs-under",
+        str(work_folder),
+        "--method",
+        "harmony",
+        "--report",
+        str(tmp_path),
+    ]
+    with mock.patch.object(sys, "argv", argv):
+        script.main()
+    assert gates.gate_scores is not script.candidate_scores and gates.slot_gates is script.SLOT_GATES
+    combos = json.loads((tmp_path / "study.json").read_text())["tiny"][0]
+    gate_study = load_script(GATE_STUDY).study_run(run)
+    for on in ("val", "test"):
+        for p in ("p=0.2", "p=0.5"):
+            mine, harness = combos[on][p]["curve"], gate_study[on][p]["curve"]
+            assert mine["slot_margin"] == harness["slot_margin"]
+            assert mine["max_softmax"] == harness["max_softmax"]
+            assert {"margin + 0.25 max_softmax", "own-slot mass, T 0.05", "margin, disagreeing last"} <= set(
+                mine
+            )
+    report = (tmp_path / "report.md").read_text()
+    assert "## tiny (1 seeds)" in report and "| own-slot mass, T 0.1 |" in report
