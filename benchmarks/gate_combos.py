@@ -119,6 +119,8 @@ def main() -> None:
     torch.set_num_threads(1)
     studied = {}
     for path in sorted(args.runs_under.glob(f"*/{args.method}/seed-*")):
+        if not (path / "final_metrics.json").is_file():
+            continue  # unfinished, or a training twin's record without files of its own
         studied.setdefault(path.parent.parent.name, []).append(study(path))
     lines = [
         "# Slot margin against its combinations and the own-slot softmax mass (evaluation only)",

@@ -787,7 +787,7 @@ def test_a_run_that_differs_only_in_its_exit_rule_is_its_twins_training_evaluate
     results = run_benchmark(profile, tmp_path / "twins", log=lines.append, jobs=2)
     harmony, twin = results["runs"]
     assert twin["method"] == "harmony-max-softmax" and "trained_by" not in harmony
-    assert twin["trained_by"] == {"method": "harmony", "cpu_seconds": harmony["cpu_seconds"]}
+    assert twin["trained_by"] == {key: harmony[key] for key in ("method", "cpu_seconds", "code", "cpu")}
     assert twin["cpu_seconds"] < harmony["cpu_seconds"]  # an evaluation, not a training
     assert trained_methods(lines) == ["harmony", "harmony-max-softmax"]  # the twin after its training
     assert twin["gates"]["exit_rule"] == "max_softmax" and harmony["gates"]["exit_rule"] == "slot_margin"
@@ -795,10 +795,38 @@ def test_a_run_that_differs_only_in_its_exit_rule_is_its_twins_training_evaluate
     trained = run_one(spec, profile.train, tmp_path / "trained")  # the same run trained, not evaluated
     assert "trained_by" not in trained
     assert comparable(twin) == comparable(trained)
-    assert twin["thresholds"] == trained["thresholds"] and twin["round_metrics"] == trained["round_metrics"]
+    for key in ("thresholds", "round_metrics", "gates"):
+        assert twin[key] == trained[key], key
     text = write_bench_report(results, tmp_path / "report").read_text()
-    assert "1 of the runs train exactly what another run trains" in text
+    assert "1 of the runs trains exactly what another run trains" in text
     assert "`harmony-max-softmax` from `harmony` (1)" in text
+
+
+def test_a_slot_gated_twin_of_a_max_softmax_run_is_harmony_as_trained(serial, tmp_path):
+    """The other way round (the server's slot prototypes made from the saved back-end and replay
+    set), serially; read back on resume; and a twin whose run has no files trains itself."""
+    _, serial_results, _ = serial
+    picked = {"harmony": serial_results["method_configs"]["harmony"]}
+    profile = BenchProfile(
+        **{
+            **TINY,
+            "methods": ["harmony-max-softmax", "harmony"],
+            "tuning": None,
+            "algorithm_config": picked,
+            "pca": {"methods": []},  # the report would read harmony's files: it would train them
+        }
+    )
+    results = run_benchmark(profile, tmp_path / "reverse", log=[].append)
+    twin = results["runs"][1]
+    assert twin["method"] == "harmony" and twin["trained_by"]["method"] == "harmony-max-softmax"
+    trained = next(r for r in serial_results["runs"] if r["method"] == "harmony")
+    assert comparable(twin) == comparable(trained) and twin["gates"] == trained["gates"]
+    lines: list[str] = []
+    run_benchmark(profile, tmp_path / "reverse", log=lines.append, resume=True)
+    assert trained_methods(lines) == []  # both read back
+    spec = evaluation_specs(profile, {})[1]
+    alone = run_one(spec, profile.train, tmp_path / "alone", trained_by=tmp_path / "no-such-run")
+    assert "trained_by" not in alone and comparable(alone) == comparable(trained)
 
 
 def test_only_runs_that_train_the_same_weights_are_twins():

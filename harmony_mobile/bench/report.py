@@ -821,9 +821,12 @@ def _twins_line(runs: list[dict]) -> str:
     )
     if not twins:
         return ""
+    count = sum(twins.values())
+    verb = "trains" if count == 1 else "train"
     return (
-        f" {sum(twins.values())} of the runs train exactly what another run trains and differ only in their "
-        f"exit gate, so they are that run's files evaluated again ({_tally(twins)}): their time is the evaluation's."
+        f" {count} of the runs {verb} exactly what another run trains, differing only in how the exit "
+        f"gate is set, so they are that run's files evaluated again ({_tally(twins)}): their time is "
+        "the evaluation's."
     )
 
 

@@ -37,7 +37,7 @@ from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Budget, Settin
 from harmony_mobile.bench.saved_runs import evaluate_saved_run
 from harmony_mobile.bench.stats import sum_known
 from harmony_mobile.data.partition import ClientSplit, ood_test_indices
-from harmony_mobile.run_dir import RunDir
+from harmony_mobile.run_dir import RunDir, RunDirError
 
 RECORD = "bench.json"
 
@@ -110,9 +110,8 @@ def run_one(
             return {**record, "reused": True}
     if run_path.exists():
         shutil.rmtree(run_path)
-    if trained_by is not None and _finished_with_record(trained_by):
-        record = _evaluated_twin(spec, config, trained_by, code)
-    else:
+    record = _evaluated_twin(spec, config, trained_by, code) if trained_by is not None else None
+    if record is None:
         record = _trained(spec, config, run_path, code)
     record["algorithm_settings"] = settings
     run_path.mkdir(parents=True, exist_ok=True)
@@ -169,17 +168,26 @@ def _extra_metrics(extras: RunExtras) -> dict:
 TRAINING_FIELDS = ("uplink", "train_samples", "upload_bytes_per_sample", "privacy", "round_metrics")
 
 
-def _evaluated_twin(spec: RunSpec, config: training.TrainConfig, trained_by: Path, code: dict | None) -> dict:
+def _evaluated_twin(
+    spec: RunSpec, config: training.TrainConfig, trained_by: Path, code: dict | None
+) -> dict | None:
     """The record of `trained_by`'s weights evaluated by `spec`'s exit rule; its time is the
-    evaluation's alone (what the run cost), the training's is the other run's."""
+    evaluation's alone (what the run cost), the training's is the other run's. None when those
+    weights cannot be read (no files, as in a fresh checkout, or files another checkout made
+    whose tiers file is gone): then the run trains itself."""
+    if not _finished_with_record(trained_by):
+        return None
     algorithm = build_algorithm(spec.method, config.algorithm_config)
     trained = json.loads((trained_by / RECORD).read_text())
     extras = RunExtras()
     started, cpu_started = time.perf_counter(), time.process_time()
     observer = BenchObserver(UplinkCounter(), extras, spec.seed)
-    results = evaluate_saved_run(
-        trained_by, algorithm.exit_rule, algorithm.config.calibration_target, observer
-    )
+    try:
+        results = evaluate_saved_run(
+            trained_by, algorithm.exit_rule, algorithm.config.calibration_target, observer
+        )
+    except (OSError, RunDirError):
+        return None
     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
     return {
         **_record_head(spec, config, code),
@@ -187,10 +195,11 @@ def _evaluated_twin(spec: RunSpec, config: training.TrainConfig, trained_by: Pat
         "cpu_seconds": cpu,
         "summary": results["summary"],
         "mean": results["mean"],
-        **{key: trained[key] for key in TRAINING_FIELDS},
+        **{key: trained.get(key) for key in TRAINING_FIELDS},
         "thresholds": results["thresholds"],
         **_extra_metrics(extras),
-        "trained_by": {"method": trained["method"], "cpu_seconds": trained["cpu_seconds"]},
+        # the weights' provenance: the commit and CPU that trained them (their rounding is theirs)
+        "trained_by": {key: trained.get(key) for key in ("method", "cpu_seconds", "code", "cpu")},
     }
 
 

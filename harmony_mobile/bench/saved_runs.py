@@ -19,7 +19,7 @@ from harmony_mobile.data.partition import Partition
 from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting, client_answers, evaluate
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.slot_gate import slot_gates
-from harmony_mobile.run_dir import RunDir
+from harmony_mobile.run_dir import RunDir, RunDirError
 
 
 @dataclass
@@ -71,8 +71,8 @@ def evaluate_saved_run(
     ends: what a run that trained the same way but exits by another rule reports, without training
     it again. `observer` gets the evaluation as training's would (the benchmark's extra metrics)."""
     run = load_finished_run(path)
-    if run.served is None or run.replay is None:
-        raise ValueError(f"{path} is not a split run: there is no gate to evaluate it by")
+    if run.served is None or run.replay is None or not len(run.replay):
+        raise RunDirError(f"{path} has no back-end with a replay set: no gate to evaluate it by")
     if exit_rule == "slot_margin":
         backend, tokens = run.served.backend, run.served.slot_tokens
         training.gate_clients(run.clients, backend, tokens, run.replay, calibration_target)
