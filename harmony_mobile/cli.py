@@ -283,7 +283,9 @@ def _print_train_summary(train_config, run_dir: Path, results: dict) -> None:
 
 BenchProfileOption = Annotated[
     str,
-    typer.Option(help="quick | standard | full (benchmarks/configs/<name>.yaml) or a path to a profile YAML"),
+    typer.Option(
+        help="quick | fashion (the recurring benchmark) | standard | full | ... (benchmarks/configs/<name>.yaml) or a path to a profile YAML"
+    ),
 ]
 ExtendOption = Annotated[
     bool,
