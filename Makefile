@@ -54,6 +54,7 @@ bench-fashion: $(STAMP)
 	test -d $(FASHION_DIR) || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist
 	$(WRITE_BYTECODE) $(BIN)/harmony bench --profile fashion --jobs 2 --resume --work-dir benchmarks/results/fashion/work
 	$(WRITE_BYTECODE) $(BIN)/harmony bench --profile fashion-variants --jobs 2 --resume --work-dir benchmarks/results/fashion/work
+	$(WRITE_BYTECODE) $(BIN)/harmony bench --profile fashion-mechanisms --jobs 2 --resume --work-dir benchmarks/results/fashion/work
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
