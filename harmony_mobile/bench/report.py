@@ -361,7 +361,9 @@ METHOD_NOTES = """\
 - `harmony`: docs/ALGORITHM.md (simulated extractors: the meta-weights with weight noise and
   channel drop at a random split depth; the server's CE for a client a softmax over that client's
   own slots (restricted softmax), on features whose statistics it mixes across families (style
-  mixing); final personalization, max-softmax exit calibrated on val). Meta-adaptation's inner loop
+  mixing); final personalization; the phone exits by the slot margin, its nearest own slot
+  prototype against the nearest other, calibrated on val; `harmony-max-softmax` exits by max
+  softmax instead). Meta-adaptation's inner loop
   (`harmony-with-meta`) and supervised contrastive alignment over label-token slots
   (`harmony-with-contrastive`) are off by default and measured turned on.
   Each ablation turns off exactly one mechanism, same hyper-parameters otherwise (its one changed
