@@ -456,17 +456,36 @@ def finish_run(run: TrainingRun, history: list[dict], observer: TrainObserver | 
             run.clients, run.backend, server.slot_table.tokens, replay, algorithm.config.calibration_target
         )
     setting = EvaluationSetting(images, labels, run.partition, config.seed, algorithm.exit_rule)
-    answers = client_answers(run.clients, served, images)
-    results = evaluate(run.clients, served, setting, answers)
-    if observer is not None:
-        observer.after_evaluate(
-            run.clients, served, images, labels, run.partition, results, algorithm.exit_rule, answers, replay
-        )
-    del answers  # every evaluated image's features: memory the artifacts below do not need
+    results = evaluate_clients(run.clients, served, setting, replay, observer)
     for client in run.clients:
         save_client(run.run_path, client_artifact(client, run.partition.clients[client.client_id]))
     results["thresholds"] = {c.name: c.threshold for c in run.clients}
     return finish_server(run, history, results, replay, max(c.max_releases for c in run.clients))
+
+
+def evaluate_clients(
+    clients: list[Client],
+    served: BackendWithSlots | None,
+    setting: EvaluationSetting,
+    replay: torch.Tensor | None,
+    observer: TrainObserver | None = None,
+) -> dict:
+    """The final evaluation of personalized, calibrated clients, and the observer's look at the same
+    answers (its own measurements share them)."""
+    answers = client_answers(clients, served, setting.images)
+    results = evaluate(clients, served, setting, answers)
+    if observer is not None:
+        args = (
+            setting.images,
+            setting.labels,
+            setting.partition,
+            results,
+            setting.exit_rule,
+            answers,
+            replay,
+        )
+        observer.after_evaluate(clients, served, *args)
+    return results  # the answers (every evaluated image's features) are freed here
 
 
 def gate_clients(

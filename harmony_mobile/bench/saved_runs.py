@@ -16,7 +16,7 @@ from harmony_mobile import training
 from harmony_mobile.algorithms.base import calibrate_client
 from harmony_mobile.algorithms.registry import run_exit_gate
 from harmony_mobile.data.partition import Partition
-from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting, client_answers, evaluate
+from harmony_mobile.evaluation import BackendWithSlots, EvaluationSetting
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.slot_gate import slot_gates
 from harmony_mobile.run_dir import RunDir, RunDirError
@@ -81,19 +81,6 @@ def evaluate_saved_run(
             client.slot_gate = None
             calibrate_client(client, calibration_target, exit_rule)
     setting = EvaluationSetting(run.images, run.labels, run.partition, run.seed, exit_rule)
-    answers = client_answers(run.clients, run.served, run.images)
-    results = evaluate(run.clients, run.served, setting, answers)
-    if observer is not None:
-        observer.after_evaluate(
-            run.clients,
-            run.served,
-            run.images,
-            run.labels,
-            run.partition,
-            results,
-            exit_rule,
-            answers,
-            run.replay,
-        )
+    results = training.evaluate_clients(run.clients, run.served, setting, run.replay, observer)
     results["thresholds"] = {client.name: client.threshold for client in run.clients}
     return results
