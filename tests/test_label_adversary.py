@@ -138,10 +138,8 @@ def _wiretap(federation: Federation, view: ServerView, leak_gradients: bool) -> 
     for client in federation.clients:
         upload = client.upload
 
-        def truthful_upload(
-            features, labels, depths, round_id, rows=slice(None), upload=upload, client=client
-        ):
-            message, sent = upload(features, labels, depths, round_id, rows)
+        def truthful_upload(features, labels, depths, round_id, upload=upload, client=client):
+            message, sent = upload(features, labels, depths, round_id)
             pending[id(message)] = (labels.clone(), [client.exit_names[y] for y in labels.tolist()])
             return message, sent
 

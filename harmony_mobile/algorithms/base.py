@@ -23,8 +23,8 @@ from harmony_mobile.protocol.messages import ClientUpdate
 
 ExitRule = Literal["max_softmax", "neg_entropy", "slot_margin"]
 
-# Samples a client draws per optimizer step unless configured (HARMONY's inner loop, when on, splits
-# them into its support and query halves): every method sees the same samples.
+# Samples a client draws per optimizer step unless configured. HARMONY draws a support and a query
+# batch per meta step, so its batch_size defaults to half of this: every method sees the same samples.
 SAMPLES_PER_STEP = 64
 
 
@@ -184,18 +184,16 @@ def split_step(
     weight: float,
     update_server: bool = True,
     client_loss: torch.Tensor | None = None,
-    rows: slice = slice(None),
 ) -> float:
     """One split exchange in slot space. The client uploads its features (clipped and noised when
     that option is on) with label tokens; the server computes its own CE over slots and its
     contrastive term and returns only dL_srv/dz, which the client scales by `weight` (its gamma)
     and back-propagates into its front-end. Returns the server's loss. `labels` are the labels
-    of the batch the client drew last (of its `rows`); they stay on the client (only their tokens
-    leave).
+    of the batch the client drew last; they stay on the client (only their tokens leave).
 
     `client_loss`: a loss of the client's own on the same forward pass (its exit CE), back-propagated
     together with dL_srv/dz in one backward pass instead of two."""
-    upload, sent = client.upload(features, labels, depths, round_id, rows)
+    upload, sent = client.upload(features, labels, depths, round_id)
     reply = server.step(upload, update=update_server)
     roots, grads = ([client_loss], [None]) if client_loss is not None else ([], [])
     if weight != 0:

@@ -3,18 +3,14 @@ optionally meta-adaptation's inner loop), a random split depth per extractor, an
 alignment on the server (restricted softmax over slots, style mixing across families; supervised
 contrastive alignment optional).
 
-One local step of client k draws a batch of `batch_size` samples, then top to bottom:
+One local step of client k, top to bottom:
   1. inner loop   theta' = theta - inner_lr * grad L_exit(theta; support), `inner_steps` times
-                  (only with `meta` on, which it is not by default; off: theta' = theta). With
-                  it the batch's first half is the support, its second half the query; without
-                  it the query is the whole batch
+                  (only with `meta` on, which it is not by default; off: theta' = theta)
   2. meta-grad    g_exit = grad L_exit(theta'; query)                      (first-order MAML)
   3. variants     for v in 1..V: depth d_v ~ U{1..d_k}, beta_v ~ U[0, beta_max],
                   theta_v = (theta + beta_v (theta' - theta)) * (1 + noise), optional channel drop
                   (`path_length` rescales theta' - theta to a set fraction of ||theta||);
-                  z_v = phi_{d_v}(B_1..d_v(share_v; theta_v)), uploaded with label tokens, where
-                  share_v is the v-th of V equal shares of the batch: every sample of the step
-                  reaches the server once, through one simulated extractor;
+                  z_v = phi_{d_v}(B_1..d_v(query; theta_v)), uploaded with label tokens;
                   split step in slot space -> the server returns dL_srv/dz_v, L_srv = its CE over
                   slots (softmax over the slots of this client's tokens: `own_classes_only`; the
                   full softmax taught g that a family's features never show the classes it
@@ -34,7 +30,6 @@ mean feature moves across the variants relative to the class's own spread.
 from __future__ import annotations
 
 import copy
-import itertools
 import math
 import weakref
 from dataclasses import dataclass, field
@@ -78,12 +73,8 @@ class HarmonyConfig(SplitTrainingConfig):
     """The split budget (`local_steps` meta steps, `lr` of the meta-update, `server_lr` of g and h),
     HARMONY's mechanisms, and the server's contrastive term, whose knobs default here only."""
 
-    batch_size: int = Field(
-        default=SAMPLES_PER_STEP,
-        ge=2,
-        description="samples per step, as every method draws; with the inner loop on, its first half "
-        "is the support batch and the second the query",
-    )
+    # a meta step draws a support and a query batch: together the samples per step of the other methods
+    batch_size: int = Field(default=SAMPLES_PER_STEP // 2, ge=2, description="support and query batch size")
     personalize_epochs: int = Field(default=2, ge=0, description="final personalization epochs on local data")
     # HARMONY's phones gate by the server's slot prototypes: max softmax lets a third to a half of
     # the unseen classes exit wrong (docs/ALGORITHM.md, "The exit gate")
@@ -233,15 +224,13 @@ class Harmony(SplitMethod):
         optimizer = round_optimizer(models.held.values(), c, round_id)
         totals: dict[str, float] = {}
         for _ in range(c.local_steps):
-            images, labels = client.batch(c.batch_size, generator)
-            query_x, query_y = images, labels
+            support = client.batch(c.batch_size, generator)
+            query_x, query_y = client.batch(c.batch_size, generator)
             optimizer.zero_grad()
             if c.meta:
-                half = len(labels) // 2
-                self._personalize_inner(client, models, images[:half], labels[:half])
-                query_x, query_y = images[half:], labels[half:]
+                self._personalize_inner(client, models, *support)
             step = {"exit_loss": self._meta_gradient(client, models, query_x, query_y)}
-            step |= self._variant_steps(client, server, models, images, labels, round_id, generator)
+            step |= self._variant_steps(client, server, models, query_x, query_y, round_id, generator)
             optimizer.step()
             for key, value in step.items():
                 totals[key] = totals.get(key, 0.0) + value
@@ -284,35 +273,28 @@ class Harmony(SplitMethod):
         return query_loss.item()
 
     def _variant_steps(
-        self, client: Client, server: SplitTrainer, models: RoundModels, images, labels, round_id, generator
+        self, client: Client, server: SplitTrainer, models: RoundModels, query_x, query_y, round_id, generator
     ) -> dict[str, float]:
-        """Simulated extractors -> split steps (server CE + SupCon reach theta_v), variant v on the
-        v-th share of the step's batch; adds mean_v g_v to theta's grads and returns the step's
-        server loss and diversity measurements."""
+        """Simulated extractors -> split steps (server CE + SupCon reach theta_v); adds mean_v g_v to
+        theta's grads and returns the step's server loss and diversity measurements."""
         c = self.config
         variant, variant_params = models.variant, models.variant_params
         server_loss = noise_norm = path_norm = 0.0
         features_by_variant = []
         path_scale = self._path_scale(models)
-        edges = [0, *itertools.accumulate(len(part) for part in labels.tensor_split(c.variants))]
-        shares = [slice(start, stop) for start, stop in itertools.pairwise(edges)]
-        for rows in shares:
-            share_x, share_y = images[rows], labels[rows]
+        for _ in range(c.variants):
             depth, noise, path = self._sample_variant(client, models, path_scale, generator)
             noise_norm += noise / c.variants
             path_norm += path / c.variants
             variant.zero_grad()
-            with torch.no_grad():  # the spread diagnostic compares every variant on the same samples
-                first = variant.extract(images[shares[0]], depth)
-                features_by_variant.append(variant.connectors[str(depth)](first))
-            activation = variant.extract(share_x, depth)
+            activation = variant.extract(query_x, depth)
             if c.channel_drop > 0:
                 activation = F.dropout2d(activation, c.channel_drop, training=True)
             features = variant.connectors[str(depth)](activation)
-            depths = (depth,) * len(share_y)
+            features_by_variant.append(features.detach())
+            depths = (depth,) * len(query_y)
             server_loss += (
-                split_step(client, server, features, share_y, depths, round_id, c.gamma, rows=rows)
-                / c.variants
+                split_step(client, server, features, query_y, depths, round_id, c.gamma) / c.variants
             )
             for name, p in models.held.items():
                 if variant_params[name].grad is not None:
@@ -321,7 +303,7 @@ class Harmony(SplitMethod):
             "server_ce": server_loss,
             "path_norm": path_norm,
             "noise_norm": noise_norm,
-            "variant_spread": variant_spread(features_by_variant, labels[shares[0]]),
+            "variant_spread": variant_spread(features_by_variant, query_y),
         }
 
     def _personalize_inner(self, client: Client, models: RoundModels, images, labels) -> None:

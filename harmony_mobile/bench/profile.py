@@ -299,7 +299,7 @@ class BenchProfile(BaseModel):
         per_step = budget.samples_per_step
         config: dict[str, Any] = {
             "local_steps": budget.local_steps,
-            "batch_size": per_step,
+            "batch_size": per_step // 2 if is_harmony(method) else per_step,
         }
         if budget.lr_schedule == "cosine":
             config["decay_rounds"] = rounds or budget.rounds

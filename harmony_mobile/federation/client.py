@@ -153,17 +153,11 @@ class Client:
         return sent
 
     def upload(
-        self,
-        features: torch.Tensor,
-        labels: torch.Tensor,
-        depths: tuple[int, ...],
-        round_id: int,
-        rows: slice = slice(None),
+        self, features: torch.Tensor, labels: torch.Tensor, depths: tuple[int, ...], round_id: int
     ) -> tuple[FeatureUpload, torch.Tensor]:
-        """The FeatureUpload of features of the last batch (of its `rows`), and the (clipped, noised)
-        features as sent, still attached to the front-end's graph so the server's dL/dz can be
-        back-propagated."""
-        index = self._last_batch[rows] if self._last_batch is not None else None
+        """The FeatureUpload of features of the last batch, and the (clipped, noised) features as sent,
+        still attached to the front-end's graph so the server's dL/dz can be back-propagated."""
+        index = self._last_batch
         if index is None or len(index) != len(labels) or not torch.equal(self.train_y[index], labels):
             raise ValueError(f"{self.name} uploads only features of the batch it drew last")
         sent = self.release(features, index)
