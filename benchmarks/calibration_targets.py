@@ -26,7 +26,7 @@ TARGETS = (0.9, 0.95, 0.97, 0.98, 0.99)
 DEFAULT_TARGET = 0.98
 
 
-def evaluate(job: tuple[Path, str, float]) -> dict:
+def measure(job: tuple[Path, str, float]) -> dict:
     path, exit_rule, target = job
     torch.set_num_threads(1)
     seed = int(path.name.removeprefix("seed-"))
@@ -87,9 +87,11 @@ def main() -> None:
         for path in sorted(args.runs_under.glob(f"*/{args.method}/seed-*"))
         if (path / "final_metrics.json").is_file()  # a training twin has its record only
     ]
+    if not runs:
+        parser.error(f"no finished {args.method!r} run with its files under {args.runs_under}")
     jobs = [(path, args.exit_rule, target) for path in runs for target in targets]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        rows = pool.map(evaluate, jobs)
+        rows = pool.map(measure, jobs)
     best = picked(rows)
     lines = [
         f"# Calibration target of `{args.method}`'s phones (evaluation only)",

@@ -227,3 +227,12 @@ def test_compare_records_refuses_a_folder_with_two_runs_of_one_key(tmp_path):
     _record(tmp_path / "trial-1", "harmony", 1, 0.6, 10.0)
     with pytest.raises(SystemExit, match="a second run of"):
         compare.load_records(tmp_path)
+
+
+def test_calibration_targets_refuses_a_folder_without_finished_runs(tmp_path, capsys):
+    (tmp_path / "fashion-family" / "harmony" / "seed-0").mkdir(parents=True)  # no files: unfinished
+    script = REPO_ROOT / "benchmarks/calibration_targets.py"
+    code, err = run_script(script, capsys, "--runs-under", str(tmp_path), "--report", str(tmp_path / "r"))
+    assert code == 2
+    assert "no finished 'harmony' run with its files under" in err
+    assert not (tmp_path / "r").exists()
