@@ -167,6 +167,20 @@ def test_aggregate_gives_mean_and_sample_std_over_seeds():
     assert gap["low"] > 0.15 and gap["excludes_zero"]
 
 
+def test_a_training_twins_wall_time_says_it_evaluated_another_methods_runs(tmp_path):
+    results = synthetic_results()
+    for run in results["runs"]:
+        if run["method"] == "harmony-full-softmax":
+            run["trained_by"] = {"method": "harmony", "cpu_seconds": 200.0, "code": None, "cpu": None}
+    aggregated = aggregate(results)
+    assert aggregated["toy-family"]["harmony-full-softmax"]["trained_by"] == ["harmony"]
+    assert aggregated["toy-family"]["harmony"]["trained_by"] == []
+    rows = write_bench_report(results, tmp_path).read_text().splitlines()
+    twin = next(line for line in rows if line.startswith("| harmony-full-softmax |"))
+    trained = next(line for line in rows if line.startswith("| harmony |"))
+    assert "(evaluation of harmony's runs)" in twin and "evaluation of" not in trained
+
+
 def test_expected_latency_weighs_device_and_fallback_time():
     assert expected_latency_ms(1.0, 2.0, 5.0, 50.0) == pytest.approx(2.0)  # everything exits
     assert expected_latency_ms(0.0, 2.0, 5.0, 50.0) == pytest.approx(57.0)  # everything falls back

@@ -77,16 +77,22 @@ def _mean_std(values: list[float]) -> dict:
 
 
 def aggregate(results: dict) -> dict:
-    """setting -> method -> metric -> {mean, std, n} over seeds (sample std)."""
+    """setting -> method -> metric -> {mean, std, n} over seeds (sample std); "trained_by": the
+    methods whose runs' files the method's runs were evaluated from (training twins), if any."""
     keys = [c[0] for c in COLUMNS] + ["val_acc_with_ood"]
     table: dict[str, dict[str, dict]] = {}
+    parents: dict[tuple[str, str], set[str]] = {}
     for run in results["runs"]:
         table.setdefault(run["setting"], {}).setdefault(run["method"], {k: [] for k in keys})
         for key in keys:
             table[run["setting"]][run["method"]][key].append(metric_value(run, key))
+        if run.get("trained_by"):
+            parents.setdefault((run["setting"], run["method"]), set()).add(run["trained_by"]["method"])
     return {
         setting: {
-            method: {k: _mean_std(v) for k, v in metrics.items()} for method, metrics in methods.items()
+            method: {k: _mean_std(v) for k, v in metrics.items()}
+            | {"trained_by": sorted(parents.get((setting, method), ()))}
+            for method, metrics in methods.items()
         }
         for setting, methods in table.items()
     }
@@ -128,6 +134,8 @@ def markdown_table(aggregated: dict, setting: str, methods: list[str]) -> str:
             continue
         stats = aggregated[setting][method]
         cells = [_format(stats[key], kind) for key, _, kind in COLUMNS]
+        if stats["trained_by"]:  # its wall time is an evaluation of another method's weights
+            cells[-1] += f" (evaluation of {', '.join(stats['trained_by'])}'s runs)"
         cells.append(_format(stats["val_acc_with_ood"], "pct"))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
