@@ -135,7 +135,8 @@ def markdown_table(aggregated: dict, setting: str, methods: list[str]) -> str:
         stats = aggregated[setting][method]
         cells = [_format(stats[key], kind) for key, _, kind in COLUMNS]
         if stats["trained_by"]:  # its wall time is an evaluation of another method's weights
-            cells[-1] += f" (evaluation of {', '.join(stats['trained_by'])}'s runs)"
+            wall = [key for key, _, _ in COLUMNS].index("wall_seconds")
+            cells[wall] += f" (evaluation of {', '.join(stats['trained_by'])}'s runs)"
         cells.append(_format(stats["val_acc_with_ood"], "pct"))
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
