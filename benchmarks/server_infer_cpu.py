@@ -79,7 +79,7 @@ async def measure(args: argparse.Namespace) -> list[dict]:
     root = Path(tempfile.mkdtemp(prefix="harmony-infer-cpu-"))
     settings = Settings(
         data_dir=root / "data",
-        model_dir=make_model_dir(root),
+        model_dir=make_model_dir(root, "torch"),
         admin_token=ADMIN_TOKEN,
         rate_limit_per_second=1e6,
         rate_limit_burst=1_000_000,

@@ -116,7 +116,7 @@ async def measure_served(export_dir: Path, root: Path, args: argparse.Namespace)
 
 def measure(args: argparse.Namespace) -> dict:
     root = Path(tempfile.mkdtemp(prefix="harmony-serving-runtime-"))
-    source = make_model_dir(root)
+    source = make_model_dir(root, "torch")
     export_dir = root / "export"
     facts = steps.export_backend(source / "backend" / "backend.pt", export_dir / "backend")
     runners = forwards(export_dir)
