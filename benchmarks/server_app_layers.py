@@ -3,7 +3,10 @@ called in process by 64 concurrent clients (coroutines on one uvloop loop, one c
 whole middleware stack, from the infer dispatch inwards, and its infer handler alone, beside the
 raw batched forward of the same back-end on the same core. With HTTP out of the picture this bounds
 what any HTTP server in front of this app could carry: `server_load.py`'s target (1-row infer at
-64 clients >= 0.5 x the raw batch-64 forward) needs the app alone well above 0.5 x.
+64 clients >= 0.5 x the raw batch-64 forward) needs the app alone well above 0.5 x. Requests are
+`server_infer_cpu.py`'s; their scope lacks the marker uvicorn's guarded protocol sets once a body
+has arrived (a server internal), so each one through the whole app arms and cancels the body-read
+timer the HTTP server would spare it (a few µs).
 
     .venv/bin/python benchmarks/server_app_layers.py            # 6 s per measurement
 
@@ -29,51 +32,14 @@ from starlette.requests import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harmony_mobile.server import Settings, create_app  # noqa: E402
-from server_load import ADMIN_TOKEN, INFER, make_model_dir, raw_forward_rows_per_second  # noqa: E402
+from server_infer_cpu import one_request  # noqa: E402
+from server_load import ADMIN_TOKEN, make_model_dir, raw_forward_rows_per_second  # noqa: E402
 
 from harmony_mobile.protocol.wire import encode_tensor  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CPU = 0
 MAX_BATCH = 64
-
-
-def request_scope(app, body: bytes) -> dict:
-    """The scope uvicorn would build for a 1-row binary infer request. Its protocol also marks a scope
-    whose body has fully arrived, which spares the body limit a timer; that marker is the server's
-    internal, so here every request arms and cancels the timer (a few µs at most)."""
-    headers = [
-        (b"host", b"127.0.0.1"),
-        (b"authorization", f"Bearer {ADMIN_TOKEN}".encode()),
-        (b"content-type", b"application/octet-stream"),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    return {
-        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
-        "scheme": "http", "path": INFER, "raw_path": INFER.encode(), "query_string": b"",
-        "root_path": "", "headers": headers, "client": ("127.0.0.1", 40000),
-        "server": ("127.0.0.1", 8000), "state": {}, "app": app,
-    }  # fmt: skip
-
-
-async def call(target, app, body: bytes) -> None:
-    sent: list[dict] = []
-    delivered = False
-
-    async def receive() -> dict:
-        nonlocal delivered
-        if not delivered:
-            delivered = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # like a client that stays connected
-        return {}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    await target(request_scope(app, body), receive, send)
-    if sent[0]["status"] != 200:
-        raise RuntimeError(f"the app answered {sent[0]['status']}: {sent[1].get('body')!r}")
 
 
 async def saturate(target, app, body: bytes, clients: int, seconds: float) -> float:
@@ -84,7 +50,7 @@ async def saturate(target, app, body: bytes, clients: int, seconds: float) -> fl
     async def client() -> None:
         nonlocal done
         while time.perf_counter() < stop:
-            await call(target, app, body)
+            await one_request(app, body, target)
             done += 1
 
     started = time.perf_counter()
@@ -121,7 +87,7 @@ async def measure_app(model_dir: Path, data_dir: Path, args: argparse.Namespace)
     app = create_app(settings)
     body = encode_tensor(np.random.default_rng(0).random((1, 64, 8, 8), dtype=np.float32))
     async with app.router.lifespan_context(app):
-        await call(app, app, body)  # builds the middleware stack
+        await one_request(app, body)  # builds the middleware stack
         results = {}
         for label, target in app_layers(app).items():
             await saturate(target, app, body, args.clients, 1.0)  # warm-up

@@ -44,7 +44,9 @@ def infer_scope(body: bytes) -> dict:
     }  # fmt: skip
 
 
-async def one_request(app, body: bytes) -> None:
+async def one_request(app, body: bytes, target=None) -> None:
+    """One infer request through `target`: the app, or one of its inner ASGI layers, which find the
+    app in the scope where Starlette puts it."""
     delivered = False
     statuses = []
 
@@ -59,7 +61,7 @@ async def one_request(app, body: bytes) -> None:
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
 
-    await app(infer_scope(body), receive, send)
+    await (target or app)({**infer_scope(body), "app": app}, receive, send)
     if statuses != [200]:
         raise RuntimeError(f"infer answered {statuses}")
 
