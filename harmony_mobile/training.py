@@ -475,16 +475,10 @@ def evaluate_clients(
     answers = client_answers(clients, served, setting.images)
     results = evaluate(clients, served, setting, answers)
     if observer is not None:
-        args = (
-            setting.images,
-            setting.labels,
-            setting.partition,
-            results,
-            setting.exit_rule,
-            answers,
-            replay,
-        )
-        observer.after_evaluate(clients, served, *args)
+        observer.after_evaluate(
+            clients, served, setting.images, setting.labels, setting.partition, results,
+            setting.exit_rule, answers, replay,
+        )  # fmt: skip
     return results  # the answers (every evaluated image's features) are freed here
 
 
