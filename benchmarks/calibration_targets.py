@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,9 @@ import torch
 from harmony_mobile.bench.hooks import BenchObserver, RunExtras, UplinkCounter
 from harmony_mobile.bench.saved_runs import evaluate_saved_run
 from harmony_mobile.bench.stats import paired_ci
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script
+from gate_study import split_runs_under  # noqa: E402
 
 TARGETS = (0.9, 0.95, 0.97, 0.98, 0.99)
 DEFAULT_TARGET = 0.98
@@ -82,11 +86,7 @@ def main() -> None:
     parser.add_argument("--report", type=Path, required=True)
     args = parser.parse_args()
     targets = sorted({*args.targets, DEFAULT_TARGET})
-    runs = [
-        path
-        for path in sorted(args.runs_under.glob(f"*/{args.method}/seed-*"))
-        if (path / "final_metrics.json").is_file()  # a training twin has its record only
-    ]
+    runs = split_runs_under(args.runs_under, args.method)
     if not runs:
         parser.error(f"no finished {args.method!r} run with its files under {args.runs_under}")
     jobs = [(path, args.exit_rule, target) for path in runs for target in targets]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from unittest import mock
 
@@ -22,6 +23,9 @@ import torch.nn.functional as F
 from harmony_mobile.bench import gates
 from harmony_mobile.bench.saved_runs import load_finished_run
 from harmony_mobile.evaluation import client_answers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling script
+from gate_study import split_runs_under  # noqa: E402
 
 WEIGHTS = (0.1, 0.25, 0.5, 1.0)
 TEMPERATURES = (0.05, 0.1)
@@ -118,9 +122,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     studied = {}
-    for path in sorted(args.runs_under.glob(f"*/{args.method}/seed-*")):
-        if not (path / "final_metrics.json").is_file():
-            continue  # unfinished, or a training twin's record without files of its own
+    for path in split_runs_under(args.runs_under, args.method):
         studied.setdefault(path.parent.parent.name, []).append(study(path))
     lines = [
         "# Slot margin against its combinations and the own-slot softmax mass (evaluation only)",

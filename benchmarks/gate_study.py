@@ -61,12 +61,13 @@ def print_table(name: str, study: dict) -> None:
                 print(f"  {gate:12s} auroc {row['auroc'][gate]:.3f}  {points}")
 
 
-def split_runs_under(root: Path) -> list[Path]:
-    """The finished runs of split methods in a work folder laid out <setting>/<method>/seed-<n>."""
+def split_runs_under(root: Path, method: str = "*") -> list[Path]:
+    """The finished runs of split methods (of `method` only, if named) in a work folder laid out
+    <setting>/<method>/seed-<n>."""
     found = []
-    for path in sorted(root.glob("*/*/seed-*")):
+    for path in sorted(root.glob(f"*/{method}/seed-*")):
         if not (path / "final_metrics.json").is_file():
-            continue  # unfinished: training writes it last
+            continue  # unfinished (training writes it last), or a training twin's record alone
         config = RunDir(path).info.train_config
         if build_algorithm(config["algorithm"], config.get("algorithm_config")).uses_split:
             found.append(path)
