@@ -160,7 +160,7 @@ def _own_classes(manifest: Manifest, run_dir: Path, export_dir: Path) -> dict[st
     from harmony_mobile.run_dir import RunDir, RunDirError  # torch: only for slot-gated exports
 
     try:
-        return own_classes_of_export(RunDir(run_dir), export_dir)
+        return own_classes_of_export(RunDir(run_dir), manifest, export_dir)
     except (ProvisioningError, RunDirError) as error:
         raise ExportAppError(f"the payload cannot name each tier's own classes: {error}") from None
 

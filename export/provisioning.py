@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the run dir pulls in torch; a payload is read without it
+    from harmony_mobile.export.manifest import Manifest
+
     from harmony_mobile.run_dir import RunDir
 
 PAYLOAD_KIND = "harmony-mobile/provisioning"
@@ -236,27 +238,21 @@ def _base64(value: object, name: str) -> bytes:
         raise ProvisioningError(f"{name} is not base64: {error}") from None
 
 
-def own_classes_of_export(run: RunDir, export_dir: Path) -> dict[str, tuple[str, ...]]:
+def own_classes_of_export(run: RunDir, manifest: Manifest, export_dir: Path) -> dict[str, tuple[str, ...]]:
     """For each tier an export ships, the classes of the client whose front-end it is: the owner's
-    run knows them (its client part); the manifest, which the operator serves, names only the client."""
-    manifest_file = Path(export_dir) / "manifest.json"
-    try:
-        manifest = json.loads(manifest_file.read_text(encoding="utf-8"))
-        tiers = {entry["name"]: entry["client_id"] for entry in manifest["tiers"]}
-        class_names = manifest["class_names"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
-        raise ProvisioningError(f"{manifest_file} is not an export's manifest: {error}") from None
-    if list(class_names) != list(run.info.class_names):
+    run knows them (its client part); the manifest, which the operator serves, names only the client.
+    `manifest`: the export's, already verified (manifest.verify_manifest)."""
+    if list(manifest.class_names) != list(run.info.class_names):
         raise ProvisioningError(f"{export_dir} was not exported from {run.path}: its class names differ")
     clients = {client.client_id: client for client in run.clients()}
     own = {}
-    for tier, client_id in tiers.items():
-        client = clients.get(client_id)
-        if client is None or client.tier != tier:
+    for entry in manifest.tiers:
+        client = clients.get(entry.client_id)
+        if client is None or client.tier != entry.name:
             raise ProvisioningError(
-                f"{export_dir} ships client {client_id} for tier {tier!r}, which {run.path} does not hold"
+                f"{export_dir} ships client {entry.client_id} for tier {entry.name!r}, which {run.path} does not hold"
             )
-        own[tier] = tuple(run.info.class_names[c] for c in client.classes)
+        own[entry.name] = tuple(run.info.class_names[c] for c in client.classes)
     return own
 
 

@@ -636,6 +636,12 @@ def provision_command(
             "phone holds (what a slot-gated tier gates by on a demo app)",
         ),
     ] = None,
+    public_key: Annotated[
+        Path | None,
+        typer.Option(
+            "--public-key", help="pinned signing_key.pub the --export must be signed with (default: its own)"
+        ),
+    ] = None,
 ) -> None:
     """Write a provisioning payload: the run's federation secret (and, with --admin-token-file, a
     device enrolment; with --export, each tier's own classes) for one phone, as the deep link its QR
@@ -643,16 +649,15 @@ def provision_command(
     from harmony_mobile.export.provisioning import (
         Provisioning,
         ProvisioningError,
-        own_classes_of_export,
         payload_uri,
         provisioned_device,
         write_payload,
     )
-    from harmony_mobile.run_dir import RunDir, RunDirError
+    from harmony_mobile.run_dir import RunDirError
 
     secret_path = run_dir / "clients" / "federation_secret"
     try:
-        own = None if export_dir is None else own_classes_of_export(RunDir(run_dir), export_dir)
+        own = None if export_dir is None else _own_classes_of(run_dir, export_dir, public_key)
         device = None
         if admin_token_file is not None:
             device = _enrol_for_payload(server_url, admin_token_file, tier, name, provisioned_device)
@@ -665,6 +670,19 @@ def provision_command(
     except (ProvisioningError, RunDirError, OSError) as error:
         fail(str(error))
     console.print(f"wrote {written} (owner-only: it holds the federation secret)", soft_wrap=True)
+
+
+def _own_classes_of(run_dir: Path, export_dir: Path, public_key: Path | None):
+    """Each tier's own classes, read from the export's manifest once its signature and files check out."""
+    from harmony_mobile.export.manifest import ManifestError, verify_manifest
+    from harmony_mobile.export.provisioning import ProvisioningError, own_classes_of_export
+    from harmony_mobile.run_dir import RunDir
+
+    try:
+        manifest = verify_manifest(export_dir, public_key)
+    except ManifestError as error:
+        raise ProvisioningError(f"{export_dir} does not verify: {'; '.join(error.problems)}") from None
+    return own_classes_of_export(RunDir(run_dir), manifest, export_dir)
 
 
 def _enrol_for_payload(server_url, admin_token_file: Path, tier, name, provisioned_device):

@@ -50,7 +50,7 @@ FAKE_FILES = {
 }
 
 
-def fake_tier(directory: Path, name: str, artifacts: list[Artifact]) -> TierEntry:
+def fake_tier(directory: Path, name: str, artifacts: list[Artifact], client_id: int = 0) -> TierEntry:
     return digits_tier_entry(
         directory,
         name,
@@ -60,14 +60,21 @@ def fake_tier(directory: Path, name: str, artifacts: list[Artifact]) -> TierEntr
         width=1.0,
         threshold=0.9,
         normalization=Normalization(mean=[0.3053], std=[0.3247]),
-        client_id=0,
+        client_id=client_id,
         parameters=1234,
         latency_budget_ms=2.0,
     )
 
 
-def fake_export_dir(directory: Path, key_dir: Path) -> Path:
-    """A signed export directory of dummy files; returns it."""
+def fake_export_dir(
+    directory: Path,
+    key_dir: Path,
+    client_ids: dict[str, int] | None = None,
+    class_names: tuple[str, ...] = CLASS_NAMES,
+) -> Path:
+    """A signed export directory of dummy files (its tiers' front-ends those of `client_ids`, by
+    tier; client 0 by default); returns it."""
+    client_ids = client_ids or {}
     directory.mkdir(parents=True)
     write_files(directory, FAKE_FILES)
     key, _ = load_or_create_signing_key(key_dir)
@@ -80,18 +87,24 @@ def fake_export_dir(directory: Path, key_dir: Path) -> Path:
                 ("xnnpack", "fp32", "entry-android/front_fp32.pte"),
                 ("xnnpack", "int8", "entry-android/front_int8.pte"),
             ],
+            client_ids.get("entry-android", 0),
         ),
-        fake_tier(directory, "mid-ios", [("coreml", "coreml-fp16", "mid-ios/front_coreml-fp16.mlpackage")]),
+        fake_tier(
+            directory,
+            "mid-ios",
+            [("coreml", "coreml-fp16", "mid-ios/front_coreml-fp16.mlpackage")],
+            client_ids.get("mid-ios", 0),
+        ),
     ]
     backend = BackendEntry.describe("test-v1", [64, 8, 8], 10)
     manifest = build_manifest(
         directory,
         model_version="test-v1",
         run={"dataset": "digits", "algorithm": "test", "seed": 0},
-        class_names=list(CLASS_NAMES),
+        class_names=list(class_names),
         label_epoch="e-test",
         # the tokens of the class names under FIXTURE_SECRET: this export belongs to that secret
-        slot_table=[t.hex() for t in class_tokens(epoch_key(FIXTURE_SECRET, "e-test"), CLASS_NAMES)],
+        slot_table=[t.hex() for t in class_tokens(epoch_key(FIXTURE_SECRET, "e-test"), class_names)],
         interface_shape=[64, 8, 8],
         backend=backend,
         tiers=tiers,

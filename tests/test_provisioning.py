@@ -24,7 +24,7 @@ from typer.testing import CliRunner
 
 from harmony_mobile.cli import app
 from harmony_mobile.run_dir import RunDir, save_client, write_federation_secret
-from tests.export_fixtures import make_run_dir
+from tests.export_fixtures import fake_export_dir, make_run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = json.loads((ROOT / "tests" / "vectors" / "provisioning_payloads.json").read_text(encoding="utf-8"))
@@ -109,25 +109,36 @@ def test_harmony_provision_refuses_the_app_trees_and_a_missing_run(run, tmp_path
 
 def test_harmony_provision_names_each_exported_tiers_own_classes(tmp_path):
     """With --export the payload says, per tier, the classes of the client whose front-end the export
-    ships (what a demo app's slot gate needs); an export of another run is refused."""
+    ships (what a demo app's slot gate needs), read from the manifest once it verifies; a manifest
+    signed by another than the pinned key, a tampered one and an export of another run are refused."""
     run = make_run_dir(tmp_path / "run")
     for client in RunDir(run).clients():  # clients that hold different classes, as after training
         save_client(run, replace(client, classes=tuple(range(client.client_id, client.client_id + 3))))
     clients, names = RunDir(run).clients(), RunDir(run).info.class_names
-    shipped = {c.tier: c for c in reversed(clients)}  # the second client of each tier
-    export = tmp_path / "export"
-    export.mkdir()
-    manifest = {
-        "class_names": list(names),
-        "tiers": [{"name": t, "client_id": c.client_id} for t, c in shipped.items()],
-    }
-    (export / "manifest.json").write_text(json.dumps(manifest))
-    result = CliRunner().invoke(app, ["provision", "--run", str(run), "--export", str(export), "--out", "-"])
-    assert result.exit_code == 0, result.output
-    own = parse_payload(result.output).own_classes
+    shipped = {c.tier: c for c in reversed(clients) if c.tier in ("entry-android", "mid-ios")}
+    export = fake_export_dir(
+        tmp_path / "export", tmp_path / "keys", {t: c.client_id for t, c in shipped.items()}
+    )
+
+    def provision(export_dir: Path, *extra: str):
+        command = ["provision", "--run", str(run), "--export", str(export_dir), "--out", "-", *extra]
+        result = CliRunner().invoke(app, command)
+        return result.exit_code, " ".join(result.output.split())
+
+    code, output = provision(export, "--public-key", str(tmp_path / "keys" / "signing_key.pub"))
+    assert code == 0, output
+    own = parse_payload(output).own_classes
     assert own == {t: tuple(names[c] for c in client.classes) for t, client in shipped.items()}
     assert len(set(own.values())) == len(own)  # each tier its own client's classes
-    manifest["class_names"] = [f"class {i}" for i in range(10)]
-    (export / "manifest.json").write_text(json.dumps(manifest))
-    other = CliRunner().invoke(app, ["provision", "--run", str(run), "--export", str(export), "--out", "-"])
-    assert other.exit_code == 2 and "was not exported from" in " ".join(other.output.split())
+    other_key = fake_export_dir(tmp_path / "other", tmp_path / "other-keys") / "signing_key.pub"
+    code, output = provision(export, "--public-key", str(other_key))
+    assert code == 2 and "does not verify" in output
+    manifest_file = export / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["tiers"][0]["client_id"] = shipped["mid-ios"].client_id  # another phone's front-end named
+    manifest_file.write_text(json.dumps(manifest))
+    code, output = provision(export)
+    assert code == 2 and "does not verify" in output and "signature" in output
+    foreign = fake_export_dir(tmp_path / "foreign", tmp_path / "keys", class_names=tuple("abcdefghij"))
+    code, output = provision(foreign)
+    assert code == 2 and "was not exported from" in output
