@@ -55,7 +55,7 @@ from harmony_mobile.export.manifest import (
     verify_manifest,
     write_signed_manifest,
 )
-from harmony_mobile.export.steps import ExportError
+from harmony_mobile.export.steps import ExportError, ExportInputError
 from harmony_mobile.export.verify import tier_checks, verify_pte, write_verification_report
 
 from harmony_mobile.models import Tier
@@ -95,7 +95,7 @@ def resolve_tiers(run: RunDir, names: list[str] | None) -> list[Tier]:
         try:
             tiers.append(known.get(name))
         except KeyError as error:
-            raise ExportError(error.args[0]) from None
+            raise ExportInputError(error.args[0]) from None
     return tiers
 
 
@@ -103,9 +103,9 @@ def check_output(out: Path) -> None:
     """Refuse to replace something that is not an export directory; refuse an unwritable parent."""
     if out.exists():
         if not out.is_dir():
-            raise ExportError(f"output {out} exists and is not a directory")
+            raise ExportInputError(f"output {out} exists and is not a directory")
         if any(out.iterdir()) and not (out / MANIFEST_FILE).is_file():
-            raise ExportError(
+            raise ExportInputError(
                 f"output {out} exists, is not empty and is not an export directory; refusing to replace it"
             )
     parent = out.parent
@@ -113,7 +113,7 @@ def check_output(out: Path) -> None:
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ExportError(f"cannot write the export to {out}: {existing} is not a writable directory")
+        raise ExportInputError(f"cannot write the export to {out}: {existing} is not a writable directory")
 
 
 def check_tiers_exportable(run: RunDir, selected: list[Tier]) -> None:
@@ -122,7 +122,7 @@ def check_tiers_exportable(run: RunDir, selected: list[Tier]) -> None:
     for tier in selected:
         steps.select_front_end(run, tier.name)  # RunDirError: no client of this tier, or unloadable weights
         if tuple(tier.input_shape) != tuple(run.info.input_shape):
-            raise ExportError(
+            raise ExportInputError(
                 f"tier {tier.name} expects input {tuple(tier.input_shape)}, "
                 f"the run's data is {tuple(run.info.input_shape)}"
             )
@@ -152,7 +152,7 @@ def check_exit_rule(run: RunDir) -> None:
     """The manifest's threshold is on a score every phone runtime computes."""
     rule = run_exit_rule(run)
     if rule not in SHIPPED_EXIT_RULES:
-        raise ExportError(
+        raise ExportInputError(
             f"{run.path}'s phones exit by {rule}, but the phone runtimes answer locally by "
             f"{' or '.join(SHIPPED_EXIT_RULES)} only: export a run trained with one of those"
         )
@@ -529,11 +529,11 @@ def export_run(
     `p256_private_key` (ECDSA P-256, which Android verifies; without it the manifest carries the
     Ed25519 signature only) if given, else the pair in `key_dir` (default
     ~/.config/harmony-mobile/keys; generated on first use).
-    Raises RunDirError / ExportError / SigningKeyError before writing anything when the inputs are bad.
+    Raises RunDirError / ExportInputError / SigningKeyError before writing anything when the inputs are bad.
     """
     started = time.perf_counter()
     if max_batch < 1:
-        raise ExportError(f"--dynamic-batch must be >= 1, got {max_batch}")
+        raise ExportInputError(f"--dynamic-batch must be >= 1, got {max_batch}")
     run = open_run(run_dir)
     selected = resolve_tiers(run, tiers)
     check_tiers_exportable(run, selected)

@@ -32,6 +32,10 @@ class ExportError(RuntimeError):
     """An export step failed or produced an artifact that does not meet its contract."""
 
 
+class ExportInputError(ExportError):
+    """The export was asked for something it cannot do (a tier, an output path): nothing was written."""
+
+
 # --------------------------------------------------------------------------- select + wrap
 
 

@@ -21,6 +21,7 @@ app = typer.Typer(
     help="harmony-mobile: hybrid split federated learning on phones (train, bench, export, serve, demo).",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # a traceback's locals can hold tokens and secrets
 )
 console = Console()
 
@@ -47,6 +48,28 @@ def fail(message: str) -> None:
     # soft_wrap: file paths in messages stay whole, so they can be copied
     console.print(f"[red]error:[/red] {message}", soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def invalid(what: str, error) -> str:
+    """A pydantic ValidationError in one line: each bad field with its message."""
+    from rich.markup import escape
+
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in item['loc']) or 'value'}: {item['msg'].removeprefix('Value error, ')}"
+        for item in error.errors()
+    )
+    return escape(f"invalid {what}: {problems}")
+
+
+def read_yaml(path: Path, what: str):
+    """A settings file's content; a missing or unparsable file ends the command in one line."""
+    from harmony_mobile.yaml_files import YamlFileError
+    from harmony_mobile.yaml_files import read_yaml as read
+
+    try:
+        return read(path, what)
+    except YamlFileError as error:
+        fail(str(error))
 
 
 # What each extra of pyproject.toml lets a command import (an extra that includes another lists
@@ -230,13 +253,9 @@ def _share_lineage(source: Path, run_dir: Path) -> None:
 
 def _config_file_values(config: Path | None) -> dict:
     """The TrainConfig fields of a --config YAML/JSON file ({} without one)."""
-    import yaml
-
     if config is None:
         return {}
-    if not config.is_file():
-        fail(f"config file not found: {config}")
-    values = yaml.safe_load(config.read_text()) or {}
+    values = read_yaml(config, "config file") or {}
     if not isinstance(values, dict):
         fail(f"config file {config} must hold a mapping of TrainConfig fields")
     return values
@@ -265,7 +284,7 @@ def _train_with_engine(values: dict, run_dir: Path, engine: str, min_replies: in
                 fail(str(error))
         return train_config, run_training(train_config, run_dir)
     except ValidationError as error:
-        fail(f"invalid training configuration:\n{error}")
+        fail(invalid("training configuration", error))
     except (RunDirError, ValueError, FileNotFoundError) as error:
         fail(str(error))
 
@@ -363,7 +382,9 @@ def bench(
             extend_report=extend,
             reuse_runs_from=reuse_runs_from,
         )
-    except (FileNotFoundError, ValidationError, ValueError) as error:
+    except ValidationError as error:
+        fail(invalid("benchmark profile", error))
+    except (FileNotFoundError, ValueError) as error:
         fail(str(error))
 
 
@@ -380,6 +401,7 @@ class _ExportGroup(typer.core.TyperGroup):
 export_app = typer.Typer(
     cls=_ExportGroup,
     no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
     help="Quantize and export a run's front-ends per device tier (.pte, .mlpackage, signed manifest).\n\n"
     "  harmony export RUN_DIR --out DIR [--tiers a,b] [--dynamic-batch N] [--key-dir DIR]\n\n"
     "  harmony export verify DIR [--public-key FILE]",
@@ -426,25 +448,28 @@ def export(
 ) -> None:
     """(default) Export RUN_DIR to --out: fp32/int8 .pte, Core ML packages, back-end, report, signed manifest."""
     require_extras("export", "export")
-    from harmony_mobile.export.pipeline import export_run
-    from harmony_mobile.export.steps import ExportError
+    given = {"max_batch": dynamic_batch, "threads": threads}
+    options = dict(
+        tiers=comma_list(tiers, "--tiers"), key_dir=key_dir, allow_failed_variants=allow_failed_variants
+    )
+    options |= {name: value for name, value in given.items() if value is not None}
+    _print_export_result(_export_or_fail(run_dir, out, options), key_dir)
 
-    names = comma_list(tiers, "--tiers")
+
+def _export_or_fail(run_dir: Path, out: Path, options: dict):
+    """The export's result; bad input exits 2 (nothing was written), a failed export 1."""
+    from harmony_mobile.export.keys import SigningKeyError
+    from harmony_mobile.export.pipeline import export_run
+    from harmony_mobile.export.steps import ExportError, ExportInputError
+    from harmony_mobile.run_dir import RunDirError
+
     try:
-        given = {"max_batch": dynamic_batch, "threads": threads}
-        result = export_run(
-            run_dir,
-            out,
-            tiers=names,
-            key_dir=key_dir,
-            console=console,
-            allow_failed_variants=allow_failed_variants,
-            **{name: value for name, value in given.items() if value is not None},
-        )
+        return export_run(run_dir, out, console=console, **options)
+    except (ExportInputError, RunDirError, SigningKeyError) as error:
+        fail(str(error))
     except (ExportError, ValueError, OSError) as error:
         console.print(f"[red]export failed:[/red] {error}", soft_wrap=True)
         raise typer.Exit(code=1) from None
-    _print_export_result(result, key_dir)
 
 
 def _print_export_result(result, key_dir: Path | None) -> None:
@@ -510,6 +535,10 @@ def export_verify(
     """Check the manifest signature and every file's sha256 and size; non-zero exit naming each mismatch."""
     from harmony_mobile.export.manifest import ManifestError, verify_manifest
 
+    if not directory.is_dir():
+        fail(f"{directory} is not a directory (give the folder `harmony export` wrote)")
+    if public_key is not None and not public_key.is_file():
+        fail(f"--public-key {public_key} is not a file")
     try:
         manifest = verify_manifest(directory, public_key)
     except ManifestError as error:
@@ -606,6 +635,22 @@ def _print_app_install(platform: str, result) -> None:
     )
 
 
+ProvisionExportOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--export",
+        help="an export of this run: the payload names, per tier, the classes its front-end's "
+        "phone holds (what a slot-gated tier gates by on a demo app)",
+    ),
+]
+ProvisionPublicKeyOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--public-key", help="pinned signing_key.pub the --export must be signed with (default: its own)"
+    ),
+]
+
+
 @app.command("provision")
 def provision_command(
     out: Annotated[
@@ -628,20 +673,8 @@ def provision_command(
         str | None, typer.Option(help="the enrolled device's tier (with --admin-token-file)")
     ] = None,
     name: Annotated[str | None, typer.Option(help="the enrolled device's name")] = None,
-    export_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--export",
-            help="an export of this run: the payload names, per tier, the classes its front-end's "
-            "phone holds (what a slot-gated tier gates by on a demo app)",
-        ),
-    ] = None,
-    public_key: Annotated[
-        Path | None,
-        typer.Option(
-            "--public-key", help="pinned signing_key.pub the --export must be signed with (default: its own)"
-        ),
-    ] = None,
+    export_dir: ProvisionExportOption = None,
+    public_key: ProvisionPublicKeyOption = None,
 ) -> None:
     """Write a provisioning payload: the run's federation secret (and, with --admin-token-file, a
     device enrolment; with --export, each tier's own classes) for one phone, as the deep link its QR
@@ -655,7 +688,9 @@ def provision_command(
     )
     from harmony_mobile.run_dir import RunDirError
 
-    secret_path = run_dir / "clients" / "federation_secret"
+    secret_path = _checked_secret_path(
+        run_dir, admin_token_file is not None or (tier is None and name is None)
+    )
     try:
         own = None if export_dir is None else _own_classes_of(run_dir, export_dir, public_key)
         device = None
@@ -670,6 +705,15 @@ def provision_command(
     except (ProvisioningError, RunDirError, OSError) as error:
         fail(str(error))
     console.print(f"wrote {written} (owner-only: it holds the federation secret)", soft_wrap=True)
+
+
+def _checked_secret_path(run_dir: Path, device_flags_fit: bool) -> Path:
+    secret_path = run_dir / "clients" / "federation_secret"
+    if not secret_path.is_file():
+        fail(f"{run_dir} holds no training run's federation secret ({secret_path}): pass --run RUN_DIR")
+    if not device_flags_fit:
+        fail("--tier and --name name the device --admin-token-file enrols: pass it too")
+    return secret_path
 
 
 def _own_classes_of(run_dir: Path, export_dir: Path, public_key: Path | None):
@@ -707,7 +751,13 @@ def _repository_or_none() -> Path | None:
         return None
 
 
-def _serve_settings(explicit: dict[str, Any]) -> Settings:
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+LogLevelOption = Annotated[str, typer.Option(help=f"uvicorn log level: {' | '.join(UVICORN_LOG_LEVELS)}")]
+
+
+def _serve_settings(explicit: dict[str, Any], log_level: str = "info") -> Settings:
     """The server's settings, after checking that its model dir (if any) can be served."""
     from pydantic import ValidationError
     from rich.markup import escape
@@ -715,10 +765,12 @@ def _serve_settings(explicit: dict[str, Any]) -> Settings:
     from harmony_mobile.server.launch import ModelDirError, check_model_dir, resolve_settings
     from harmony_mobile.server.services.runtimes import RuntimeChoiceError, make_runtime
 
+    if log_level not in UVICORN_LOG_LEVELS:
+        fail(f"--log-level {log_level!r}: one of {', '.join(UVICORN_LOG_LEVELS)}")
     try:
         settings = resolve_settings(explicit)
     except ValidationError as error:
-        fail(f"invalid server settings: {error}")
+        fail(invalid("server settings", error))
     if settings.run_alignment and settings.runtime != "onnx":
         require_extras("serve", "alignment")  # rounds train g with torch (off: --no-alignment)
     try:
@@ -742,7 +794,7 @@ def serve(
         Path | None, typer.Option(help="export dir: backend/backend.pt imported, manifest.json served")
     ] = None,
     host: Annotated[str, typer.Option(help="bind address (put TLS in front)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free one)")] = 8000,
     workers: Annotated[int, typer.Option(min=1, help="server processes sharing the port")] = 1,
     admin_token: Annotated[
         str | None, typer.Option(help="admin token [env HARMONY_ADMIN_TOKEN; default <data-dir>/admin_token]")
@@ -768,11 +820,11 @@ def serve(
     ] = None,
     torch_threads: Annotated[int | None, typer.Option(help="torch.set_num_threads")] = None,
     onnx_threads: Annotated[int | None, typer.Option(help="ONNX Runtime intra-op threads")] = None,
-    log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
+    log_level: LogLevelOption = "info",
 ) -> None:
-    """Run the FastAPI fallback server (protocol in docs/PROTOCOL.md). A flag left out keeps the value
+    r"""Run the FastAPI fallback server (protocol in docs/PROTOCOL.md). A flag left out keeps the value
     of its HARMONY_* environment variable (e.g. HARMONY_MAX_BATCH), else the default. Alignment
-    rounds need the [alignment] extra (torch); a --no-alignment replica runs on [server] alone,
+    rounds need the \[alignment] extra (torch); a --no-alignment replica runs on \[server] alone,
     serving the export's backend.onnx through ONNX Runtime (--runtime onnx, the default without torch)."""
     require_extras("serve", "server")
     from harmony_mobile.server.launch import run
@@ -790,7 +842,7 @@ def serve(
         torch_threads=torch_threads,
         onnx_threads=onnx_threads,
     )
-    settings = _serve_settings(explicit)
+    settings = _serve_settings(explicit, log_level)
     _announce(settings, host, port, workers)
     run(settings, explicit, host, port, workers, log_level)
 
@@ -798,9 +850,8 @@ def serve(
 def _announce(settings: Settings, host: str, port: int, workers: int) -> None:
     if settings.admin_token is None:
         console.print(f"admin token: {settings.data_dir / 'admin_token'} (mode 0600)")
-    console.print(
-        f"serving on http://{host}:{port} with {workers} process(es)  (status page /, metrics /metrics)"
-    )
+    where = f"http://{host}:{port}" if port else f"a free port of {host} (uvicorn's line names it)"
+    console.print(f"serving on {where} with {workers} process(es)  (status page /, metrics /metrics)")
 
 
 @app.command()
@@ -813,10 +864,11 @@ def demo(
         str | None, typer.Option(help="bundled data set: mnist5k or digits; default: the demo's")
     ] = None,
     rounds: Annotated[
-        int | None, typer.Option(help="training rounds (default: the demo's small budget)")
+        int | None, typer.Option(min=1, help="training rounds (default: the demo's small budget)")
     ] = None,
     drift_steps: Annotated[
-        int | None, typer.Option(help="on-device training steps per phone (ExecuTorch training .pte)")
+        int | None,
+        typer.Option(min=0, help="on-device training steps per phone (ExecuTorch training .pte)"),
     ] = None,
     seed: Annotated[int | None, typer.Option(help="default: the demo's")] = None,
     algorithm: Annotated[
@@ -832,14 +884,12 @@ def demo(
 ) -> None:
     """The whole product end to end on bundled data: train, export, serve, simulated phones, drift, alignment."""
     require_extras("demo", "server", "export", "train")
-    from harmony_mobile.demo import DemoConfig, DemoError, run_demo
+    from harmony_mobile.demo import DemoError, run_demo
 
     given = dict(
         out=out, dataset=dataset, rounds=rounds, drift_steps=drift_steps, seed=seed, algorithm=algorithm
     )
-    config = DemoConfig(
-        reuse_run=reuse_run, **{name: value for name, value in given.items() if value is not None}
-    )
+    config = _demo_config(reuse_run, {name: value for name, value in given.items() if value is not None})
     try:
         # piped output (make demo | tee, CI logs) gets a width at which the summary table fits
         run_demo(config, console if console.is_terminal else Console(width=170))
@@ -850,6 +900,31 @@ def demo(
         fail(str(error))
 
 
+def _demo_config(reuse_run: bool, given: dict):
+    """The demo's settings, each checked before its first step: a bad one ends the command here."""
+    from pydantic import ValidationError
+
+    from harmony_mobile.data import DATASETS
+    from harmony_mobile.demo import DemoConfig
+    from harmony_mobile.training import build_algorithm, check_config
+
+    if given.get("dataset", DemoConfig.dataset) not in DATASETS:
+        fail(f"unknown dataset {given['dataset']!r}: one of {', '.join(DATASETS)}")
+    config = DemoConfig(reuse_run=reuse_run, **given)
+    try:
+        train_config = config.train_config()
+        check_config(train_config)
+    except ValidationError as error:
+        fail(invalid("demo settings", error))
+    except ValueError as error:
+        fail(str(error))
+    if not build_algorithm(train_config.algorithm, train_config.algorithm_config).uses_split:
+        fail(
+            f"--algorithm {train_config.algorithm!r}: the demo's phones fall back to a server: a split method"
+        )
+    return config
+
+
 @app.command()
 def info(
     tiers_file: Annotated[Path | None, typer.Option("--tiers", help="tiers YAML (default: built-in)")] = None,
@@ -858,8 +933,7 @@ def info(
     """Print versions, device tiers and which datasets are available."""
     from importlib.metadata import PackageNotFoundError, version
 
-    from harmony_mobile.models import load_tiers
-
+    tiers = _tiers_or_fail(tiers_file)  # a bad file ends the command before anything is printed
     versions = Table(title="versions")
     versions.add_column("package")
     versions.add_column("version")
@@ -881,7 +955,7 @@ def info(
     tier_table = Table(title=f"device tiers ({tiers_file or 'built-in defaults'})")
     for column in ("name", "family", "split depth", "width", "quantization", "backends", "threshold"):
         tier_table.add_column(column)
-    for tier in load_tiers(tiers_file).tiers:
+    for tier in tiers.tiers:
         tier_table.add_row(
             tier.name,
             tier.family,
@@ -893,6 +967,19 @@ def info(
         )
     console.print(tier_table)
     _print_datasets(data_root)
+
+
+def _tiers_or_fail(tiers_file: Path | None):
+    from pydantic import ValidationError
+
+    from harmony_mobile.models import TierSet, load_tiers
+
+    if tiers_file is None:
+        return load_tiers()
+    try:
+        return TierSet.model_validate(read_yaml(tiers_file, "tiers file"))
+    except ValidationError as error:
+        fail(invalid(f"tiers file {tiers_file}", error))
 
 
 def _print_datasets(data_root: Path | None) -> None:

@@ -55,6 +55,11 @@ def check_model_dir(model_dir: Path | None, runtime: Runtime) -> None:
         raise ModelDirError(
             f"model dir {model_dir} is not a directory (give the folder `harmony export` wrote)"
         )
+    if (model_dir / "run.json").is_file() and not (model_dir / MANIFEST_FILE).is_file():
+        raise ModelDirError(
+            f"{model_dir} is a training run, not an export: serve the folder "
+            f"`harmony export {model_dir} --out DIR` writes"
+        )
     for name in (MANIFEST_FILE, SIGNATURE_FILE, P256_SIGNATURE_FILE):
         path = model_dir / name
         if path.is_file():

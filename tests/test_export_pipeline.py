@@ -356,13 +356,14 @@ def test_cli_export_then_verify(run_path, tmp_path):
 
 
 def test_cli_errors_are_clear(run_path, tmp_path):
+    """Bad input (a tier, a run dir, a folder) exits 2 before any work, like every command's."""
     runner = CliRunner()
     result = runner.invoke(app, ["export", str(run_path), "--out", str(tmp_path / "o"), "--tiers", "watch"])
-    assert result.exit_code == 1 and "unknown tier 'watch'" in result.output
+    assert result.exit_code == 2 and "unknown tier 'watch'" in result.output
     # a path longer than the terminal is printed whole on one line, so it can be copied
     missing = tmp_path / ("missing-" + "x" * 100)
     result = runner.invoke(app, ["export", str(missing), "--out", str(tmp_path / "o")])
-    assert result.exit_code == 1 and f"{missing} is not a harmony run directory" in result.output
+    assert result.exit_code == 2 and f"{missing} is not a harmony run directory" in result.output
     result = runner.invoke(app, ["export", "verify", str(tmp_path / "missing")])
-    assert result.exit_code == 1 and "not a directory" in result.output
+    assert result.exit_code == 2 and "not a directory" in result.output
     assert not (tmp_path / "o").exists()

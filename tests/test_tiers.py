@@ -3,6 +3,7 @@ from pydantic import ValidationError
 
 from harmony_mobile.models import FAMILIES, SPLIT_DEPTHS, load_tiers
 from harmony_mobile.models.tiers import TierSet
+from harmony_mobile.yaml_files import YamlFileError
 
 
 def test_default_tiers_span_three_families_and_three_depths():
@@ -59,6 +60,10 @@ def test_duplicate_names_and_lookup():
     assert tiers.with_input_shape((3, 32, 32)).tiers[0].input_shape == (3, 32, 32)
 
 
-def test_missing_tiers_file(tmp_path):
-    with pytest.raises(FileNotFoundError, match="tiers file not found"):
+def test_missing_or_broken_tiers_file(tmp_path):
+    with pytest.raises(YamlFileError, match="tiers file not found"):
         load_tiers(tmp_path / "absent.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("tiers: [\n")
+    with pytest.raises(YamlFileError, match=r"is not valid YAML: .*\(line 2, column 1\)"):
+        load_tiers(broken)

@@ -15,12 +15,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from harmony_mobile.algorithms.harmony import Harmony
 from harmony_mobile.algorithms.registry import ALGORITHMS, RENAMED, check_algorithm
 from harmony_mobile.training import TrainConfig
+from harmony_mobile.yaml_files import read_yaml
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "benchmarks" / "configs"
@@ -366,7 +366,9 @@ def load_profile(name_or_path: str | Path) -> BenchProfile:
     if not path.is_file():
         known = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml")) if CONFIG_DIR.is_dir() else []
         raise FileNotFoundError(f"no benchmark profile {name_or_path!r} ({path}); known: {', '.join(known)}")
-    data = yaml.safe_load(path.read_text()) or {}
+    data = read_yaml(path, "benchmark profile") or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"benchmark profile {path} must hold a mapping of profile fields")
     if (data.get("budget_check") or {}).get("settings") == []:  # only a narrowed profile checks none
         raise ValueError(f"{path}: budget_check settings is empty; leave it out to check the tuning settings")
     train = data.get("train") or {}

@@ -39,12 +39,15 @@ class DeviceCredentials:
 
 def enrol(base_url: str, admin_token: str, tier: str, name: str | None = None, timeout: float = 10.0) -> dict:
     """Provisioning step (operator side, admin token): POST /v1/devices; returns the enrolment JSON."""
-    response = httpx.post(
-        f"{base_url}/v1/devices",
-        json={"tier": tier, **({"name": name} if name else {})},
-        headers={"Authorization": f"Bearer {admin_token}"},
-        timeout=timeout,
-    )
+    try:
+        response = httpx.post(
+            f"{base_url}/v1/devices",
+            json={"tier": tier, **({"name": name} if name else {})},
+            headers={"Authorization": f"Bearer {admin_token}"},
+            timeout=timeout,
+        )
+    except (httpx.HTTPError, httpx.InvalidURL) as error:
+        raise DeviceError(f"enrolment failed: cannot reach {base_url}: {error}") from None
     if response.status_code != 201:
         raise DeviceError(f"enrolment failed: {response.status_code} {response.text}")
     return response.json()

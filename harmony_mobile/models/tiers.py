@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from harmony_mobile.models.constants import FAMILIES, SPLIT_DEPTHS
+from harmony_mobile.yaml_files import read_yaml
 
 DEFAULT_TIERS_FILE = Path(__file__).with_name("default_tiers.yaml")
 
@@ -109,8 +109,4 @@ class TierSet(BaseModel):
 
 def load_tiers(path: str | Path | None = None) -> TierSet:
     """Read a tiers YAML (or JSON) file; None reads the defaults."""
-    path = Path(path) if path is not None else DEFAULT_TIERS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"tiers file not found: {path}")
-    raw = yaml.safe_load(path.read_text())
-    return TierSet.model_validate(raw)
+    return TierSet.model_validate(read_yaml(path if path is not None else DEFAULT_TIERS_FILE, "tiers file"))

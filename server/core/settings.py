@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from harmony_mobile.protocol.wire import MAX_UPLOAD_ROWS
@@ -51,6 +51,21 @@ class Settings(BaseSettings):
         default=2.0, gt=0, description="how often the default version is re-read from the (shared) store"
     )
     model_name: str = MODEL_NAME
+
+    @field_validator("data_dir")
+    @classmethod
+    def _a_directory(cls, value: Path) -> Path:
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} exists and is not a directory")
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _a_known_database(cls, value: SecretStr | None) -> SecretStr | None:
+        scheme = value.get_secret_value().partition("://")[0] if value is not None else "sqlite"
+        if scheme.partition("+")[0] not in ("sqlite", "postgresql", "postgres"):  # no password echoed
+            raise ValueError(f"{scheme or 'no scheme'}: use sqlite:// or postgresql://user:pass@host/db")
+        return value
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="413 above this")
     max_request_rows: int = Field(default=64, ge=1, description="feature rows per infer request")
