@@ -689,7 +689,7 @@ def provision_command(
     from harmony_mobile.run_dir import RunDirError
 
     secret_path = _checked_secret_path(
-        run_dir, admin_token_file is not None or (tier is None and name is None)
+        run_dir, admin_token_file is not None, tier is not None or name is not None
     )
     try:
         own = None if export_dir is None else _own_classes_of(run_dir, export_dir, public_key)
@@ -707,11 +707,12 @@ def provision_command(
     console.print(f"wrote {written} (owner-only: it holds the federation secret)", soft_wrap=True)
 
 
-def _checked_secret_path(run_dir: Path, device_flags_fit: bool) -> Path:
+def _checked_secret_path(run_dir: Path, enrols: bool, names_a_device: bool) -> Path:
+    """The run's federation secret file, once the flags that go with it are known to fit."""
     secret_path = run_dir / "clients" / "federation_secret"
     if not secret_path.is_file():
         fail(f"{run_dir} holds no training run's federation secret ({secret_path}): pass --run RUN_DIR")
-    if not device_flags_fit:
+    if names_a_device and not enrols:
         fail("--tier and --name name the device --admin-token-file enrols: pass it too")
     return secret_path
 
