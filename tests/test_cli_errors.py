@@ -55,7 +55,7 @@ def test_a_bad_training_setting_is_named_in_one_line(tmp_path):
         output == "error: invalid training configuration: rounds: Input should be greater than or equal to 1"
     )
     output = refused(["train", str(tmp_path / "run"), "--dataset", "cifar10"])
-    assert "as --data-root of harmony train, bench or info" in output
+    assert "pass data_root (--data-root of harmony train, bench or info)" in output
 
 
 def test_serve_refuses_bad_settings_before_it_starts(tmp_path, monkeypatch):

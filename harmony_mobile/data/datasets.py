@@ -281,8 +281,8 @@ def _locate(name: str, data_root: str | Path | None) -> dict[str, Path]:
         return _locate_idx(system.parent, (system.name,))
     if data_root is None:
         raise DatasetError(
-            f"dataset {name!r} is read from files: pass the folder that holds them ({DATASETS[name]}) "
-            "as --data-root of harmony train, bench or info"
+            f"dataset {name!r} is read from files: pass data_root (--data-root of harmony train, bench or "
+            f"info), the folder that holds them ({DATASETS[name]})"
         )
     root = Path(data_root)
     if name == "cifar10":
