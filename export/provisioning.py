@@ -256,11 +256,19 @@ def own_classes_of_export(run: RunDir, manifest: Manifest, export_dir: Path) -> 
     return own
 
 
+def _app_trees_above(path: Path) -> list[Path]:
+    """The demo apps' folders of any checkout `path` lies in, wherever the command runs from."""
+    for parent in path.resolve().parents:
+        if (parent / "android_demo").is_dir() and (parent / "ios_demo").is_dir():
+            return [parent / "android_demo", parent / "ios_demo"]
+    return []
+
+
 def write_payload(path: Path, text: str, app_roots: list[Path]) -> Path:
     """Write the payload owner-only (0600 from the first byte) to `path`, which must lie outside the
     apps' trees: a payload there would be packaged into the app."""
     path = Path(path).expanduser().absolute()
-    for root in app_roots:
+    for root in [*app_roots, *_app_trees_above(path)]:
         if path.resolve().is_relative_to(Path(root).resolve()):
             raise ProvisioningError(
                 f"{path} is inside {root}: a payload there would ship in the app; write it elsewhere"

@@ -755,7 +755,17 @@ def _repository_or_none() -> Path | None:
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-LogLevelOption = Annotated[str, typer.Option(help=f"uvicorn log level: {' | '.join(UVICORN_LOG_LEVELS)}")]
+# the server's own settings read HARMONY_* themselves (server/core/settings.py); these are uvicorn's
+HostOption = Annotated[str, typer.Option(envvar="HARMONY_HOST", help="bind address (put TLS in front)")]
+PortOption = Annotated[
+    int, typer.Option(min=0, max=65535, envvar="HARMONY_PORT", help="TCP port (0: any free one)")
+]
+WorkersOption = Annotated[
+    int, typer.Option(min=1, envvar="HARMONY_WORKERS", help="server processes sharing the port")
+]
+LogLevelOption = Annotated[
+    str, typer.Option(envvar="HARMONY_LOG_LEVEL", help=f"uvicorn log level: {' | '.join(UVICORN_LOG_LEVELS)}")
+]
 
 
 def _serve_settings(explicit: dict[str, Any], log_level: str = "info") -> Settings:
@@ -794,9 +804,9 @@ def serve(
     model_dir: Annotated[
         Path | None, typer.Option(help="export dir: backend/backend.pt imported, manifest.json served")
     ] = None,
-    host: Annotated[str, typer.Option(help="bind address (put TLS in front)")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port (0: any free one)")] = 8000,
-    workers: Annotated[int, typer.Option(min=1, help="server processes sharing the port")] = 1,
+    host: HostOption = "127.0.0.1",
+    port: PortOption = 8000,
+    workers: WorkersOption = 1,
     admin_token: Annotated[
         str | None, typer.Option(help="admin token [env HARMONY_ADMIN_TOKEN; default <data-dir>/admin_token]")
     ] = None,
@@ -828,8 +838,6 @@ def serve(
     rounds need the \[alignment] extra (torch); a --no-alignment replica runs on \[server] alone,
     serving the export's backend.onnx through ONNX Runtime (--runtime onnx, the default without torch)."""
     require_extras("serve", "server")
-    from harmony_mobile.server.launch import run
-
     explicit = dict(
         data_dir=data_dir,
         model_dir=model_dir,
@@ -844,6 +852,17 @@ def serve(
         onnx_threads=onnx_threads,
     )
     settings = _serve_settings(explicit, log_level)
+    _start(settings, explicit, host, port, workers, log_level)
+
+
+def _start(settings: Settings, explicit: dict, host: str, port: int, workers: int, log_level: str) -> None:
+    """Check that the server can start here (one line if not), say where it listens, and run it."""
+    from harmony_mobile.server.launch import LaunchError, check_can_start, run
+
+    try:
+        check_can_start(settings, host, port)
+    except LaunchError as error:
+        fail(str(error))
     _announce(settings, host, port, workers)
     run(settings, explicit, host, port, workers, log_level)
 

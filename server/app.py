@@ -32,6 +32,7 @@ from harmony_mobile.server.services.state import ServerState
 from harmony_mobile.server.services.store import Store
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from harmony_mobile.files import private_dir
 from harmony_mobile.models import load_tiers
 
 log = logging.getLogger("harmony_mobile.server")
@@ -75,8 +76,7 @@ def _manifest_fields(manifest_text: str | None) -> tuple[dict[str, str | None], 
 
 def build_state(settings: Settings, metrics: ServerMetrics) -> ServerState:
     runtime = make_runtime(settings)  # first: a runtime that cannot run here stops before any file is made
-    data_dir = Path(settings.data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir = private_dir(Path(settings.data_dir))  # the store holds uploads and token hashes
     url = settings.database_url.get_secret_value() if settings.database_url else None
     store = Store(data_dir, url)
     server_key = load_or_create_server_key(data_dir)
@@ -178,14 +178,18 @@ def create_app(settings: Settings) -> FastAPI:
             state.store.close()
 
     app = FastAPI(
-        title="harmony-mobile fallback server", version="1", description=DESCRIPTION, lifespan=lifespan
+        title="harmony-mobile fallback server",
+        version="1",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        redirect_slashes=False,  # a path with a stray slash is 404, not a redirect clients must follow
     )
     app.state.harmony = state
 
     install_error_handlers(app)
     install_openapi(app)
 
-    @app.get("/metrics", include_in_schema=False)
+    @app.api_route("/metrics", methods=["GET", "HEAD"], include_in_schema=False)
     def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,10 @@ from fastapi import FastAPI
 from harmony_mobile.server.app import create_app
 from harmony_mobile.server.core.metrics import MULTIPROCESS_ENV, process_is_running
 from harmony_mobile.server.core.settings import Settings
+from harmony_mobile.server.services.store import Store
+from sqlalchemy.exc import SQLAlchemyError
+
+from harmony_mobile.files import private_dir
 
 if TYPE_CHECKING:
     from harmony_mobile.server.services.runtimes import Runtime
@@ -76,6 +81,41 @@ def check_model_dir(model_dir: Path | None, runtime: Runtime) -> None:
             runtime.check_import(source, model_dir / ONNX_IN_MODEL_DIR, sha)
         except BackendFileError as error:
             raise ModelDirError(str(error)) from None
+
+
+class LaunchError(ValueError):
+    """The server cannot start as asked: the address is taken, the data dir or the store unusable."""
+
+
+def check_can_start(settings: Settings, host: str, port: int) -> None:
+    """Before anything is written or forked: the address is free, the data dir is (or can be made)
+    owner-only and writable, and the store opens (a PostgreSQL server must be reachable)."""
+    if port:
+        _check_address_free(host, port)
+    try:
+        data_dir = private_dir(Path(settings.data_dir))
+    except OSError as error:
+        raise LaunchError(f"cannot use data dir {settings.data_dir}: {error.strerror or error}") from None
+    if not os.access(data_dir, os.W_OK | os.X_OK):
+        raise LaunchError(f"cannot write to data dir {data_dir}")
+    url = settings.database_url.get_secret_value() if settings.database_url else None
+    try:
+        Store(data_dir, url).close()
+    except (SQLAlchemyError, OSError) as error:
+        reason = getattr(error, "orig", None) or error
+        first_line = str(reason).strip().splitlines()[0] if str(reason).strip() else type(reason).__name__
+        where = "PostgreSQL" if url is not None else f"SQLite in {data_dir}"
+        raise LaunchError(f"cannot open the store ({where}): {first_line}") from None
+
+
+def _check_address_free(host: str, port: int) -> None:
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+            probe.bind(address)
+    except OSError as error:
+        raise LaunchError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
 
 
 def resolve_settings(explicit: dict[str, Any]) -> Settings:

@@ -101,6 +101,10 @@ def test_harmony_provision_refuses_the_app_trees_and_a_missing_run(run, tmp_path
     result = CliRunner().invoke(app, ["provision", "--run", str(run), "--out", str(inside)])
     assert result.exit_code == 2 and "ship in the app" in " ".join(result.output.split())
     assert not inside.exists()
+    monkeypatch.chdir(tmp_path)  # run from outside the checkout: the app trees are still found
+    result = CliRunner().invoke(app, ["provision", "--run", str(run), "--out", str(inside)])
+    assert result.exit_code == 2 and "ship in the app" in " ".join(result.output.split())
+    assert not inside.exists()
     missing = CliRunner().invoke(app, ["provision", "--run", str(tmp_path / "nope"), "--out", "-"])
     assert missing.exit_code == 2 and "federation_secret" in missing.output
     printed = CliRunner().invoke(app, ["provision", "--run", str(run), "--out", "-"])

@@ -463,7 +463,7 @@ def test_body_limit_on_content_length_and_on_streamed_bytes(tmp_path, model_dir)
                 yield body[i : i + 1000]
 
         streamed = client.post(INFER, content=chunks(), headers={**auth, **BINARY})
-        assert streamed.status_code == 413 and "the limit is 4096 bytes" in error_message(streamed)
+        assert streamed.status_code == 413 and "over the limit of 4096 bytes" in error_message(streamed)
         small = client.post(INFER, content=b"HMFT", headers={**auth, **BINARY})
         assert small.status_code == 400  # under the limit: reaches the decoder
 
@@ -571,7 +571,8 @@ def test_metrics_and_status_page(client, auth):
         ("post", "/v2/health/live", "GET"),
         ("get", "/v2/models/harmony-backend/infer", "POST"),
         ("delete", "/v1/uploads", "POST"),
-        ("patch", "/metrics", "GET"),
+        ("patch", "/metrics", "GET, HEAD"),
+        ("post", "/", "GET, HEAD"),
     ],
 )
 def test_wrong_method_is_405_with_every_allowed_method(client, method, path, allow):

@@ -8,14 +8,13 @@ No exception escapes to uvicorn: an unexpected one is answered with a JSON 500 a
 from __future__ import annotations
 
 import logging
-import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
-from starlette.routing import Route, compile_path
+from starlette.routing import Match
 
 log = logging.getLogger("harmony_mobile.server")
 
@@ -74,29 +73,18 @@ def validation_message(errors: list[dict]) -> str:
     return f"invalid request: {problems}"
 
 
-def _method_table(app: FastAPI) -> list[tuple[re.Pattern, frozenset[str]]]:
-    """(path regex, methods) of every route. Built from the OpenAPI paths plus the top-level plain
-    routes (/metrics, /docs...): FastAPI nests included routers, so app.routes is not flat."""
-    table = getattr(app.state, "method_table", None)
-    if table is None:
-        methods: dict[str, set[str]] = {}
-        for path, item in app.openapi()["paths"].items():
-            methods.setdefault(path, set()).update(m.upper() for m in item)
-        for route in app.router.routes:
-            if isinstance(route, Route) and route.methods:
-                methods.setdefault(route.path, set()).update(route.methods)
-        table = [(compile_path(path)[0], frozenset(allowed)) for path, allowed in methods.items()]
-        app.state.method_table = table
-    return table
+HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
-def allowed_methods(app: FastAPI, path: str) -> list[str]:
-    """Every method some route serves at this path (Starlette's own 405 names one route's only)."""
-    found: set[str] = set()
-    for pattern, methods in _method_table(app):
-        if pattern.match(path):
-            found |= methods
-    return sorted(found)
+def allowed_methods(app: FastAPI, scope: dict) -> list[str]:
+    """Every method some route serves at this request's path: each route is asked whether it would
+    take the request with that method (included routers nest, so there is no flat route list)."""
+    found = []
+    for method in HTTP_METHODS:
+        probe = {**scope, "method": method}
+        if any(route.matches(probe)[0] == Match.FULL for route in app.router.routes):
+            found.append(method)
+    return found
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -105,7 +93,7 @@ def install_error_handlers(app: FastAPI) -> None:
         headers = dict(error.headers or {})
         message = error.detail if isinstance(error.detail, str) else str(error.detail)
         if error.status_code == 405:
-            allow = allowed_methods(request.app, request.url.path)
+            allow = allowed_methods(request.app, request.scope)
             headers["Allow"] = ", ".join(allow)
             message = f"method {request.method} is not allowed here; allowed: {', '.join(allow)}"
         elif error.status_code == 404 and message == "Not Found":
@@ -115,7 +103,13 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
         # One readable sentence, like every other error (the apps show it as a string).
-        return error_response(request.url.path, 422, validation_message(error.errors()))
+        message = validation_message(error.errors())
+        content_type = request.headers.get("content-type", "")
+        if any(e["loc"] == ("body",) for e in error.errors()) and "json" not in content_type:
+            message += (
+                f" (the body is read as JSON: send Content-Type: application/json, not {content_type!r})"
+            )
+        return error_response(request.url.path, 422, message)
 
     @app.exception_handler(OperationalError)
     async def store_unavailable(request: Request, error: OperationalError) -> JSONResponse:

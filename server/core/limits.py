@@ -19,8 +19,9 @@ BODY_RECEIVED = "harmony.body_received"
 
 
 def too_large_message(limit: int, size: int | None = None) -> str:
-    got = f"{size} bytes" if size is not None else "more"
-    return f"request body is {got}; the limit is {limit} bytes (max_body_bytes)"
+    if size is None:  # a chunked body that went past the limit before it ended
+        return f"request body is over the limit of {limit} bytes (max_body_bytes)"
+    return f"request body is {size} bytes; the limit is {limit} bytes (max_body_bytes)"
 
 
 class BodySizeLimitMiddleware:

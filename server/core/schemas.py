@@ -31,9 +31,10 @@ JsonInt = Annotated[int, Field(strict=False), BeforeValidator(_number_not_text)]
 
 
 class _Strict(BaseModel):
-    """Request bodies: unknown keys refused, and no coercion ("3" is not an integer, 1.0 not a bool)."""
+    """Request bodies: unknown keys refused, no coercion ("3" is not an integer, 1.0 not a bool), and
+    NaN or infinity is named as such (not as out of range)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 # ---------------------------------------------------------------- errors and health

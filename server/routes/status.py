@@ -42,7 +42,7 @@ def _table(header: list[str], rows: list[list[object]]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse, include_in_schema=False)
 def status_page(state: StateDep) -> HTMLResponse:
     default = state.registry.default()
     metrics = state.metrics

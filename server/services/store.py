@@ -19,6 +19,7 @@ so it holds across replicas, not only inside one process.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -212,6 +213,10 @@ def _sqlite_engine(url: str) -> Engine:
 def make_engine(data_dir: Path, url: str | None) -> Engine:
     resolved = database_url(data_dir, url)
     if resolved.startswith("sqlite"):
+        if url is None:  # owner-only: SQLite gives its journal files the database's mode
+            descriptor = os.open(Path(data_dir) / DB_FILE, os.O_WRONLY | os.O_CREAT, 0o600)
+            os.fchmod(descriptor, 0o600)  # a store made before with wider permissions
+            os.close(descriptor)
         return _sqlite_engine(resolved)
     return create_engine(resolved, pool_pre_ping=True, pool_size=8, max_overflow=8)
 
