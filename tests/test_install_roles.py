@@ -111,6 +111,7 @@ def test_a_replica_without_alignment_needs_no_torch(monkeypatch, tmp_path):
     )
     started = []
     monkeypatch.setattr("harmony_mobile.server.launch.run", lambda settings, *args: started.append(settings))
+    monkeypatch.setattr("harmony_mobile.server.launch.check_can_start", lambda *args: None)  # port 8000
     result = CliRunner().invoke(cli.app, ["serve", "--no-alignment", "--data-dir", str(tmp_path / "data")])
     assert result.exit_code == 0, result.output
     assert started and not started[0].run_alignment
