@@ -837,7 +837,8 @@ def _server_errors() -> list[dict]:
              request=_request("POST", "/v1/devices", {**ADMIN, **JSON_TYPE, "Content-Encoding": "br"},
                               {"name": "pixel-8-br"})),
         dict(name="v1 body whose Content-Type is not JSON", status=422, path="/v1/devices",
-             message="invalid request: body: Input should be a valid dictionary or instance of EnrolRequest",
+             message="invalid request: body: Input should be a valid dictionary or instance of EnrolRequest"
+                     " (the body is read as JSON: send Content-Type: application/json, not 'text/plain')",
              request=_request("POST", "/v1/devices", {**ADMIN, "Content-Type": "text/plain"},
                               {"name": "pixel-8-text"})),
         dict(name="v1 unknown round", status=404, path="/v1/alignment/rounds/7",
