@@ -225,7 +225,17 @@ def test_malformed_http_is_a_json_400(base_url, path, key):
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost test\r\n\r\n".encode())  # header without a colon
         response, _ = read_until_closed(sock)
     status, body = status_and_json(response)
-    assert status == 400 and set(body) == {key} and body[key], body
+    assert (
+        status == 400 and set(body) == {key} and body[key] == "malformed HTTP request: Invalid header token"
+    )
+
+
+def test_a_content_length_that_is_no_number_is_named(base_url):
+    with connect(base_url) as sock:
+        sock.sendall(b"POST /v1/devices HTTP/1.1\r\nHost: test\r\nContent-Length: abc\r\n\r\n")
+        response, _ = read_until_closed(sock)
+    status, body = status_and_json(response)
+    assert (status, body) == (400, {"detail": "malformed HTTP request: Invalid character in Content-Length"})
 
 
 def test_client_leaving_mid_body_is_not_a_server_error(base_url):

@@ -23,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import sys
 from urllib.parse import urlsplit
 
 from harmony_mobile.server.core.errors import error_key
 from harmony_mobile.server.core.limits import BODY_RECEIVED
 from harmony_mobile.server.core.settings import Settings
+from httptools import HttpParserError
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
@@ -144,6 +146,11 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def send_400_response(self, msg: str) -> None:
+        # uvicorn calls this inside its `except HttpParserError`, with one sentence for every fault:
+        # the parser's own reason says which ("Invalid character in Content-Length")
+        error = sys.exc_info()[1]
+        if isinstance(error, HttpParserError) and str(error):
+            msg = f"malformed HTTP request: {error}"
         self._refuse(400, msg, self._current_path())
 
     def _arm_header_deadline(self) -> None:
