@@ -180,8 +180,9 @@ def markdown_report(report: dict, plots: list[str]) -> str:
         "## Where things are",
         "",
         "`run/` training run, `export/` signed export (manifest.json, .pte, .mlpackage, backend), "
-        "`server/` server data dir (SQLite store, back-end versions), `server.log`, `phones/<tier>/` "
-        "upload queue and drifted .pte, `demo-report.json` every number above.",
+        "`keys/` the export's signing keys (owner-only), `server/` server data dir (SQLite store, "
+        "back-end versions), `server.log`, `phones/<tier>/` upload queue and the parameters personalized "
+        "on device (`personalized_parameters.npz`), `demo-report.json` every number above.",
         "",
     ]
     return "\n".join(parts)

@@ -264,7 +264,8 @@ def deployed_stage(demo: DemoRun, clock: StageClock) -> None:
     def confirm_and_upload(tier: str, phone: Phone, report: ProgressReport) -> None:
         rows = confirm(phone, demo.data[tier], demo.dataset, demo.info, "deployed")
         demo.uploads[tier]["deployed"] = deliver(phone, rows)
-        report(len(demo.data[tier].labels), f"+{demo.uploads[tier]['deployed']['rows']} uploads")
+        uploaded = demo.uploads[tier]["deployed"]
+        report(len(demo.data[tier].labels), f"+{uploaded['uploads']} uploads ({uploaded['rows']} rows)")
 
     classify_phase(demo, "deployed", after=confirm_and_upload)
     clock.lap("deployed")
@@ -305,7 +306,7 @@ def drift_stage(demo: DemoRun, clock: StageClock) -> None:
     )
     target = calibration_target(demo.info)
     with progress_bar(demo.console) as progress:
-        reports = {tier: progress_report(progress, "drift", tier, 4) for tier in demo.data}
+        reports = {tier: progress_report(progress, "drift", tier, 3) for tier in demo.data}
         for tier, phone in demo.phones.items():
             demo.drift[tier] = drift_phone(demo, tier, phone, target, reports[tier])
     clock.lap("drift")
