@@ -136,3 +136,13 @@ def test_serve_help_names_the_extras_it_needs():
     """The help text keeps its bracketed extra names (rich would take them for style tags)."""
     output = " ".join(runner.invoke(app, ["serve", "--help"]).output.split())
     assert "need the [alignment] extra (torch)" in output and "runs on [server] alone" in output
+
+
+def test_flower_refuses_more_replies_than_a_round_can_get(tmp_path):
+    """Known before any SuperNode starts: it used to wait for the nodes, then stop."""
+    args = ["train", str(tmp_path / "run"), "--engine", "flower", "--clients-per-tier", "1"]
+    output = refused([*args, "--min-replies", "5"])
+    assert "min_replies=5, but a round samples 4 of the run's 4 clients" in output
+    output = refused([*args, "--clients-per-round", "1", "--min-replies", "2"])
+    assert "min_replies=2, but a round samples 1 of the run's 4 clients" in output
+    assert not (tmp_path / "run").exists()

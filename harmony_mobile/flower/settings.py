@@ -23,8 +23,9 @@ import typing
 from functools import cache
 from importlib import metadata
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from harmony_mobile.models import load_tiers
 from harmony_mobile.training import TrainConfig
 
 SETTINGS_KEYS = (
@@ -84,6 +85,19 @@ class FlowerSettings(BaseModel):
     code_version: str = Field(
         default_factory=code_version, description='the code the run is for (`code_version()`); "" = unpinned'
     )
+
+    @model_validator(mode="after")
+    def _enough_clients_to_reply(self) -> FlowerSettings:
+        """A round can never get more replies than it samples clients: refused now, not after a wait."""
+        config = self.train_config
+        clients = len(load_tiers(config.tiers_file).tiers) * config.clients_per_tier
+        sampled = min(config.clients_per_round or clients, clients)
+        if self.min_replies > sampled:
+            raise ValueError(
+                f"min_replies={self.min_replies}, but a round samples {sampled} of the run's {clients} "
+                "clients: lower --min-replies or sample more clients per round"
+            )
+        return self
 
     def check_code_version(self) -> None:
         mine = code_version()
