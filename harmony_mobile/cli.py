@@ -234,6 +234,8 @@ def train(
     values.update({k: v for k, v in flags.items() if v is not None})
     if engine not in ("inprocess", "flower"):
         fail(f"unknown engine {engine!r}: inprocess or flower")
+    if engine == "inprocess" and min_replies is not None:
+        fail("--min-replies is for --engine flower (in process every client replies)")
     require_extras("train", "flower" if engine == "flower" else "train")
     if lineage_from is not None:
         _share_lineage(lineage_from, run_dir)

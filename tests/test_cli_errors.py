@@ -146,3 +146,6 @@ def test_flower_refuses_more_replies_than_a_round_can_get(tmp_path):
     output = refused([*args, "--clients-per-round", "1", "--min-replies", "2"])
     assert "min_replies=2, but a round samples 1 of the run's 4 clients" in output
     assert not (tmp_path / "run").exists()
+    assert "--min-replies is for --engine flower" in refused(
+        ["train", str(tmp_path / "run"), "--min-replies", "2"]
+    )
