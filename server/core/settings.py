@@ -13,6 +13,17 @@ from harmony_mobile.protocol.wire import MAX_UPLOAD_ROWS
 MODEL_NAME = "harmony-backend"
 
 
+def database_scheme(url: str) -> str:
+    """The database a store URL names, "sqlite" or "postgresql" (postgres:// is taken as postgresql://);
+    ValueError for any other, whose message never holds the URL (nor so its password)."""
+    scheme = url.partition("://")[0].partition("+")[0]
+    scheme = "postgresql" if scheme == "postgres" else scheme
+    if scheme not in ("sqlite", "postgresql"):
+        named = repr(scheme) if scheme else "without a scheme"
+        raise ValueError(f"unsupported database {named}: use sqlite:// or postgresql://user:pass@host/db")
+    return scheme
+
+
 class Settings(BaseSettings):
     """Everything the app needs; every limit is documented in docs/PROTOCOL.md and sent at enrolment."""
 
@@ -62,9 +73,8 @@ class Settings(BaseSettings):
     @field_validator("database_url")
     @classmethod
     def _a_known_database(cls, value: SecretStr | None) -> SecretStr | None:
-        scheme = value.get_secret_value().partition("://")[0] if value is not None else "sqlite"
-        if scheme.partition("+")[0] not in ("sqlite", "postgresql", "postgres"):  # no password echoed
-            raise ValueError(f"{scheme or 'no scheme'}: use sqlite:// or postgresql://user:pass@host/db")
+        if value is not None:
+            database_scheme(value.get_secret_value())
         return value
 
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="413 above this")

@@ -35,6 +35,7 @@ from harmony_mobile.server.core.records import (
     UploadReceipt,
     VersionRecord,
 )
+from harmony_mobile.server.core.settings import database_scheme
 from sqlalchemy import (
     BigInteger,
     Column,
@@ -182,13 +183,10 @@ def database_url(data_dir: Path, url: str | None) -> str:
     """`postgresql://` means psycopg 3 (SQLAlchemy's default PostgreSQL driver is psycopg2)."""
     if url is None:
         return f"sqlite:///{Path(data_dir) / DB_FILE}"
+    database_scheme(url)  # ValueError for another database, before the URL is parsed
     parsed = make_url(url)
     if parsed.drivername in ("postgresql", "postgres"):
         parsed = parsed.set(drivername="postgresql+psycopg")
-    if parsed.get_backend_name() not in ("sqlite", "postgresql"):
-        raise ValueError(
-            f"unsupported database {parsed.get_backend_name()!r}: use sqlite:// or postgresql://"
-        )
     return parsed.render_as_string(hide_password=False)
 
 
