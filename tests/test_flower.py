@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harmony_mobile.flower import split
-from harmony_mobile.flower.client_app import client_count, make_client_app
+from harmony_mobile.flower.client_app import make_client_app
 from harmony_mobile.flower.records import RecordError, message_to_record, record_to_message
 from harmony_mobile.flower.run import (
     FlowerRunError,
@@ -21,7 +21,7 @@ from harmony_mobile.flower.run import (
     provision_federation_secret,
     train_on_grid,
 )
-from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.flower.settings import FlowerSettings, client_count
 from harmony_mobile.protocol import messages
 from harmony_mobile.run_dir import SECRET_FILE, RunDir
 from harmony_mobile.training import TrainConfig, train

@@ -54,7 +54,7 @@ from harmony_mobile.flower.records import (
     record_to_tensor_dict,
     tensor_dict_to_record,
 )
-from harmony_mobile.flower.settings import FlowerSettings
+from harmony_mobile.flower.settings import FlowerSettings, client_count
 from harmony_mobile.models import Backend, InterfaceSpec, load_tiers
 from harmony_mobile.protocol.label_tokens import parse_slot_table
 from harmony_mobile.protocol.messages import Broadcast, InterfaceGradients
@@ -156,10 +156,6 @@ def settings_of(context: Context, settings: FlowerSettings | None) -> FlowerSett
     settings = settings or FlowerSettings.from_run_config(dict(context.run_config))
     settings.check_code_version()
     return settings
-
-
-def client_count(config: TrainConfig) -> int:
-    return len(load_tiers(config.tiers_file).tiers) * config.clients_per_tier
 
 
 def partition_of(context: Context, config: TrainConfig) -> int:

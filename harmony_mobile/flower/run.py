@@ -58,7 +58,8 @@ def quiet_simulation_entry():
 def train_flower(settings: FlowerSettings, backend_config: dict | None = None) -> dict:
     """Train on Flower's Simulation Engine: one virtual SuperNode per client, this process's
     ServerApp writing the run dir. Returns the final metrics."""
-    from harmony_mobile.flower.client_app import client_count, make_client_app
+    from harmony_mobile.flower.client_app import make_client_app
+    from harmony_mobile.flower.settings import client_count
 
     run_simulation = quiet_simulation_entry()
 

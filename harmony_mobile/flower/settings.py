@@ -56,6 +56,10 @@ def code_version() -> str:
         return "unknown"
 
 
+def client_count(config: TrainConfig) -> int:
+    return len(load_tiers(config.tiers_file).tiers) * config.clients_per_tier
+
+
 class FlowerSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -90,7 +94,7 @@ class FlowerSettings(BaseModel):
     def _enough_clients_to_reply(self) -> FlowerSettings:
         """A round can never get more replies than it samples clients: refused now, not after a wait."""
         config = self.train_config
-        clients = len(load_tiers(config.tiers_file).tiers) * config.clients_per_tier
+        clients = client_count(config)
         sampled = min(config.clients_per_round or clients, clients)
         if self.min_replies > sampled:
             raise ValueError(
