@@ -690,9 +690,10 @@ def provision_command(
     )
     from harmony_mobile.run_dir import RunDirError
 
-    secret_path = _checked_secret_path(
-        run_dir, admin_token_file is not None, tier is not None or name is not None
-    )
+    secret_path = run_dir / "clients" / "federation_secret"
+    if not secret_path.is_file():
+        fail(f"{run_dir} holds no training run's federation secret ({secret_path}): pass --run RUN_DIR")
+    _check_enrolment_flags(admin_token_file, server_url, tier, name)
     try:
         own = None if export_dir is None else _own_classes_of(run_dir, export_dir, public_key)
         device = None
@@ -709,14 +710,13 @@ def provision_command(
     console.print(f"wrote {written} (owner-only: it holds the federation secret)", soft_wrap=True)
 
 
-def _checked_secret_path(run_dir: Path, enrols: bool, names_a_device: bool) -> Path:
-    """The run's federation secret file, once the flags that go with it are known to fit."""
-    secret_path = run_dir / "clients" / "federation_secret"
-    if not secret_path.is_file():
-        fail(f"{run_dir} holds no training run's federation secret ({secret_path}): pass --run RUN_DIR")
-    if names_a_device and not enrols:
+def _check_enrolment_flags(admin_token_file: Path | None, server_url, tier, name) -> None:
+    """--admin-token-file enrols a device, which needs --server-url and --tier; --tier and --name
+    mean nothing without it."""
+    if admin_token_file is None and (tier is not None or name is not None):
         fail("--tier and --name name the device --admin-token-file enrols: pass it too")
-    return secret_path
+    if admin_token_file is not None and (server_url is None or tier is None):
+        fail("--admin-token-file enrols a device: pass --server-url and --tier too")
 
 
 def _own_classes_of(run_dir: Path, export_dir: Path, public_key: Path | None):
@@ -736,8 +736,6 @@ def _enrol_for_payload(server_url, admin_token_file: Path, tier, name, provision
     from harmony_mobile.device.errors import DeviceError
     from harmony_mobile.device.fallback_client import enrol
 
-    if server_url is None or tier is None:
-        fail("--admin-token-file enrols a device: pass --server-url and --tier too")
     try:
         response = enrol(server_url.rstrip("/"), admin_token_file.read_text().strip(), tier, name)
     except (DeviceError, OSError) as error:
@@ -930,9 +928,9 @@ def _demo_config(reuse_run: bool, given: dict):
     from harmony_mobile.demo import DemoConfig
     from harmony_mobile.training import build_algorithm, check_config
 
-    if given.get("dataset", DemoConfig.dataset) not in DATASETS:
-        fail(f"unknown dataset {given['dataset']!r}: one of {', '.join(DATASETS)}")
     config = DemoConfig(reuse_run=reuse_run, **given)
+    if config.dataset not in DATASETS:
+        fail(f"unknown dataset {config.dataset!r}: one of {', '.join(DATASETS)}")
     try:
         train_config = config.train_config()
         check_config(train_config)
@@ -994,12 +992,13 @@ def info(
 def _tiers_or_fail(tiers_file: Path | None):
     from pydantic import ValidationError
 
-    from harmony_mobile.models import TierSet, load_tiers
+    from harmony_mobile.models import load_tiers
+    from harmony_mobile.yaml_files import YamlFileError
 
-    if tiers_file is None:
-        return load_tiers()
     try:
-        return TierSet.model_validate(read_yaml(tiers_file, "tiers file"))
+        return load_tiers(tiers_file)
+    except YamlFileError as error:
+        fail(str(error))
     except ValidationError as error:
         fail(invalid(f"tiers file {tiers_file}", error))
 

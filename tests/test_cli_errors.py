@@ -118,6 +118,8 @@ def test_provision_errors_name_the_fix_and_never_the_token(run_dir, tmp_path, mo
     assert "pass it too" in output
     token = tmp_path / "admin_token"
     token.write_text("admin-token-that-must-not-print")
+    output = refused(["provision", "--run", str(run_dir), "--out", "-", "--admin-token-file", str(token)])
+    assert "--admin-token-file enrols a device: pass --server-url and --tier too" in output
     enrol = ["--admin-token-file", str(token), "--tier", "mid-ios", "--server-url", "http://127.0.0.1:9"]
     output = refused(["provision", "--run", str(run_dir), "--out", "-", *enrol])
     assert "cannot reach http://127.0.0.1:9" in output and "admin-token-that-must-not-print" not in output
