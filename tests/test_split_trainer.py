@@ -146,3 +146,38 @@ def test_style_mixing_moves_a_rows_channel_statistics_towards_another_familys():
     again = trainer("token", style=style)
     again.load_state(state)
     assert torch.equal(again._mix_styles(cnn.features, 0), server._mix_styles(cnn.features, 0))
+
+
+def plain_trainer(**softmax) -> SplitTrainer:
+    torch.manual_seed(0)
+    config = SplitTrainerConfig(
+        lr=1e-3, decay_rounds=None, restrict_to_client_slots=True, contrastive=None, **softmax
+    )
+    return SplitTrainer(Backend(SPEC, 4, width=16), ProjectionHead(16, 8), config, "e-test")
+
+
+def test_the_restricted_softmax_runs_over_the_clients_slots_only_by_default():
+    server = plain_trainer()
+    server.step(upload("a", "cnn", [0, 0, 0, 1]))
+    server.step(upload("b", "cnn", [2, 3]))
+    assert server.softmax_mask("a").tolist() == [0.0, 0.0, float("-inf"), float("-inf")]
+
+
+def test_a_frequency_prior_adds_the_log_of_each_slots_share_of_the_clients_uploads():
+    server = plain_trainer(slot_prior="frequency")
+    server.step(upload("a", "cnn", [0, 0, 0, 1]))
+    server.step(upload("a", "cnn", [0, 0, 0, 1]))
+    server.step(upload("b", "cnn", [2, 3]))
+    mask = server.softmax_mask("a")
+    assert mask[0] - mask[1] == pytest.approx(torch.log(torch.tensor(3.0)).item())
+    assert mask[2:].tolist() == [float("-inf")] * 2
+    resumed = plain_trainer(slot_prior="frequency")
+    resumed.load_state(server.state())
+    assert torch.equal(resumed.softmax_mask("a"), mask)
+
+
+def test_a_finite_absent_slot_logit_lets_the_ce_push_other_slots_down_softly():
+    server = plain_trainer(absent_slot_logit=-2.0)
+    server.step(upload("a", "cnn", [0, 1]))
+    server.step(upload("b", "cnn", [2]))  # slot 3 has no token yet: it stays out of every softmax
+    assert server.softmax_mask("a").tolist() == [0.0, 0.0, -2.0, float("-inf")]

@@ -132,6 +132,12 @@ class HarmonyConfig(SplitTrainingConfig):
         default=True,
         description="the server CE's softmax runs over the slots of the uploading client's tokens only",
     )
+    server_slot_prior: Literal["uniform", "frequency"] = Field(
+        default="uniform", description="SplitTrainerConfig.slot_prior of the server CE"
+    )
+    absent_slot_logit: float | None = Field(
+        default=None, description="SplitTrainerConfig.absent_slot_logit of the server CE"
+    )
     contrastive_weight: float = Field(
         # off: on Fashion-MNIST (3 seeds, two settings) turning it off changed nothing beyond seed
         # noise, and on MNIST-like data it cost a family's unseen classes (docs/ALGORITHM.md,
@@ -212,6 +218,8 @@ class Harmony(SplitMethod):
             lr=c.server_lr,
             decay_rounds=c.decay_rounds,
             restrict_to_client_slots=c.own_classes_only,
+            slot_prior=c.server_slot_prior,
+            absent_slot_logit=c.absent_slot_logit,
             contrastive=contrastive,
             style_mixing=style,
         )

@@ -224,7 +224,12 @@ def same_training(recorded: dict | None, config: dict) -> bool:
 
 # Method settings added after runs were recorded, with the value that trains as those runs did: a
 # record without the key is a run of that value.
-SETTINGS_ADDED_SINCE_RECORDS = {"decay_rounds": None, "exit_rule": None}
+SETTINGS_ADDED_SINCE_RECORDS = {
+    "decay_rounds": None,
+    "exit_rule": None,
+    "server_slot_prior": "uniform",
+    "absent_slot_logit": None,
+}
 
 
 def is_recorded_run(record: dict, config: dict, settings: dict) -> bool:

@@ -94,6 +94,17 @@ class SplitTrainerConfig(BaseModel):
         "slot of the table). The full softmax teaches g that a family's features never show the classes "
         "it does not hold, which is exactly what g must answer for that family's OOD fallbacks",
     )
+    slot_prior: Literal["uniform", "frequency"] = Field(
+        default="uniform",
+        description="what the restricted softmax adds to the logits of the uploading client's slots: "
+        "nothing (uniform), or the log of how often each slot came in that client's uploads "
+        "(frequency: a balanced softmax, so g learns class posteriors free of each client's label skew)",
+    )
+    absent_slot_logit: float | None = Field(
+        default=None,
+        description="with the restricted softmax, the offset of the slots the client never uploaded "
+        "(None: -inf, so the CE never pushes them down; a finite value pushes them down softly)",
+    )
     contrastive: ContrastiveTerm | None = Field(description="the SupCon term; None = server CE only")
     style_mixing: StyleMixing | None = Field(default=None, description="None = g sees z as uploaded")
 
@@ -113,6 +124,7 @@ class SplitTrainer:
         self.slot_table = SlotTable(label_epoch, backend.num_classes)
         self.round_id = -1
         self._client_slots: dict[str, set[int]] = {}  # slots each client's tokens have mapped to
+        self._client_slot_counts: dict[str, torch.Tensor] = {}  # rows per slot each client uploaded
         self._bank_embeddings: list[torch.Tensor] = []
         self._bank_tokens: list[bytes] = []
         # cross_family: per family, the projected embeddings and slots of its latest uploads, kept
@@ -151,6 +163,10 @@ class SplitTrainer:
             )
         slots = self.slot_table.slots(upload.label_tokens)
         self._client_slots.setdefault(upload.client_id, set()).update(slots.tolist())
+        counts = self._client_slot_counts.get(upload.client_id, torch.zeros(self.backend.num_classes))
+        self._client_slot_counts[upload.client_id] = counts + torch.bincount(
+            slots, minlength=self.backend.num_classes
+        )
         features = upload.features.detach().clone().requires_grad_(True)
         family = self._family_ids.setdefault(upload.family, len(self._family_ids))
         seen_by_g = self._mix_styles(features, family) if update else features
@@ -203,7 +219,12 @@ class SplitTrainer:
         """0 on the slots the CE's softmax runs over, -inf elsewhere (never on a slot without a token)."""
         mask = torch.full((self.backend.num_classes,), float("-inf"))
         if self.config.restrict_to_client_slots:
-            mask[sorted(self._client_slots.get(client_id, ()))] = 0.0
+            if self.config.absent_slot_logit is not None:
+                mask[: len(self.slot_table)] = self.config.absent_slot_logit
+            held = sorted(self._client_slots.get(client_id, ()))
+            mask[held] = 0.0
+            if self.config.slot_prior == "frequency" and held:
+                mask[held] = self._client_slot_counts[client_id][held].log()
         else:
             mask[: len(self.slot_table)] = 0.0
         return mask
@@ -292,6 +313,9 @@ class SplitTrainer:
             "server_optimizer": self.optimizer.state_dict(),
             "slot_table": self.slot_table.to_hex(),
             "client_slots": {name: sorted(slots) for name, slots in self._client_slots.items()},
+            "client_slot_counts": {
+                name: counts.tolist() for name, counts in self._client_slot_counts.items()
+            },
             "family_ids": dict(self._family_ids),
             "family_bank": {family: list(rows) for family, rows in self._family_bank.items()},
             "style_bank": dict(self._style_bank),
@@ -304,6 +328,9 @@ class SplitTrainer:
         self.optimizer.load_state_dict(state["server_optimizer"])
         self.slot_table = SlotTable.from_hex(self.label_epoch, self.backend.num_classes, state["slot_table"])
         self._client_slots = {name: set(slots) for name, slots in state["client_slots"].items()}
+        self._client_slot_counts = {
+            name: torch.tensor(counts) for name, counts in state.get("client_slot_counts", {}).items()
+        }
         self._family_ids = dict(state.get("family_ids", {}))
         self._family_bank = {int(f): tuple(rows) for f, rows in state.get("family_bank", {}).items()}
         self._style_bank = {int(f): rows for f, rows in state.get("style_bank", {}).items()}
