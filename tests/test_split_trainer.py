@@ -2,6 +2,8 @@
 as candidates, and that the term moves the uploaded features only through dL/dz (or not at all when
 it is kept off the front-ends); and its style mixing across families."""
 
+import math
+
 import pytest
 import torch
 
@@ -163,15 +165,15 @@ def test_the_restricted_softmax_runs_over_the_clients_slots_only_by_default():
     assert server.softmax_mask("a").tolist() == [0.0, 0.0, float("-inf"), float("-inf")]
 
 
-def test_a_frequency_prior_adds_the_log_of_each_slots_share_of_the_clients_uploads():
-    server = plain_trainer(slot_prior="frequency")
+def test_a_logit_adjustment_adds_tau_log_of_each_slots_share_of_the_clients_uploads():
+    server = plain_trainer(logit_adjustment=0.5)
     server.step(upload("a", "cnn", [0, 0, 0, 1]))
     server.step(upload("a", "cnn", [0, 0, 0, 1]))
     server.step(upload("b", "cnn", [2, 3]))
     mask = server.softmax_mask("a")
-    assert mask[0] - mask[1] == pytest.approx(torch.log(torch.tensor(3.0)).item())
+    assert mask[:2].tolist() == pytest.approx([0.5 * math.log(0.75), 0.5 * math.log(0.25)])
     assert mask[2:].tolist() == [float("-inf")] * 2
-    resumed = plain_trainer(slot_prior="frequency")
+    resumed = plain_trainer(logit_adjustment=0.5)
     resumed.load_state(server.state())
     assert torch.equal(resumed.softmax_mask("a"), mask)
 

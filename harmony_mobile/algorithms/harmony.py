@@ -132,8 +132,8 @@ class HarmonyConfig(SplitTrainingConfig):
         default=True,
         description="the server CE's softmax runs over the slots of the uploading client's tokens only",
     )
-    server_slot_prior: Literal["uniform", "frequency"] = Field(
-        default="uniform", description="SplitTrainerConfig.slot_prior of the server CE"
+    server_logit_adjustment: float = Field(
+        default=0.0, ge=0, description="tau of the server CE (SplitTrainerConfig.logit_adjustment)"
     )
     absent_slot_logit: float | None = Field(
         default=None, description="SplitTrainerConfig.absent_slot_logit of the server CE"
@@ -218,7 +218,7 @@ class Harmony(SplitMethod):
             lr=c.server_lr,
             decay_rounds=c.decay_rounds,
             restrict_to_client_slots=c.own_classes_only,
-            slot_prior=c.server_slot_prior,
+            logit_adjustment=c.server_logit_adjustment,
             absent_slot_logit=c.absent_slot_logit,
             contrastive=contrastive,
             style_mixing=style,

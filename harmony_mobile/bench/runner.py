@@ -227,7 +227,7 @@ def same_training(recorded: dict | None, config: dict) -> bool:
 SETTINGS_ADDED_SINCE_RECORDS = {
     "decay_rounds": None,
     "exit_rule": None,
-    "server_slot_prior": "uniform",
+    "server_logit_adjustment": 0.0,
     "absent_slot_logit": None,
 }
 

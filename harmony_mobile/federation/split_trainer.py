@@ -94,11 +94,12 @@ class SplitTrainerConfig(BaseModel):
         "slot of the table). The full softmax teaches g that a family's features never show the classes "
         "it does not hold, which is exactly what g must answer for that family's OOD fallbacks",
     )
-    slot_prior: Literal["uniform", "frequency"] = Field(
-        default="uniform",
-        description="what the restricted softmax adds to the logits of the uploading client's slots: "
-        "nothing (uniform), or the log of how often each slot came in that client's uploads "
-        "(frequency: a balanced softmax, so g learns class posteriors free of each client's label skew)",
+    logit_adjustment: float = Field(
+        default=0.0,
+        ge=0,
+        description="tau: the CE adds tau x log(share of each slot in the uploading client's rows so "
+        "far) to its slots' logits (0: the plain restricted softmax; 1: a balanced softmax, so g "
+        "learns class scores free of each client's label skew; served logits are never adjusted)",
     )
     absent_slot_logit: float | None = Field(
         default=None,
@@ -223,8 +224,9 @@ class SplitTrainer:
                 mask[: len(self.slot_table)] = self.config.absent_slot_logit
             held = sorted(self._client_slots.get(client_id, ()))
             mask[held] = 0.0
-            if self.config.slot_prior == "frequency" and held:
-                mask[held] = self._client_slot_counts[client_id][held].log()
+            if self.config.logit_adjustment and held:
+                counts = self._client_slot_counts[client_id][held]
+                mask[held] = self.config.logit_adjustment * (counts / counts.sum()).log()
         else:
             mask[: len(self.slot_table)] = 0.0
         return mask
