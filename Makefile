@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 BIN := $(VENV)/bin
 IMPORTS_CHECK := $(CURDIR)/.imports-check
 
-.PHONY: demo test lint lint-imports pytest clean lock install-check bench-fashion
+.PHONY: venv demo test lint lint-imports pytest clean lock install-check bench-fashion
 
 LOCK := requirements.lock
 
@@ -39,6 +39,9 @@ lock: $(STAMP)
 		--python-platform x86_64-manylinux_2_28 --find-links /opt/wheels \
 		--index-strategy unsafe-best-match --annotation-style line \
 		--custom-compile-command "make lock" --quiet -o $(LOCK)
+
+# the environment alone: .venv/bin/harmony and the tools, nothing run
+venv: $(STAMP)
 
 demo: $(STAMP)
 	$(WRITE_BYTECODE) $(BIN)/harmony demo

@@ -54,10 +54,12 @@ def invalid(what: str, error) -> str:
     """A pydantic ValidationError in one line: each bad field with its message."""
     from rich.markup import escape
 
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in item['loc']) or 'value'}: {item['msg'].removeprefix('Value error, ')}"
-        for item in error.errors()
-    )
+    def problem(item) -> str:  # a model-wide check has no field to name
+        where = ".".join(str(part) for part in item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        return f"{where}: {message}" if where else message
+
+    problems = "; ".join(problem(item) for item in error.errors())
     return escape(f"invalid {what}: {problems}")
 
 
@@ -361,7 +363,8 @@ def bench(
     """Run every method on the same partitions, tiers and budget over several seeds; write the report.
 
     `--resume` continues an interrupted profile: finished runs are read back from their records in
-    the work dir, a run killed half-way is redone. `--extend` finishes a long profile a setting at
+    the work dir, a run killed half-way is redone, a recorded run of another configuration is
+    refused (never deleted); without it, a `--work-dir` holding records is refused. `--extend` finishes a long profile a setting at
     a time: run it first with `--settings` naming its tuning settings, then add the others."""
     require_extras("bench", "bench")
     from pydantic import ValidationError

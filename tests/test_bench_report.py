@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+import yaml
 from pydantic import ValidationError
 from scipy import stats
 
@@ -307,7 +308,7 @@ def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):
     results["narrowed"] = {"settings": None, "seeds": None, "methods": None}  # the whole profile
     # runs: 10 + seed seconds each, 5 methods x seeds 0-4 = 300 s; (300 + 60) / 2 jobs = 3 min
     text = write_bench_report(results, tmp_path).read_text()
-    assert "0.1 h summed, about 3 min with 2 job(s) (goal: within 1 min: **not met**)" in text
+    assert "6 min summed, about 3 min with 2 job(s) (goal: within 1 min: **not met**)" in text
     results["profile"]["time_limit_minutes"] = 3.0
     assert "(goal: within 3 min: met)" in write_bench_report(results, tmp_path / "again").read_text()
 
@@ -322,7 +323,7 @@ def test_the_time_goal_is_judged_on_cpu_time_when_every_run_kept_it(tmp_path):
         run["cpu_seconds"] = 5.0
     # CPU: 30 + 25 runs x 5 = 155 s = 0.04 h, / 2 jobs = 1.3 min: within 2 min; wall 3 min is not
     text = write_bench_report(results, tmp_path).read_text()
-    assert "0.1 h summed, about 3 min with 2 job(s); their CPU time, 3 min summed, is about 1 min" in text
+    assert "6 min summed, about 3 min with 2 job(s); their CPU time, 3 min summed, is about 1 min" in text
     assert "(goal: within 2 min, judged on CPU time: met)" in text
     del results["runs"][0]["cpu_seconds"]  # a record of older code: judged on wall time again
     text = write_bench_report(results, tmp_path / "wall").read_text()
@@ -340,7 +341,7 @@ def test_a_profile_whose_studies_are_read_back_judges_its_evaluation_runs_alone(
     # 5 methods x seeds 0-4 x 14 s = 350 s; / 2 jobs = 2.9 min
     text = write_bench_report(results, tmp_path).read_text()
     assert (
-        "The evaluation runs took 0.1 h summed, about 3 min with 2 job(s) (goal: within 2 min: **not met**)"
+        "The evaluation runs took 6 min summed, about 3 min with 2 job(s) (goal: within 2 min: **not met**)"
         in text
     )
     assert "outside the goal: tuning 1.7 h of wall time summed (50 min with 2 job(s))." in text
@@ -385,7 +386,10 @@ def test_the_code_line_names_the_cpus_that_made_the_runs_once_any_run_recorded_o
     results["tuning"]["run_provenance"] = [{"reused": True, "code": None, "cpu": epyc}]
     text = write_bench_report(results, tmp_path / "now").read_text()
     total = len(results["runs"])
-    assert f"CPUs: runs made on AMD EPYC (torch kernels AVX512) ({total}), an unrecorded CPU (1)." in text
+    assert (
+        f"CPUs: runs made on AMD EPYC (torch kernels AVX512) ({total} runs), an unrecorded CPU (1 run)."
+        in text
+    )
 
 
 def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp_path):
@@ -400,14 +404,17 @@ def test_the_code_line_names_the_commits_that_made_the_runs_when_they_differ(tmp
     del results["runs"][3]["code"]  # a record of older code
     results["runs"][4]["code"] = {"commit": "bbb2222", "uncommitted": ["harmony_mobile/training.py"]}
     text = write_bench_report(results, tmp_path / "mixed").read_text()
-    assert f"Code: commit `bbb2222`; evaluation runs made at `bbb2222` ({total - 5}), `aaa1111` (3)" in text
+    assert (
+        f"Code: commit `bbb2222`; evaluation runs made at `bbb2222` ({total - 5} runs), `aaa1111` (3 runs)"
+        in text
+    )
     # with the other stages' provenance kept, their runs are named too
     results["tuning"]["run_provenance"] = [{"reused": True, "code": {"commit": "ccc3333", "uncommitted": []}}]
     text = write_bench_report(results, tmp_path / "stages").read_text()
     assert (
-        f"Code: commit `bbb2222`; runs made at `bbb2222` ({total - 5}), `aaa1111` (3), "
-        "an unrecorded commit (1), `bbb2222` with uncommitted changes in `harmony_mobile/training.py` (1), "
-        "`ccc3333` (1)."
+        f"Code: commit `bbb2222`; runs made at `bbb2222` ({total - 5} runs), `aaa1111` (3 runs), "
+        "an unrecorded commit (1 run), `bbb2222` with uncommitted changes in `harmony_mobile/training.py` "
+        "(1 run), `ccc3333` (1 run)."
     ) in text
 
 
@@ -556,6 +563,76 @@ def test_a_renamed_ablation_in_a_profile_is_refused_with_its_new_name():
             methods=["harmony", "harmony-meta"],
             budget={"rounds": 1, "local_steps": 1, "samples_per_step": 8},
         )
+
+
+PROFILE = {
+    "name": "t",
+    "seeds": [0, 1],
+    "settings": [{"name": "s"}],
+    "methods": ["harmony", "harmony-no-style-mixing", "fedavg", "centralized"],
+    "budget": {"rounds": 1, "local_steps": 1, "samples_per_step": 8},
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"seeds": [0, 0]}, r"seeds \[0, 0\] repeat an entry"),
+        ({"methods": ["fedavg", "fedavg"]}, "methods .* repeat an entry"),
+        (
+            {"algorithm_config": {"fedavg": {"personalize_epochs": 1}}},
+            "algorithm_config.fedavg: personalize_epochs: not a setting of fedavg",
+        ),
+        (
+            {"algorithm_config": {"harmony": {"personalize_epochs": -1}}},
+            r"algorithm_config.harmony: personalize_epochs: .*greater than or equal to 0 \(got -1\)",
+        ),
+        (
+            {"algorithm_config": {"splitgp": {"gama": 0.5}}},
+            "algorithm_config.splitgp: gama: not a setting of splitgp",
+        ),
+        (
+            {"algorithm_config": {"harmony-no-style-mixing": {"style_mixing": 0.5}}},
+            "defined by style_mixing = 0.0; leave it out",
+        ),
+    ],
+)
+def test_a_profiles_mistakes_are_refused_naming_the_entry(change, refusal):
+    with pytest.raises(ValidationError, match=refusal):
+        BenchProfile(**{**PROFILE, **change})
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"targets": {"baselines": ["fedavgg"]}}, r"targets: \['fedavgg'\] are not methods"),
+        ({"targets": {"ablations": {"harmony-no-stylemixing": "x"}}}, "targets: .*harmony-no-stylemixing"),
+        ({"pca": {"setting": "ss"}}, r"settings \['ss'\] are not in profile"),
+        ({"pca": {"methods": ["splitgp"]}}, r"pca: \['splitgp'\] are not methods"),
+    ],
+)
+def test_a_target_or_plot_naming_what_the_profile_lacks_is_refused(tmp_path, change, refusal):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({**PROFILE, **change}))
+    with pytest.raises(ValueError, match=refusal):
+        load_profile(path)
+
+
+def test_the_default_plot_may_name_a_method_the_profile_does_not_run(tmp_path):
+    """The default plot names splitgp, which a profile need not run: only a named list is checked."""
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump(PROFILE))
+    assert load_profile(path).pca.methods == ["splitgp", "harmony"]
+
+
+def test_narrowing_flags_that_repeat_or_misname_are_refused_naming_the_flag():
+    from harmony_mobile.bench.runner import narrowed
+
+    profile = BenchProfile(**PROFILE)
+    with pytest.raises(ValueError, match="--seeds 0,0 repeats an entry"):
+        narrowed(profile, [0, 0], None, None)
+    with pytest.raises(ValueError, match="--methods: unknown algorithm 'harmoy'"):
+        narrowed(profile, None, ["harmoy"], None)
 
 
 def test_a_client_holding_every_class_is_evaluated_without_ood():

@@ -13,6 +13,7 @@ from harmony_mobile.bench.runner import (
     RECORD,
     RunSpec,
     algorithm_settings,
+    bench,
     budget_specs,
     evaluation_specs,
     is_recorded_run,
@@ -192,7 +193,7 @@ def test_resume_trains_again_the_runs_the_report_reads_when_only_their_records_a
     assert "| harmony |" in write_bench_report(resumed, tmp_path / "report").read_text()
 
 
-def test_a_record_of_another_configuration_is_not_reused(serial, tmp_path):
+def test_resume_refuses_a_record_of_another_configuration_and_deletes_nothing(serial, tmp_path):
     import shutil
 
     work, _, _ = serial
@@ -201,14 +202,17 @@ def test_a_record_of_another_configuration_is_not_reused(serial, tmp_path):
     changed = BenchProfile(
         **{**TINY, "budget": {**TINY["budget"], "local_steps": 1}, "tuning": None, "methods": ["local"]}
     )
-    lines: list[str] = []
-    run_benchmark(changed, copy, resume=True, log=lines.append)
-    assert not [line for line in lines if "reused" in line]
+    record = evaluation_specs(changed, {})[0].path(copy) / RECORD
+    before = record.read_text()
+    with pytest.raises(ValueError, match=r"another configuration \(local_steps 2 -> 1\).*delete that folder"):
+        run_benchmark(changed, copy, resume=True, log=lambda line: None)
+    assert record.read_text() == before
 
 
-def test_a_record_made_under_another_default_is_not_reused(serial, tmp_path):
+def test_a_record_made_under_another_default_is_refused_not_read_as_the_new_default(serial, tmp_path):
     """A profile's configuration names only what it changes: the record keeps every setting the
-    method trained with, so a default changed since (or a record that does not say) trains again."""
+    method trained with, so a default changed since (or a record that does not say) is no run of
+    today's configuration; --resume says so instead of reading it back or deleting it."""
     import shutil
 
     work, results, _ = serial
@@ -221,13 +225,28 @@ def test_a_record_made_under_another_default_is_not_reused(serial, tmp_path):
     assert harmony["algorithm_settings"]["contrastive_weight"] == 0.0  # the default, written out
     harmony["algorithm_settings"]["contrastive_weight"] = 0.5  # as if made when the default was 0.5
     (specs["harmony"].path(copy) / RECORD).write_text(json.dumps(harmony))
+    with pytest.raises(ValueError, match=r"contrastive_weight 0.5 -> 0.0"):
+        run_benchmark(profile, copy, resume=True, log=lambda line: None)
+    shutil.rmtree(specs["harmony"].path(copy))  # the user deletes it: it trains again
     splitgp = json.loads((specs["splitgp"].path(copy) / RECORD).read_text())
     del splitgp["algorithm_settings"]  # a record from before records said
     (specs["splitgp"].path(copy) / RECORD).write_text(json.dumps(splitgp))
     lines: list[str] = []
-    run_benchmark(profile, copy, resume=True, log=lines.append)
-    assert trained_methods(lines) == ["harmony", "splitgp"]
-    assert len([line for line in lines if line.startswith("[")]) == 3
+    with pytest.raises(ValueError, match="predates records of every algorithm setting"):
+        run_benchmark(profile, copy, resume=True, log=lines.append)
+    assert trained_methods(lines) == ["harmony"]
+
+
+def test_without_resume_a_chosen_work_dir_holding_records_is_refused(serial, tmp_path):
+    import shutil
+
+    work, _, _ = serial
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy)
+    recorded = len(list(copy.rglob(RECORD)))
+    with pytest.raises(ValueError, match=f"holds {recorded} recorded run\\(s\\): add --resume"):
+        bench("quick", tmp_path / "out", copy, log=lambda line: None)
+    assert len(list(copy.rglob(RECORD))) == recorded
 
 
 def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial, tmp_path):
@@ -271,7 +290,7 @@ def test_runs_recorded_in_another_report_are_read_back_instead_of_trained(serial
         for a in aggregated
     ]
     assert timeless[0] == timeless[1] and len(timeless[0]) == 4
-    assert f"2 of them evaluation runs copied from the records of `{source}` (2)" in text
+    assert f"2 of them evaluation runs copied from the records of `{source}` (2 runs)" in text
     # only the run whose configuration changed is not copied
     changed = BenchProfile(
         **{**TINY, "algorithm_config": {**TINY["algorithm_config"], "local": {"lr": 0.02}}}
@@ -799,7 +818,7 @@ def test_a_run_that_differs_only_in_its_exit_rule_is_its_twins_training_evaluate
         assert twin[key] == trained[key], key
     text = write_bench_report(results, tmp_path / "report").read_text()
     assert "1 of the runs trains exactly what another run trains" in text
-    assert "`harmony-max-softmax` from `harmony` (1)" in text
+    assert "`harmony-max-softmax` from `harmony` (1 run)" in text
 
 
 def test_a_slot_gated_twin_of_a_max_softmax_run_is_harmony_as_trained(serial, tmp_path):
@@ -848,3 +867,14 @@ def test_only_runs_that_train_the_same_weights_are_twins():
         spec("fedavg", lr=0.01),
     ]
     assert training_twins(specs) == {1: 0, 2: 0, 7: 6}
+
+
+def test_latency_is_not_measured_when_its_method_was_not_run(tmp_path):
+    from harmony_mobile.bench.runner import measure_latency
+
+    profile = BenchProfile(
+        **{**TINY, "methods": ["fedavg"], "tuning": None, "latency": {"method": "harmony"}}
+    )
+    lines: list[str] = []
+    assert measure_latency(profile, tmp_path, lines.append) is None
+    assert lines == ["latency not measured: harmony (the latency section's method) was not run"]

@@ -15,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from harmony_mobile.algorithms.harmony import Harmony
-from harmony_mobile.algorithms.registry import ALGORITHMS, RENAMED, check_algorithm
+from harmony_mobile.algorithms.registry import ALGORITHMS, RENAMED, build_algorithm, check_algorithm
 from harmony_mobile.training import TrainConfig
 from harmony_mobile.yaml_files import read_yaml
 
@@ -193,6 +193,15 @@ class BenchProfile(BaseModel):
             named += list(self.tuning.grids)
         for method in named:
             check_algorithm(method)  # unknown or renamed: a clear error naming the right method
+        names = (
+            ("seeds", self.seeds),
+            ("methods", self.methods),
+            ("settings", [s.name for s in self.settings]),
+        )
+        for field, values in names:
+            if len(set(values)) != len(values):  # two runs would share one run folder
+                raise ValueError(f"{field} {values} repeat an entry")
+        self._check_algorithm_configs()
         reserved = {
             "dataset",
             "data_root",
@@ -209,6 +218,48 @@ class BenchProfile(BaseModel):
         self._check_decay()
         self._check_budget_check()
         return self
+
+    def _check_algorithm_configs(self) -> None:
+        """Every method's entry, run or not, is a valid config of it that leaves the setting its
+        variant is defined by alone (the variant's value would win, and the record would misstate it)."""
+        for method, entry in self.algorithm_config.items():
+            fixed = ALGORITHMS[method][1]
+            clash = sorted(key for key in entry if key in fixed and entry[key] != fixed[key])
+            if clash:
+                values = ", ".join(f"{key} = {fixed[key]!r}" for key in clash)
+                raise ValueError(f"algorithm_config.{method}: {method} is defined by {values}; leave it out")
+            try:
+                build_algorithm(method, entry)
+            except ValidationError as error:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item['input']!r})"
+                    if item["type"] != "extra_forbidden"
+                    else f"{'.'.join(str(p) for p in item['loc'])}: not a setting of {method}"
+                    for item in error.errors()
+                )
+                raise ValueError(f"algorithm_config.{method}: {problems}") from None
+
+    def check_names(self) -> None:
+        """The methods and settings `targets` and `pca` name are the profile's own (a misspelt one
+        would silently drop a target or the feature plot). Checked on the whole profile, before
+        --methods or --settings narrow it."""
+        targets = self.targets
+        if targets is not None:
+            # only what the profile names: the default reference need not be run (then its target is not judged)
+            given = [getattr(targets, f) for f in ("method", "reference") if f in targets.model_fields_set]
+            named = [*given, *targets.baselines, *targets.ablations]
+            unknown = [m for m in dict.fromkeys(named) if m not in self.methods]
+            if unknown:
+                raise ValueError(f"targets: {unknown} are not methods of this profile ({self.methods})")
+        pca = self.pca
+        if pca.setting is not None:
+            self.settings_named([pca.setting])
+        if "methods" in pca.model_fields_set:
+            unknown = [m for m in pca.methods if m not in self.methods]
+            if unknown:
+                raise ValueError(f"pca: {unknown} are not methods of this profile ({self.methods})")
+        if pca.seed is not None and pca.seed not in self.seeds:
+            raise ValueError(f"pca: seed {pca.seed} is not an evaluation seed of this profile {self.seeds}")
 
     def _check_budget_check(self) -> None:
         check = self.budget_check
@@ -377,7 +428,9 @@ def load_profile(name_or_path: str | Path) -> BenchProfile:
         # the absolute path enters every run's config (`--resume` compares it by its name in
         # benchmarks/configs, so a work dir made in another checkout is read back too)
         train["tiers_file"] = str((path.parent / Path(train["tiers_file"]).expanduser()).resolve())
-    return BenchProfile(**data)
+    profile = BenchProfile(**data)
+    profile.check_names()
+    return profile
 
 
 def repo_relative(train: dict) -> dict:

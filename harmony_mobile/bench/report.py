@@ -309,8 +309,15 @@ def _code_line(code: dict | None, runs: list[dict], runs_named: str) -> str:
 
 
 def _tally(counts: Counter) -> str:
-    """`a (3), b (1)`: each counted thing with its count, the most common first."""
-    return ", ".join(f"{thing} ({count})" for thing, count in counts.most_common())
+    """`a (3 runs), b (1 run)`: each thing with the number of runs it counts, the most common first."""
+    return ", ".join(
+        f"{thing} ({count} run{'' if count == 1 else 's'})" for thing, count in counts.most_common()
+    )
+
+
+def _summed(seconds: float) -> str:
+    """A sum of run times: in hours once it is one, else in minutes."""
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
 
 
 def _cpu_clause(runs: list[dict], runs_named: str) -> str:
@@ -811,7 +818,7 @@ def time_line(results: dict) -> str:
         + [r.get("cpu_seconds") for r in runs]
     )
     which = "evaluation runs" if evaluation_only else "training runs"
-    text = f"The {which} took {wall / 3600:.1f} h summed, about {wall / 60 / jobs:.0f} min with {jobs} job(s)"
+    text = f"The {which} took {_summed(wall)} summed, about {wall / 60 / jobs:.0f} min with {jobs} job(s)"
     if cpu is not None:  # each run uses one thread: with `jobs` idle cores, its CPU time is its wall time
         text += (
             f"; their CPU time, {cpu / 60:.0f} min summed, is about {cpu / 60 / jobs:.0f} min with {jobs} job(s) "
@@ -861,7 +868,7 @@ def studies_time_line(results: dict, jobs: int) -> str:
             cpu = study.get("run_cpu_seconds")
             seconds, kind = (study["run_wall_seconds"], "wall") if cpu is None else (cpu, "CPU")
             parts.append(
-                f"{name} {seconds / 3600:.1f} h of {kind} time summed ({seconds / 60 / jobs:.0f} min with {jobs} job(s))"
+                f"{name} {_summed(seconds)} of {kind} time summed ({seconds / 60 / jobs:.0f} min with {jobs} job(s))"
             )
     if not parts:
         return ""

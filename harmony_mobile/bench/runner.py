@@ -31,7 +31,7 @@ import torch
 from pydantic import ValidationError
 
 from harmony_mobile import training
-from harmony_mobile.algorithms.registry import build_algorithm
+from harmony_mobile.algorithms.registry import build_algorithm, check_algorithm
 from harmony_mobile.bench.hooks import BenchObserver, RunExtras, UplinkCounter
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, Budget, Setting, repo_relative
 from harmony_mobile.bench.saved_runs import evaluate_saved_run
@@ -105,10 +105,15 @@ def run_one(
     record_file = run_path / RECORD
     if resume and record_file.is_file():
         record = json.loads(record_file.read_text())
-        has_files = not spec.keeps_files or (run_path / "run.json").is_file()
-        if is_recorded_run(record, config.model_dump(), settings) and has_files:
+        if not is_recorded_run(record, config.model_dump(), settings):
+            raise ValueError(
+                f"{run_path} holds a run of another configuration ({changed_settings(record, config, settings)}); "
+                "--resume never deletes a recorded run: delete that folder to train it again, or use "
+                "another --work-dir"
+            )
+        if not spec.keeps_files or (run_path / "run.json").is_file():
             return {**record, "reused": True}
-    if run_path.exists():
+    if run_path.exists():  # a run killed half-way, or a record whose files the report needs
         shutil.rmtree(run_path)
     record = _evaluated_twin(spec, config, trained_by, code) if trained_by is not None else None
     if record is None:
@@ -117,6 +122,23 @@ def run_one(
     run_path.mkdir(parents=True, exist_ok=True)
     record_file.write_text(json.dumps(record, indent=1))
     return record
+
+
+def changed_settings(record: dict, config: training.TrainConfig, settings: dict) -> str:
+    """What differs between a recorded run and the one asked for, as `name recorded -> asked`."""
+    if record.get("algorithm_settings") is None:
+        return "its record predates records of every algorithm setting"
+    recorded = {**repo_relative(record.get("train_config") or {}), **(record.get("algorithm_settings") or {})}
+    asked = {**repo_relative(config.model_dump()), **settings}
+    changed = [
+        f"{key} {recorded.get(key)!r} -> {asked.get(key)!r}"
+        for key in sorted(set(recorded) | set(asked))
+        if key != "algorithm_config" and recorded.get(key) != asked.get(key)
+    ]
+    return (
+        ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
+        or "its record differs"
+    )
 
 
 def _record_head(spec: RunSpec, config: training.TrainConfig, code: dict | None) -> dict:
@@ -810,6 +832,9 @@ def measure_latency(profile: BenchProfile, work_dir: Path, log) -> dict | None:
     spec = profile.latency
     if spec is None:
         return None
+    if spec.method not in profile.methods:  # e.g. --methods left it out: no run of it to export
+        log(f"latency not measured: {spec.method} (the latency section's method) was not run")
+        return None
     from harmony_mobile.bench.latency import measure_run
 
     setting, seed = profile.settings[0], profile.seeds[0]
@@ -880,6 +905,14 @@ def narrowed(
     profile's. Runs keep their paths, so a narrowed run's results are reused by the whole profile
     with `--resume`."""
     updates: dict = {}
+    for flag, values in (("--seeds", seeds), ("--methods", methods), ("--settings", settings)):
+        if values and len(set(values)) != len(values):  # two runs would share one run folder
+            raise ValueError(f"{flag} {','.join(map(str, values))} repeats an entry")
+    for method in methods or []:
+        try:
+            check_algorithm(method)
+        except ValueError as error:
+            raise ValueError(f"--methods: {error}") from None
     if seeds:
         updates["seeds"] = seeds
     if methods:
@@ -1105,6 +1138,12 @@ def extend_and_report(
 def _work_dir(work_dir: Path | None, profile: BenchProfile, clear: bool) -> Path:
     path = Path(work_dir) if work_dir else Path.home() / ".cache" / "harmony-mobile" / "bench" / profile.name
     if path.exists() and clear:
+        recorded = sum(1 for _ in path.rglob(RECORD))
+        if work_dir and recorded:  # a folder the user chose may hold hours of runs (or committed ones)
+            raise ValueError(
+                f"{path} holds {recorded} recorded run(s): add --resume to read them back, or delete "
+                "the folder to train every run again"
+            )
         shutil.rmtree(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
