@@ -13,7 +13,9 @@ may be made on), the server's accuracy on each family's unseen classes, and accu
         --out benchmarks/results/supcon_variants
 
 Runs are `harmony bench` runs (same settings, budget, one torch thread per job); with the same
---work-dir an interrupted call resumes, reusing every finished run of the same configuration.
+--work-dir an interrupted call resumes, reusing every finished run of the same configuration; a
+variant whose folder holds runs of another configuration is refused before any run (give it a new
+name, or delete WORK_DIR/NAME).
 """
 
 from __future__ import annotations

@@ -341,7 +341,7 @@ def bench(
     ] = None,
     data_root: DataRootOption = None,
     resume: Annotated[
-        bool, typer.Option(help="reuse finished runs in the work dir instead of redoing them")
+        bool, typer.Option(help="read back finished runs of the same configuration from the work dir")
     ] = False,
     seeds: Annotated[str | None, typer.Option(help="comma-separated seeds overriding the profile's")] = None,
     methods: Annotated[
@@ -362,10 +362,9 @@ def bench(
 ) -> None:
     """Run every method on the same partitions, tiers and budget over several seeds; write the report.
 
-    `--resume` continues an interrupted profile: finished runs are read back from their records in
-    the work dir, a run killed half-way is redone, a recorded run of another configuration is
-    refused (never deleted); without it, a `--work-dir` holding records is refused. `--extend` finishes a long profile a setting at
-    a time: run it first with `--settings` naming its tuning settings, then add the others."""
+    `--resume` reads finished runs back from the work dir and redoes one killed half-way; a record
+    of another configuration is refused, never deleted (without `--resume`, any record in a chosen
+    `--work-dir` is). `--extend` adds settings one invocation at a time, the tuning ones first."""
     require_extras("bench", "bench")
     from pydantic import ValidationError
 

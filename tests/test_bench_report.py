@@ -595,6 +595,11 @@ PROFILE = {
             {"algorithm_config": {"harmony-no-style-mixing": {"style_mixing": 0.5}}},
             "defined by style_mixing = 0.0; leave it out",
         ),
+        (
+            {"algorithm_config": {"harmony": {"stochastic_depth": 1}}},
+            r"algorithm_config.harmony: 'stochastic_depth' is not a HARMONY setting",
+        ),
+        ({"tuning": {"seeds": [5, 5], "grids": {"fedavg": [{}]}}}, r"tuning: seeds \[5, 5\] repeat an entry"),
     ],
 )
 def test_a_profiles_mistakes_are_refused_naming_the_entry(change, refusal):
@@ -609,6 +614,7 @@ def test_a_profiles_mistakes_are_refused_naming_the_entry(change, refusal):
         ({"targets": {"ablations": {"harmony-no-stylemixing": "x"}}}, "targets: .*harmony-no-stylemixing"),
         ({"pca": {"setting": "ss"}}, r"settings \['ss'\] are not in profile"),
         ({"pca": {"methods": ["splitgp"]}}, r"pca: \['splitgp'\] are not methods"),
+        ({"latency": {"method": "harmny"}}, "LatencySpec: 'harmny' is not a method"),
     ],
 )
 def test_a_target_or_plot_naming_what_the_profile_lacks_is_refused(tmp_path, change, refusal):

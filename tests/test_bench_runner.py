@@ -193,20 +193,30 @@ def test_resume_trains_again_the_runs_the_report_reads_when_only_their_records_a
     assert "| harmony |" in write_bench_report(resumed, tmp_path / "report").read_text()
 
 
-def test_resume_refuses_a_record_of_another_configuration_and_deletes_nothing(serial, tmp_path):
+def test_resume_refuses_records_of_another_configuration_all_at_once_and_deletes_nothing(serial, tmp_path):
     import shutil
 
     work, _, _ = serial
     copy = tmp_path / "work"
     shutil.copytree(work, copy)
     changed = BenchProfile(
-        **{**TINY, "budget": {**TINY["budget"], "local_steps": 1}, "tuning": None, "methods": ["local"]}
+        **{
+            **TINY,
+            "budget": {**TINY["budget"], "local_steps": 1},
+            "tuning": None,
+            "methods": ["local", "fedavg"],
+        }
     )
-    record = evaluation_specs(changed, {})[0].path(copy) / RECORD
-    before = record.read_text()
-    with pytest.raises(ValueError, match=r"another configuration \(local_steps 2 -> 1\).*delete that folder"):
-        run_benchmark(changed, copy, resume=True, log=lambda line: None)
-    assert record.read_text() == before
+    records = [spec.path(copy) / RECORD for spec in evaluation_specs(changed, {})]
+    before = [record.read_text() for record in records]
+    lines: list[str] = []
+    with pytest.raises(
+        ValueError, match=r"2 recorded run\(s\) are not runs of this configuration"
+    ) as refused:
+        run_benchmark(changed, copy, resume=True, log=lines.append)
+    assert str(refused.value).count("local_steps 2 -> 1") == 2  # both named, before any training
+    assert not [line for line in lines if line.startswith("[")]
+    assert [record.read_text() for record in records] == before
 
 
 def test_a_record_made_under_another_default_is_refused_not_read_as_the_new_default(serial, tmp_path):
@@ -224,28 +234,34 @@ def test_a_record_made_under_another_default_is_refused_not_read_as_the_new_defa
     harmony = json.loads((specs["harmony"].path(copy) / RECORD).read_text())
     assert harmony["algorithm_settings"]["contrastive_weight"] == 0.0  # the default, written out
     harmony["algorithm_settings"]["contrastive_weight"] = 0.5  # as if made when the default was 0.5
+    del harmony["algorithm_settings"]["server_logit_adjustment"]  # made before the setting existed
     (specs["harmony"].path(copy) / RECORD).write_text(json.dumps(harmony))
-    with pytest.raises(ValueError, match=r"contrastive_weight 0.5 -> 0.0"):
-        run_benchmark(profile, copy, resume=True, log=lambda line: None)
-    shutil.rmtree(specs["harmony"].path(copy))  # the user deletes it: it trains again
     splitgp = json.loads((specs["splitgp"].path(copy) / RECORD).read_text())
     del splitgp["algorithm_settings"]  # a record from before records said
     (specs["splitgp"].path(copy) / RECORD).write_text(json.dumps(splitgp))
-    lines: list[str] = []
-    with pytest.raises(ValueError, match="predates records of every algorithm setting"):
-        run_benchmark(profile, copy, resume=True, log=lines.append)
-    assert trained_methods(lines) == ["harmony"]
+    with pytest.raises(ValueError) as refused:
+        run_benchmark(profile, copy, resume=True, log=lambda line: None)
+    message = str(refused.value)
+    assert "(contrastive_weight 0.5 -> 0.0)" in message  # the setting added since is not a change
+    assert "predates records of every algorithm setting" in message
 
 
-def test_without_resume_a_chosen_work_dir_holding_records_is_refused(serial, tmp_path):
+def test_a_chosen_work_dir_or_an_added_setting_holding_records_needs_resume(serial, tmp_path):
     import shutil
+
+    import yaml
 
     work, _, _ = serial
     copy = tmp_path / "work"
     shutil.copytree(work, copy)
     recorded = len(list(copy.rglob(RECORD)))
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text(yaml.safe_dump(TINY))
     with pytest.raises(ValueError, match=f"holds {recorded} recorded run\\(s\\): add --resume"):
-        bench("quick", tmp_path / "out", copy, log=lambda line: None)
+        bench(str(tiny), tmp_path / "out", copy, log=lambda line: None)
+    profile = BenchProfile(**{**TINY, "tuning": None})
+    with pytest.raises(ValueError, match="add --resume to read it back"):  # as `--extend` runs a setting
+        run_benchmark(profile, copy, log=lambda line: None)
     assert len(list(copy.rglob(RECORD))) == recorded
 
 
@@ -876,5 +892,7 @@ def test_latency_is_not_measured_when_its_method_was_not_run(tmp_path):
         **{**TINY, "methods": ["fedavg"], "tuning": None, "latency": {"method": "harmony"}}
     )
     lines: list[str] = []
-    assert measure_latency(profile, tmp_path, lines.append) is None
+    assert measure_latency(profile, tmp_path, lines.append)["error"] == (
+        "harmony (the latency section's method) was not run"
+    )
     assert lines == ["latency not measured: harmony (the latency section's method) was not run"]

@@ -178,8 +178,7 @@ def test_a_logit_adjustment_adds_tau_log_of_each_slots_share_of_the_clients_uplo
     assert torch.equal(resumed.softmax_mask("a"), mask)
 
 
-def test_a_finite_absent_slot_logit_lets_the_ce_push_other_slots_down_softly():
-    server = plain_trainer(absent_slot_logit=-2.0)
-    server.step(upload("a", "cnn", [0, 1]))
-    server.step(upload("b", "cnn", [2]))  # slot 3 has no token yet: it stays out of every softmax
-    assert server.softmax_mask("a").tolist() == [0.0, 0.0, -2.0, float("-inf")]
+def test_a_logit_adjustment_of_zero_is_the_plain_restricted_softmax_exactly():
+    plain, zero = plain_trainer(), plain_trainer(logit_adjustment=0.0)
+    rows = upload("a", "cnn", [0, 0, 1])
+    assert torch.equal(plain.step(rows).grad_features, zero.step(rows).grad_features)

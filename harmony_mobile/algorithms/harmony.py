@@ -135,9 +135,6 @@ class HarmonyConfig(SplitTrainingConfig):
     server_logit_adjustment: float = Field(
         default=0.0, ge=0, description="tau of the server CE (SplitTrainerConfig.logit_adjustment)"
     )
-    absent_slot_logit: float | None = Field(
-        default=None, description="SplitTrainerConfig.absent_slot_logit of the server CE"
-    )
     contrastive_weight: float = Field(
         # off: on Fashion-MNIST (3 seeds, two settings) turning it off changed nothing beyond seed
         # noise, and on MNIST-like data it cost a family's unseen classes (docs/ALGORITHM.md,
@@ -170,6 +167,15 @@ class HarmonyConfig(SplitTrainingConfig):
         ge=0,
         description="server's contrastive memory of earlier rows (ContrastiveTerm.bank_size)",
     )
+
+    @model_validator(mode="after")
+    def _restricted_softmax_options(self) -> HarmonyConfig:
+        """The server CE's logit adjustment shapes the restricted softmax; without it there is none."""
+        if self.server_logit_adjustment and not self.own_classes_only:
+            raise ValueError(
+                "server_logit_adjustment acts on the restricted softmax: it needs own_classes_only"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod
@@ -219,7 +225,6 @@ class Harmony(SplitMethod):
             decay_rounds=c.decay_rounds,
             restrict_to_client_slots=c.own_classes_only,
             logit_adjustment=c.server_logit_adjustment,
-            absent_slot_logit=c.absent_slot_logit,
             contrastive=contrastive,
             style_mixing=style,
         )

@@ -231,12 +231,7 @@ class BenchProfile(BaseModel):
             try:
                 build_algorithm(method, entry)
             except ValidationError as error:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in item['loc'])}: {item['msg']} (got {item['input']!r})"
-                    if item["type"] != "extra_forbidden"
-                    else f"{'.'.join(str(p) for p in item['loc'])}: not a setting of {method}"
-                    for item in error.errors()
-                )
+                problems = "; ".join(_setting_problem(method, item) for item in error.errors())
                 raise ValueError(f"algorithm_config.{method}: {problems}") from None
 
     def check_names(self) -> None:
@@ -251,6 +246,15 @@ class BenchProfile(BaseModel):
             unknown = [m for m in dict.fromkeys(named) if m not in self.methods]
             if unknown:
                 raise ValueError(f"targets: {unknown} are not methods of this profile ({self.methods})")
+        for section in (self.latency, self.convergence):
+            if (
+                section is not None
+                and "method" in section.model_fields_set
+                and section.method not in self.methods
+            ):
+                raise ValueError(
+                    f"{type(section).__name__}: {section.method!r} is not a method of this profile"
+                )
         pca = self.pca
         if pca.setting is not None:
             self.settings_named([pca.setting])
@@ -323,6 +327,9 @@ class BenchProfile(BaseModel):
     def _check_tuning(self) -> None:
         if self.tuning is None:
             return
+        for name, values in (("seeds", self.tuning.seeds), ("settings", self.tuning.settings or [])):
+            if len(set(values)) != len(values):  # two trials would share one run folder
+                raise ValueError(f"tuning: {name} {values} repeat an entry")
         shared = set(self.tuning.seeds) & set(self.seeds)
         if shared:
             raise ValueError(f"tuning seeds {sorted(shared)} are also evaluation seeds; tune on other seeds")
@@ -395,6 +402,15 @@ def is_harmony(method: str) -> bool:
     if method in RENAMED:
         return method.startswith("harmony")
     return ALGORITHMS[method][0] is Harmony
+
+
+def _setting_problem(method: str, item: dict) -> str:
+    """One pydantic error of a method's config: the setting, what is wrong, the value given."""
+    where = ".".join(str(part) for part in item["loc"])
+    if item["type"] == "extra_forbidden":
+        return f"{where}: not a setting of {method}"
+    message = item["msg"].removeprefix("Value error, ")
+    return f"{where}: {message} (got {item['input']!r})" if where else message  # a check of the whole config
 
 
 def parent_method(method: str) -> str:

@@ -103,14 +103,10 @@ def run_one(
     settings = algorithm_settings(spec.method, config.algorithm_config)
     run_path = spec.path(work_dir)
     record_file = run_path / RECORD
-    if resume and record_file.is_file():
+    if record_file.is_file():  # `check_recorded` refused every other record before the stage began
         record = json.loads(record_file.read_text())
-        if not is_recorded_run(record, config.model_dump(), settings):
-            raise ValueError(
-                f"{run_path} holds a run of another configuration ({changed_settings(record, config, settings)}); "
-                "--resume never deletes a recorded run: delete that folder to train it again, or use "
-                "another --work-dir"
-            )
+        if not (resume and is_recorded_run(record, config.model_dump(), settings)):
+            raise ValueError(f"{run_path} holds a recorded run that is not this one; it is never deleted")
         if not spec.keeps_files or (run_path / "run.json").is_file():
             return {**record, "reused": True}
     if run_path.exists():  # a run killed half-way, or a record whose files the report needs
@@ -124,21 +120,45 @@ def run_one(
     return record
 
 
-def changed_settings(record: dict, config: training.TrainConfig, settings: dict) -> str:
+def changed_settings(record: dict, config: dict, settings: dict) -> str:
     """What differs between a recorded run and the one asked for, as `name recorded -> asked`."""
-    if record.get("algorithm_settings") is None:
+    recorded_method = recorded_settings(record, settings)
+    if recorded_method is None:
         return "its record predates records of every algorithm setting"
-    recorded = {**repo_relative(record.get("train_config") or {}), **(record.get("algorithm_settings") or {})}
-    asked = {**repo_relative(config.model_dump()), **settings}
+    recorded = {**repo_relative(record.get("train_config") or {}), **recorded_method}
+    asked = {**repo_relative(config), **settings}
     changed = [
         f"{key} {recorded.get(key)!r} -> {asked.get(key)!r}"
         for key in sorted(set(recorded) | set(asked))
         if key != "algorithm_config" and recorded.get(key) != asked.get(key)
     ]
-    return (
-        ", ".join(changed[:4]) + (f" and {len(changed) - 4} more" if len(changed) > 4 else "")
-        or "its record differs"
-    )
+    return ", ".join(changed) or "its record differs"
+
+
+def check_recorded(
+    specs: list[RunSpec], shared: dict, work_dir: Path, data_root: str | None, resume: bool
+) -> None:
+    """Before any run of a stage: every recorded run in the way is named at once. Without `resume`
+    a record is never overwritten; with it, a record of another configuration is never deleted."""
+    conflicts = []
+    for spec in specs:
+        record_file = spec.path(work_dir) / RECORD
+        if not record_file.is_file():
+            continue
+        if not resume:
+            conflicts.append(f"{spec.path(work_dir)} (add --resume to read it back)")
+            continue
+        config = train_config(spec, shared, data_root).model_dump()
+        settings = algorithm_settings(spec.method, config["algorithm_config"])
+        record = json.loads(record_file.read_text())
+        if not is_recorded_run(record, config, settings):
+            conflicts.append(f"{spec.path(work_dir)} ({changed_settings(record, config, settings)})")
+    if conflicts:
+        shown = "; ".join(conflicts[:5]) + (f"; and {len(conflicts) - 5} more" if len(conflicts) > 5 else "")
+        raise ValueError(
+            f"{len(conflicts)} recorded run(s) are not runs of this configuration, and a record is never "
+            f"deleted: {shown}. Delete those folders to train them again, or use another --work-dir"
+        )
 
 
 def _record_head(spec: RunSpec, config: training.TrainConfig, code: dict | None) -> dict:
@@ -250,19 +270,22 @@ SETTINGS_ADDED_SINCE_RECORDS = {
     "decay_rounds": None,
     "exit_rule": None,
     "server_logit_adjustment": 0.0,
-    "absent_slot_logit": None,
 }
+
+
+def recorded_settings(record: dict, settings: dict) -> dict | None:
+    """The method settings a record trained with, a setting added since read as its old value."""
+    recorded = record.get("algorithm_settings")
+    if recorded is None:
+        return None
+    missing = {k: v for k, v in SETTINGS_ADDED_SINCE_RECORDS.items() if k in settings and k not in recorded}
+    return {**recorded, **missing}
 
 
 def is_recorded_run(record: dict, config: dict, settings: dict) -> bool:
     """Whether `record` is the run of training `config` with the method's full `settings`: what
     `--resume` reads back and `--reuse-runs-from` copies, and nothing else."""
-    recorded = record.get("algorithm_settings")
-    if recorded is not None:
-        missing = {
-            k: v for k, v in SETTINGS_ADDED_SINCE_RECORDS.items() if k in settings and k not in recorded
-        }
-        recorded = {**recorded, **missing}
+    recorded = recorded_settings(record, settings)
     return same_training(record.get("train_config"), config) and recorded == settings
 
 
@@ -347,6 +370,7 @@ def execute(
 ) -> list[dict]:
     """Run every spec (in `jobs` worker processes when jobs > 1); records in the order of `specs`.
     Training twins (`training_twins`) run after everything else, from their twin's files."""
+    check_recorded(specs, shared, work_dir, data_root, resume)
     started = time.perf_counter()
     code = code_version()
     records: list[dict | None] = [None] * len(specs)
@@ -833,8 +857,9 @@ def measure_latency(profile: BenchProfile, work_dir: Path, log) -> dict | None:
     if spec is None:
         return None
     if spec.method not in profile.methods:  # e.g. --methods left it out: no run of it to export
-        log(f"latency not measured: {spec.method} (the latency section's method) was not run")
-        return None
+        reason = f"{spec.method} (the latency section's method) was not run"
+        log(f"latency not measured: {reason}")
+        return {"error": reason, "rtt_ms": spec.rtt_ms}
     from harmony_mobile.bench.latency import measure_run
 
     setting, seed = profile.settings[0], profile.seeds[0]

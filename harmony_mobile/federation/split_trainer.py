@@ -101,11 +101,6 @@ class SplitTrainerConfig(BaseModel):
         "far) to its slots' logits (0: the plain restricted softmax; 1: a balanced softmax, so g "
         "learns class scores free of each client's label skew; served logits are never adjusted)",
     )
-    absent_slot_logit: float | None = Field(
-        default=None,
-        description="with the restricted softmax, the offset of the slots the client never uploaded "
-        "(None: -inf, so the CE never pushes them down; a finite value pushes them down softly)",
-    )
     contrastive: ContrastiveTerm | None = Field(description="the SupCon term; None = server CE only")
     style_mixing: StyleMixing | None = Field(default=None, description="None = g sees z as uploaded")
 
@@ -220,8 +215,6 @@ class SplitTrainer:
         """0 on the slots the CE's softmax runs over, -inf elsewhere (never on a slot without a token)."""
         mask = torch.full((self.backend.num_classes,), float("-inf"))
         if self.config.restrict_to_client_slots:
-            if self.config.absent_slot_logit is not None:
-                mask[: len(self.slot_table)] = self.config.absent_slot_logit
             held = sorted(self._client_slots.get(client_id, ()))
             mask[held] = 0.0
             if self.config.logit_adjustment and held:
