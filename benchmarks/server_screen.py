@@ -98,6 +98,7 @@ def train_backend(
             "lr": 1e-3,
             "decay_rounds": None,
             "restrict_to_client_slots": True,
+            "logit_adjustment": 0.0,
             "contrastive": None,
             **mechanism,
         }

@@ -32,7 +32,12 @@ def trainer(mode: str, reaches_front_ends: bool = True, style: StyleMixing | Non
         reaches_front_ends=reaches_front_ends,
     )
     config = SplitTrainerConfig(
-        lr=1e-3, decay_rounds=None, restrict_to_client_slots=True, contrastive=term, style_mixing=style
+        lr=1e-3,
+        decay_rounds=None,
+        restrict_to_client_slots=True,
+        logit_adjustment=0.0,
+        contrastive=term,
+        style_mixing=style,
     )
     return SplitTrainer(backend, ProjectionHead(16, 8), config, "e-test")
 
@@ -150,10 +155,14 @@ def test_style_mixing_moves_a_rows_channel_statistics_towards_another_familys():
     assert torch.equal(again._mix_styles(cnn.features, 0), server._mix_styles(cnn.features, 0))
 
 
-def plain_trainer(**softmax) -> SplitTrainer:
+def plain_trainer(logit_adjustment: float = 0.0) -> SplitTrainer:
     torch.manual_seed(0)
     config = SplitTrainerConfig(
-        lr=1e-3, decay_rounds=None, restrict_to_client_slots=True, contrastive=None, **softmax
+        lr=1e-3,
+        decay_rounds=None,
+        restrict_to_client_slots=True,
+        logit_adjustment=logit_adjustment,
+        contrastive=None,
     )
     return SplitTrainer(Backend(SPEC, 4, width=16), ProjectionHead(16, 8), config, "e-test")
 
@@ -178,7 +187,11 @@ def test_a_logit_adjustment_adds_tau_log_of_each_slots_share_of_the_clients_uplo
     assert torch.equal(resumed.softmax_mask("a"), mask)
 
 
-def test_a_logit_adjustment_of_zero_is_the_plain_restricted_softmax_exactly():
-    plain, zero = plain_trainer(), plain_trainer(logit_adjustment=0.0)
+def test_the_logit_adjustment_moves_the_gradient_continuously_from_the_plain_restricted_softmax():
+    """A tau near 0 steps g as the plain softmax does; tau 1 does not."""
+    adjusted, plain = plain_trainer(logit_adjustment=1e-9), plain_trainer()
     rows = upload("a", "cnn", [0, 0, 1])
-    assert torch.equal(plain.step(rows).grad_features, zero.step(rows).grad_features)
+    assert torch.allclose(adjusted.step(rows).grad_features, plain.step(rows).grad_features)
+    assert not torch.equal(
+        plain_trainer(logit_adjustment=1.0).step(rows).grad_features, plain_trainer().step(rows).grad_features
+    )

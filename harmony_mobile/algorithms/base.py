@@ -84,6 +84,13 @@ class SplitTrainingConfig(LocalTrainingConfig):
         "method's own",
     )
 
+    server_logit_adjustment: float = Field(
+        default=0.0,
+        ge=0,
+        description="tau of the restricted server softmax (SplitTrainerConfig.logit_adjustment): it adds "
+        "tau x log(share of each slot in the client's uploads); nothing without the restricted softmax",
+    )
+
     @property
     def personalization_batch_size(self) -> int:
         return self.personalize_batch_size or self.batch_size

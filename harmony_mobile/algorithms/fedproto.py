@@ -93,6 +93,7 @@ class FedProto(SplitMethod):
             lr=self.config.server_lr,
             decay_rounds=self.config.decay_rounds,
             restrict_to_client_slots=True,
+            logit_adjustment=self.config.server_logit_adjustment,
             contrastive=None,
         )
 

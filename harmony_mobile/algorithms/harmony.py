@@ -132,12 +132,6 @@ class HarmonyConfig(SplitTrainingConfig):
         default=True,
         description="the server CE's softmax runs over the slots of the uploading client's tokens only",
     )
-    server_logit_adjustment: float = Field(
-        default=0.0,
-        ge=0,
-        description="tau of the restricted server softmax (SplitTrainerConfig.logit_adjustment); the "
-        "full softmax (own_classes_only false, the harmony-full-softmax ablation) has none",
-    )
     contrastive_weight: float = Field(
         # off: on Fashion-MNIST (3 seeds, two settings) turning it off changed nothing beyond seed
         # noise, and on MNIST-like data it cost a family's unseen classes (docs/ALGORITHM.md,

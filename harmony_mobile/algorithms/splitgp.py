@@ -72,6 +72,7 @@ class SplitGP(SplitMethod):
             lr=self.config.server_lr,
             decay_rounds=self.config.decay_rounds,
             restrict_to_client_slots=self.config.restricted_softmax,
+            logit_adjustment=self.config.server_logit_adjustment,
             contrastive=None,
         )
 

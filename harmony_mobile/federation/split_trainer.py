@@ -95,7 +95,6 @@ class SplitTrainerConfig(BaseModel):
         "it does not hold, which is exactly what g must answer for that family's OOD fallbacks",
     )
     logit_adjustment: float = Field(
-        default=0.0,
         ge=0,
         description="tau: the CE adds tau x log(share of each slot in the uploading client's rows so "
         "far) to its slots' logits (0: the plain restricted softmax; 1: a balanced softmax, so g "
