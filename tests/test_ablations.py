@@ -68,7 +68,7 @@ def one_round(name: str, client_index: int = 3, supcon: bool = True):
         "inner_calls": inner.call_count,
         "contrastive_calls": contrastive.call_count,
         "metrics": update.metrics,
-        "client_slots": len(federation.server._client_slots[client.name]),
+        "client_slots": len(federation.server.client_slots(client.name)),
         "table": len(federation.server.slot_table),
         "style_rows": sum(len(rows) for rows in federation.server._style_bank.values()),
     }

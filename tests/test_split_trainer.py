@@ -195,3 +195,15 @@ def test_the_logit_adjustment_moves_the_gradient_continuously_from_the_plain_res
     assert not torch.equal(
         plain_trainer(logit_adjustment=1.0).step(rows).grad_features, plain_trainer().step(rows).grad_features
     )
+
+
+def test_a_checkpoint_from_before_slot_counts_resumes_with_the_same_slots():
+    server = plain_trainer()
+    server.step(upload("a", "cnn", [0, 2, 2]))
+    state = server.state()
+    counts = state.pop("client_slot_counts")
+    state["client_slots"] = {name: [i for i, c in enumerate(row) if c] for name, row in counts.items()}
+    resumed = plain_trainer()
+    resumed.load_state(state)
+    assert resumed.client_slots("a") == server.client_slots("a") == [0, 1]  # slots in order met
+    assert torch.equal(resumed.softmax_mask("a"), server.softmax_mask("a"))

@@ -118,8 +118,8 @@ class SplitTrainer:
         self.optimizer = torch.optim.Adam([*backend.parameters(), *projection.parameters()], lr=config.lr)
         self.slot_table = SlotTable(label_epoch, backend.num_classes)
         self.round_id = -1
-        self._client_slots: dict[str, set[int]] = {}  # slots each client's tokens have mapped to
-        self._client_slot_counts: dict[str, torch.Tensor] = {}  # rows per slot each client uploaded
+        # rows per slot each client uploaded: its slots (count > 0) and their shares
+        self._client_slot_counts: dict[str, torch.Tensor] = {}
         self._bank_embeddings: list[torch.Tensor] = []
         self._bank_tokens: list[bytes] = []
         # cross_family: per family, the projected embeddings and slots of its latest uploads, kept
@@ -157,7 +157,6 @@ class SplitTrainer:
                 f"this server trains epoch {self.label_epoch!r}"
             )
         slots = self.slot_table.slots(upload.label_tokens)
-        self._client_slots.setdefault(upload.client_id, set()).update(slots.tolist())
         counts = self._client_slot_counts.get(upload.client_id, torch.zeros(self.backend.num_classes))
         self._client_slot_counts[upload.client_id] = counts + torch.bincount(
             slots, minlength=self.backend.num_classes
@@ -210,11 +209,16 @@ class SplitTrainer:
         new_std = lam * std + (1 - lam) * other_std
         return (features - mean) / std * new_std + new_mean
 
+    def client_slots(self, client_id: str) -> list[int]:
+        """The slots a client's uploads have named so far, in order."""
+        counts = self._client_slot_counts.get(client_id)
+        return [] if counts is None else counts.nonzero().flatten().tolist()
+
     def softmax_mask(self, client_id: str) -> torch.Tensor:
         """0 on the slots the CE's softmax runs over, -inf elsewhere (never on a slot without a token)."""
         mask = torch.full((self.backend.num_classes,), float("-inf"))
         if self.config.restrict_to_client_slots:
-            held = sorted(self._client_slots.get(client_id, ()))
+            held = self.client_slots(client_id)
             mask[held] = 0.0
             if self.config.logit_adjustment and held:
                 counts = self._client_slot_counts[client_id][held]
@@ -241,7 +245,7 @@ class SplitTrainer:
         candidate_families = torch.cat(
             [*(torch.full_like(s, f) for f, _, s in banked), torch.full_like(slots, family)]
         )
-        held = torch.tensor(sorted(self._client_slots[upload.client_id]), dtype=slots.dtype)
+        held = torch.tensor(self.client_slots(upload.client_id), dtype=slots.dtype)
         return cross_family_supcon(
             embeddings,
             slots,
@@ -306,7 +310,6 @@ class SplitTrainer:
             "projection": self.projection.state_dict(),
             "server_optimizer": self.optimizer.state_dict(),
             "slot_table": self.slot_table.to_hex(),
-            "client_slots": {name: sorted(slots) for name, slots in self._client_slots.items()},
             "client_slot_counts": {
                 name: counts.tolist() for name, counts in self._client_slot_counts.items()
             },
@@ -321,10 +324,11 @@ class SplitTrainer:
         self.projection.load_state_dict(state["projection"])
         self.optimizer.load_state_dict(state["server_optimizer"])
         self.slot_table = SlotTable.from_hex(self.label_epoch, self.backend.num_classes, state["slot_table"])
-        self._client_slots = {name: set(slots) for name, slots in state["client_slots"].items()}
         self._client_slot_counts = {
             name: torch.tensor(counts) for name, counts in state.get("client_slot_counts", {}).items()
         }
+        for name, slots in state.get("client_slots", {}).items():  # a checkpoint from before counts
+            self._client_slot_counts.setdefault(name, torch.zeros(self.backend.num_classes))[slots] = 1.0
         self._family_ids = dict(state.get("family_ids", {}))
         self._family_bank = {int(f): tuple(rows) for f, rows in state.get("family_bank", {}).items()}
         self._style_bank = {int(f): rows for f, rows in state.get("style_bank", {}).items()}
