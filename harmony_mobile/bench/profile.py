@@ -193,14 +193,7 @@ class BenchProfile(BaseModel):
             named += list(self.tuning.grids)
         for method in named:
             check_algorithm(method)  # unknown or renamed: a clear error naming the right method
-        names = (
-            ("seeds", self.seeds),
-            ("methods", self.methods),
-            ("settings", [s.name for s in self.settings]),
-        )
-        for field, values in names:
-            if len(set(values)) != len(values):  # two runs would share one run folder
-                raise ValueError(f"{field} {values} repeat an entry")
+        _refuse_repeats("", seeds=self.seeds, methods=self.methods, settings=[s.name for s in self.settings])
         self._check_algorithm_configs()
         reserved = {
             "dataset",
@@ -271,10 +264,13 @@ class BenchProfile(BaseModel):
             return
         if self.tuning is None:
             raise ValueError("budget_check trains each method's tuned pick: it needs a tuning section")
-        named = (("methods", check.methods), ("rounds", check.rounds), ("seeds", check.seeds))
-        for name, values in (*named, ("settings", check.settings or [])):
-            if len(set(values)) != len(values):  # two runs would share one run folder
-                raise ValueError(f"budget_check: {name} {values} repeat an entry")
+        _refuse_repeats(
+            "budget_check: ",
+            methods=check.methods,
+            rounds=check.rounds,
+            seeds=check.seeds,
+            settings=check.settings or [],
+        )
         self.budget_check_settings()  # a ValueError naming an unknown setting
         unevaluated = [m for m in check.methods if m not in self.methods]
         if unevaluated:
@@ -327,9 +323,7 @@ class BenchProfile(BaseModel):
     def _check_tuning(self) -> None:
         if self.tuning is None:
             return
-        for name, values in (("seeds", self.tuning.seeds), ("settings", self.tuning.settings or [])):
-            if len(set(values)) != len(values):  # two trials would share one run folder
-                raise ValueError(f"tuning: {name} {values} repeat an entry")
+        _refuse_repeats("tuning: ", seeds=self.tuning.seeds, settings=self.tuning.settings or [])
         shared = set(self.tuning.seeds) & set(self.seeds)
         if shared:
             raise ValueError(f"tuning seeds {sorted(shared)} are also evaluation seeds; tune on other seeds")
@@ -402,6 +396,13 @@ def is_harmony(method: str) -> bool:
     if method in RENAMED:
         return method.startswith("harmony")
     return ALGORITHMS[method][0] is Harmony
+
+
+def _refuse_repeats(section: str, **named: list) -> None:
+    """Two runs of one list's repeated entry would share one run folder."""
+    for name, values in named.items():
+        if len(set(values)) != len(values):
+            raise ValueError(f"{section}{name} {values} repeat an entry")
 
 
 def _setting_problem(method: str, item: dict) -> str:
