@@ -268,6 +268,20 @@ def test_the_targets_judge_the_gate_curves_of_the_split_runs(tmp_path):
     assert "at most 2 points below its back-end answering everything: 75.5 vs 95.0 -> **not met**" in targets
 
 
+def test_a_margin_missed_by_less_than_the_rounding_is_printed_with_the_digit_that_decides():
+    from harmony_mobile.bench.report import target_lines
+
+    def line(mean: float) -> str:
+        gap = {"n": 5, "mean": mean, "low": 0.026, "high": 0.073, "excludes_zero": True}
+        entry = {"margin": {"best_baseline": "fedavg", "gap": gap, "met": mean >= 0.05}}
+        targets = {"settings": {"s": entry}, "mechanisms": {}}
+        return target_lines(targets, {"method": "harmony", "margin": 0.05})[2]
+
+    assert line(0.0496).endswith("+4.96 [+2.60, +7.30] -> **not met**")
+    assert line(0.0504).endswith("+5.04 [+2.60, +7.30] -> **met**")
+    assert line(0.0480).endswith("+4.8 [+2.6, +7.3] -> **not met**")
+
+
 def test_each_ablation_is_judged_on_the_back_end_too(tmp_path):
     text = write_bench_report(synthetic_results(), tmp_path).read_text()
     # family-unseen acc (half the accuracy in fake_run) falls on every seed without the restricted

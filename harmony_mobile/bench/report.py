@@ -397,12 +397,19 @@ METHOD_NOTES = """\
 """
 
 
-def _ci_text(gap: dict) -> str:
+def _ci_text(gap: dict, digits: int = 1) -> str:
     if gap["n"] == 0:
         return "–"
     if gap["n"] < 2:
-        return f"{100 * gap['mean']:+.1f} (1 seed, no CI)"
-    return f"{100 * gap['mean']:+.1f} [{100 * gap['low']:+.1f}, {100 * gap['high']:+.1f}]"
+        return f"{100 * gap['mean']:+.{digits}f} (1 seed, no CI)"
+    return (
+        f"{100 * gap['mean']:+.{digits}f} [{100 * gap['low']:+.{digits}f}, {100 * gap['high']:+.{digits}f}]"
+    )
+
+
+def _digits_to_decide(value: float, threshold: float) -> int:
+    """One decimal, or two where one would print a missed threshold as reached (+4.96 as +5.0)."""
+    return 2 if f"{value:.1f}" == f"{threshold:.1f}" else 1
 
 
 def comparisons(results: dict, setting: str, confidence: float = 0.95) -> dict:
@@ -537,9 +544,10 @@ def target_lines(targets: dict, spec: dict) -> list[str]:
     for setting, entry in targets["settings"].items():
         if "margin" in entry:
             m = entry["margin"]
+            digits = _digits_to_decide(100 * m["gap"]["mean"], 100 * spec["margin"])
             lines.append(
                 f"- {setting}: {spec['method']} with OOD at least {100 * spec['margin']:g} points above the best "
-                f"baseline (`{m['best_baseline']}`) with the paired CI above 0: {_ci_text(m['gap'])} -> "
+                f"baseline (`{m['best_baseline']}`) with the paired CI above 0: {_ci_text(m['gap'], digits)} -> "
                 f"{verdict[m['met']]}"
             )
         if "reference" in entry:
