@@ -614,6 +614,17 @@ PROFILE = {
             r"algorithm_config.harmony: 'stochastic_depth' is not a HARMONY setting",
         ),
         ({"tuning": {"seeds": [5, 5], "grids": {"fedavg": [{}]}}}, r"tuning: seeds \[5, 5\] repeat an entry"),
+        (  # fedavg's default rate is 0.003: the trial repeats `{}`, a tuned method a trial short
+            {"tuning": {"seeds": [5], "grids": {"fedavg": [{}, {"lr": 0.003}]}}},
+            r"tuning.grids.fedavg: trial 1 \{'lr': 0.003\} trains what trial 0 \{\} trains",
+        ),
+        (  # the profile's own algorithm_config is part of what a trial trains
+            {
+                "algorithm_config": {"harmony": {"style_mixing": 1.0}},
+                "tuning": {"seeds": [5], "grids": {"harmony": [{}, {"style_mixing": 1.0}]}},
+            },
+            "tuning.grids.harmony: trial 1",
+        ),
     ],
 )
 def test_a_profiles_mistakes_are_refused_naming_the_entry(change, refusal):

@@ -337,6 +337,25 @@ class BenchProfile(BaseModel):
                 f"{derived} take their parent's tuned values ({', '.join(parent_method(m) for m in derived)}); "
                 "tune the parent instead"
             )
+        for method, trials in self.tuning.grids.items():
+            self._refuse_repeated_trials(method, trials)
+
+    def _refuse_repeated_trials(self, method: str, trials: list[dict[str, Any]]) -> None:
+        """Equal trial counts are only fair when the trials differ: a trial spelling out a default
+        (`lr` at the method's own default) trains what `{}` trains."""
+        seen: dict[str, int] = {}
+        for index, trial in enumerate(trials):
+            try:
+                config = build_algorithm(method, {**self.algorithm_config.get(method, {}), **trial}).config
+            except (ValidationError, KeyError):
+                continue  # an invalid trial fails its own run with its own message
+            key = config.model_dump_json()
+            if key in seen:
+                raise ValueError(
+                    f"tuning.grids.{method}: trial {index} {trial} trains what trial {seen[key]} "
+                    f"{trials[seen[key]]} trains (defaults included); each trial must try something else"
+                )
+            seen[key] = index
 
     def method_budget(self, method: str) -> Budget:
         return self.budgets.get(method, self.budget)
