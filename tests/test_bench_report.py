@@ -625,6 +625,10 @@ PROFILE = {
             },
             "tuning.grids.harmony: trial 1",
         ),
+        (  # and so is the budget: 1 local step is what every trial of this profile trains
+            {"tuning": {"seeds": [5], "grids": {"fedavg": [{}, {"local_steps": 1}]}}},
+            "tuning.grids.fedavg: trial 1",
+        ),
     ],
 )
 def test_a_profiles_mistakes_are_refused_naming_the_entry(change, refusal):

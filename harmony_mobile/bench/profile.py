@@ -346,7 +346,7 @@ class BenchProfile(BaseModel):
         seen: dict[str, int] = {}
         for index, trial in enumerate(trials):
             try:
-                config = build_algorithm(method, {**self.algorithm_config.get(method, {}), **trial}).config
+                config = build_algorithm(method, self.method_config(method, {method: trial})).config
             except (ValidationError, KeyError):
                 continue  # an invalid trial fails its own run with its own message
             key = config.model_dump_json()
