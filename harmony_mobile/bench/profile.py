@@ -347,7 +347,7 @@ class BenchProfile(BaseModel):
         for index, trial in enumerate(trials):
             try:
                 config = build_algorithm(method, self.method_config(method, {method: trial})).config
-            except (ValidationError, KeyError):
+            except ValidationError:
                 continue  # an invalid trial fails its own run with its own message
             key = config.model_dump_json()
             if key in seen:
