@@ -625,6 +625,14 @@ PROFILE = {
             },
             "tuning.grids.harmony: trial 1",
         ),
+        (  # an invalid trial is refused when the profile loads, not when its run starts
+            {"tuning": {"seeds": [5], "grids": {"fedavg": [{}, {"lrr": 0.01}]}}},
+            r"tuning.grids.fedavg: trial 1 \{'lrr': 0.01\}: lrr: not a setting of fedavg",
+        ),
+        (
+            {"tuning": {"seeds": [5], "grids": {"harmony": [{"personalize_epochs": -1}]}}},
+            r"tuning.grids.harmony: trial 0 .*personalize_epochs: .*greater than or equal to 0",
+        ),
         (  # and so is the budget: 1 local step is what every trial of this profile trains
             {"tuning": {"seeds": [5], "grids": {"fedavg": [{}, {"local_steps": 1}]}}},
             "tuning.grids.fedavg: trial 1",

@@ -341,14 +341,16 @@ class BenchProfile(BaseModel):
             self._refuse_repeated_trials(method, trials)
 
     def _refuse_repeated_trials(self, method: str, trials: list[dict[str, Any]]) -> None:
-        """Equal trial counts are only fair when the trials differ: a trial spelling out a default
+        """Every trial is a valid config of `method` (refused at load, not when its run starts), and
+        equal trial counts are only fair when the trials differ: a trial spelling out a default
         (`lr` at the method's own default) trains what `{}` trains."""
         seen: dict[str, int] = {}
         for index, trial in enumerate(trials):
             try:
                 config = build_algorithm(method, self.method_config(method, {method: trial})).config
-            except ValidationError:
-                continue  # an invalid trial fails its own run with its own message
+            except ValidationError as error:
+                problems = "; ".join(_setting_problem(method, item) for item in error.errors())
+                raise ValueError(f"tuning.grids.{method}: trial {index} {trial}: {problems}") from None
             key = config.model_dump_json()
             if key in seen:
                 raise ValueError(
