@@ -54,13 +54,9 @@ def invalid(what: str, error) -> str:
     """A pydantic ValidationError in one line: each bad field with its message."""
     from rich.markup import escape
 
-    def problem(item) -> str:  # a model-wide check has no field to name
-        where = ".".join(str(part) for part in item["loc"])
-        message = item["msg"].removeprefix("Value error, ")
-        return f"{where}: {message}" if where else message
+    from harmony_mobile.protocol.validation import validation_problems
 
-    problems = "; ".join(problem(item) for item in error.errors())
-    return escape(f"invalid {what}: {problems}")
+    return escape(f"invalid {what}: {validation_problems(error.errors())}")
 
 
 def read_yaml(path: Path, what: str):

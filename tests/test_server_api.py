@@ -250,7 +250,7 @@ def bad_input(**changes) -> dict:
         ),
         ({"inputs": []}, "inputs: List should have at least 1 item"),
         ({"inputs": [bad_input()["inputs"][0]] * 2}, "inputs: List should have at most 1 item"),
-        (bad_input(shape=["1", 64, 8, 8]), "shape.0: Value error, must be a JSON number"),
+        (bad_input(shape=["1", 64, 8, 8]), "shape.0: must be a JSON number"),
         ({"tensors": []}, "inputs: Field required"),
     ],
 )

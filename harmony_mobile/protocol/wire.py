@@ -38,6 +38,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
 from harmony_mobile.protocol.label_tokens import TOKEN_BYTES, is_token_hex
+from harmony_mobile.protocol.validation import validation_problems
 
 if TYPE_CHECKING:  # imported where a tensor is made: a serving replica without torch decodes too
     import torch
@@ -236,9 +237,7 @@ def decode_upload(plaintext: bytes) -> UploadPayload:
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise WireFormatError(f"upload metadata is not UTF-8 JSON: {error}") from None
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'metadata'}: {e['msg']}" for e in error.errors()
-        )
+        problems = validation_problems(error.errors(), whole="metadata")
         raise WireFormatError(f"upload metadata is invalid: {problems}") from None
     features = decode_tensor(plaintext[UPLOAD_FIXED_HEADER + meta_len :])
     rows = features.shape[0]

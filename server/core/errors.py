@@ -16,6 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse
 from starlette.routing import Match
 
+from harmony_mobile.protocol.validation import validation_problems
+
 log = logging.getLogger("harmony_mobile.server")
 
 V2_PREFIX = "/v2"
@@ -69,8 +71,7 @@ def error_response(path: str, status_code: int, message: str, headers: dict | No
 
 
 def validation_message(errors: list[dict]) -> str:
-    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in errors)
-    return f"invalid request: {problems}"
+    return f"invalid request: {validation_problems(errors, whole='body')}"
 
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")

@@ -27,6 +27,7 @@ import orjson
 from harmony_mobile.server.core.schemas import InferRequest
 from pydantic import ValidationError
 
+from harmony_mobile.protocol.validation import validation_problems
 from harmony_mobile.protocol.wire import WireFormatError, decode_tensor
 
 INPUT_NAME = "features"
@@ -128,7 +129,7 @@ def _parse_json(header: bytes, binary: bytes) -> ParsedInfer:
     try:
         request = InferRequest.model_validate_json(header)
     except ValidationError as error:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in error.errors())
+        problems = validation_problems(error.errors(), whole="body")
         raise InferBodyError(422, f"invalid infer request: {problems}") from None
     if len(request.inputs) != 1:
         raise InferBodyError(
