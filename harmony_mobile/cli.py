@@ -23,7 +23,9 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_show_locals=False,  # a traceback's locals can hold tokens and secrets
 )
-console = Console()
+# soft wrap: a line is never broken at 80 columns when the output is a log file or a pipe (one event,
+# one line, grep-able); a terminal wraps it for display
+console = Console(soft_wrap=True)
 
 
 @app.callback()
@@ -45,8 +47,7 @@ def main(
 
 
 def fail(message: str) -> None:
-    # soft_wrap: file paths in messages stay whole, so they can be copied
-    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    console.print(f"[red]error:[/red] {message}")
     raise typer.Exit(code=2)
 
 
@@ -468,7 +469,7 @@ def _export_or_fail(run_dir: Path, out: Path, options: dict):
     except (ExportInputError, RunDirError, SigningKeyError) as error:
         fail(str(error))
     except (ExportError, ValueError, OSError) as error:
-        console.print(f"[red]export failed:[/red] {error}", soft_wrap=True)
+        console.print(f"[red]export failed:[/red] {error}")
         raise typer.Exit(code=1) from None
 
 
@@ -484,7 +485,6 @@ def _print_export_result(result, key_dir: Path | None) -> None:
     if failing:
         console.print(
             f"[yellow]quality checks not met (see verification.md):[/yellow] {'; '.join(failing)}",
-            soft_wrap=True,
         )
     if result.key_created:
         console.print(
@@ -542,14 +542,13 @@ def export_verify(
     try:
         manifest = verify_manifest(directory, public_key)
     except ManifestError as error:
-        console.print(f"[red]verification FAILED for {error.directory}:[/red]", soft_wrap=True)
+        console.print(f"[red]verification FAILED for {error.directory}:[/red]")
         for problem in error.problems:
-            console.print(f"  [red]✗[/red] {problem}", soft_wrap=True)
+            console.print(f"  [red]✗[/red] {problem}")
         raise typer.Exit(code=1) from None
     console.print(
         f"[green]OK[/green] {directory}: signature valid, {len(manifest.files)} files match "
         f"(model version {manifest.model_version}; tiers {', '.join(t.name for t in manifest.tiers)})",
-        soft_wrap=True,
     )
     if public_key is None:
         console.print(
@@ -622,16 +621,14 @@ def _print_app_install(platform: str, result) -> None:
     console.print(
         f"[green]{platform}[/green]: model {result.model_version}, {len(result.copied)} files from "
         f"{result.export_dir}; server {result.server_url}",
-        soft_wrap=True,
     )
     for path in result.written:
-        console.print(f"  wrote {path}", soft_wrap=True)
+        console.print(f"  wrote {path}")
     for path in result.removed:
-        console.print(f"  removed {path} (a secret must not ship in the app)", soft_wrap=True)
+        console.print(f"  removed {path} (a secret must not ship in the app)")
     console.print(
         f"provisioning payload (owner-only; deliver it to the phone as a QR code, deep link or managed "
         f"config, docs/PROVISIONING.md): {result.payload}",
-        soft_wrap=True,
     )
 
 
@@ -705,7 +702,7 @@ def provision_command(
         written = write_payload(out, payload, [repo / "android_demo", repo / "ios_demo"] if repo else [])
     except (ProvisioningError, RunDirError, OSError) as error:
         fail(str(error))
-    console.print(f"wrote {written} (owner-only: it holds the federation secret)", soft_wrap=True)
+    console.print(f"wrote {written} (owner-only: it holds the federation secret)")
 
 
 def _check_enrolment_flags(admin_token_file: Path | None, server_url, tier, name) -> None:

@@ -146,3 +146,12 @@ def test_lineage_from_refuses_a_folder_that_is_no_run_and_a_used_run_dir(tmp_pat
     (source / "run.json").write_text(json.dumps({"label_epoch": "e-1"}))
     result = runner.invoke(app, ["train", str(tmp_path / "used"), "--lineage-from", str(source)])
     assert result.exit_code == 2 and "needs a new run directory" in result.output
+
+
+def test_a_long_progress_line_stays_one_line_in_a_log_file(capsys):
+    """`harmony bench ... > log` prints one line per finished run, however long, so a log can be grepped."""
+    from harmony_mobile.cli import console
+
+    line = "[12/64] budget fashion-family harmony 48 rounds seed=101: " + "acc p=0 0.799, " * 12
+    console.print(line)
+    assert capsys.readouterr().out == line + "\n"

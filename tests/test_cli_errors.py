@@ -23,6 +23,8 @@ def refused(args: list[str]) -> str:
     assert result.exit_code == 2, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     assert output.startswith("error:") or "Invalid value" in output, result.output
+    if output.startswith("error:"):  # one line even in a pipe or log file: never wrapped at 80 columns
+        assert len(result.output.strip().splitlines()) == 1, result.output
     return output
 
 
