@@ -282,6 +282,18 @@ def test_a_margin_missed_by_less_than_the_rounding_is_printed_with_the_digit_tha
     assert line(0.0480).endswith("+4.8 [+2.6, +7.3] -> **not met**")
 
 
+def test_an_interval_bound_near_zero_shows_its_side_of_zero():
+    from harmony_mobile.bench.report import _ci_text
+
+    def ci(low: float, high: float) -> str:
+        return _ci_text({"n": 10, "mean": -0.013, "low": low, "high": high})
+
+    assert ci(-0.027, 0.0003) == "-1.30 [-2.70, +0.03]"  # "+0.0" would hide that it reaches zero
+    assert ci(-0.027, -0.0003) == "-1.30 [-2.70, -0.03]"
+    assert ci(-0.027, -0.006) == "-1.3 [-2.7, -0.6]"
+    assert _ci_text({"n": 5, "mean": 0.0, "low": 0.0, "high": 0.0}) == "+0.0 [+0.0, +0.0]"  # a twin's gap
+
+
 def test_each_ablation_is_judged_on_the_back_end_too(tmp_path):
     text = write_bench_report(synthetic_results(), tmp_path).read_text()
     # family-unseen acc (half the accuracy in fake_run) falls on every seed without the restricted

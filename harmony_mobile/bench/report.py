@@ -398,8 +398,13 @@ METHOD_NOTES = """\
 
 
 def _ci_text(gap: dict, digits: int = 1) -> str:
+    """Mean [low, high] in points; two decimals where one would print a bound that is not zero as
+    +0.0, which would hide which side of zero the interval ends on."""
     if gap["n"] == 0:
         return "–"
+    bounds = [100 * gap[k] for k in ("low", "high") if gap.get(k) is not None]
+    if any(b != 0 and round(b, digits) == 0 for b in bounds):
+        digits = max(digits, 2)
     if gap["n"] < 2:
         return f"{100 * gap['mean']:+.{digits}f} (1 seed, no CI)"
     return (
