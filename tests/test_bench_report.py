@@ -911,3 +911,13 @@ def test_results_of_a_budget_with_a_field_since_removed_keep_their_prose(tmp_pat
     lines: list[str] = []
     text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
     assert "tuned on validation only" in text and any("are kept" in line for line in lines)
+
+
+def test_the_methods_section_describes_the_methods_the_report_holds():
+    from harmony_mobile.bench.report import method_notes
+
+    notes = method_notes(["harmony", "harmony-no-style-mixing", "splitgp-restricted", "fedavg"])
+    assert "- `harmony`:" in notes and "- `splitgp`:" in notes and "- `fedavg`:" in notes
+    assert "- No-split methods" in notes
+    assert "`fedproto`" not in notes and "- `local`" not in notes and "- `centralized`" not in notes
+    assert "No-split" not in method_notes(["harmony", "splitgp"])

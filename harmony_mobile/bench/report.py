@@ -373,7 +373,10 @@ def _json_safe(value):
     return value
 
 
-METHOD_NOTES = """\
+# what each method is, printed for the methods a report holds (a key covers every method named
+# like it: `harmony` its ablations and variants, `splitgp` splitgp-restricted)
+METHOD_NOTES = {
+    "harmony": """\
 - `harmony`: docs/ALGORITHM.md (simulated extractors: the meta-weights with weight noise and
   channel drop at a random split depth; the server's CE for a client a softmax over that client's
   own slots (restricted softmax), on features whose statistics it mixes across families (style
@@ -383,18 +386,28 @@ METHOD_NOTES = """\
   (`harmony-with-meta`) and supervised contrastive alignment over label-token slots
   (`harmony-with-contrastive`) are off by default and measured turned on.
   Each ablation turns off exactly one mechanism, same hyper-parameters otherwise (its one changed
-  field is shown in the configuration table).
+  field is shown in the configuration table).""",
+    "splitgp": """\
 - `splitgp`: loss gamma CE(exit) + (1 - gamma) CE(server); client model lambda own + (1 - lambda)
   average; entropy-threshold fallback calibrated on val to the same local-exit accuracy target as
-  HARMONY. `splitgp-restricted`: the same with HARMONY's restricted server softmax.
-- `fedproto`: prototype exchange (per-class feature means shared through the server).
-- `multi-exit`: SplitGP with lambda = 0 (no personalization mixing).
-- `fedavg`: FedAvg per family on full 4-stage models, no split, no personalization.
-- `local`: each client trains its own full 4-stage model on its own data, nothing uploaded.
+  HARMONY. `splitgp-restricted`: the same with HARMONY's restricted server softmax.""",
+    "fedproto": "- `fedproto`: prototype exchange (per-class feature means shared through the server).",
+    "multi-exit": "- `multi-exit`: SplitGP with lambda = 0 (no personalization mixing).",
+    "fedavg": "- `fedavg`: FedAvg per family on full 4-stage models, no split, no personalization.",
+    "local": "- `local`: each client trains its own full 4-stage model on its own data, nothing uploaded.",
+    "centralized": """\
 - `centralized`: the reference; per family one full model trained on the pooled raw data of all
-  clients, with its own stated budget (the raw data upload counts in its upload bytes).
-- No-split methods answer every query with their full model: exit rate 100 %, no fallback.
-"""
+  clients, with its own stated budget (the raw data upload counts in its upload bytes).""",
+}
+NO_SPLIT_NOTE = "- No-split methods answer every query with their full model: exit rate 100 %, no fallback."
+
+
+def method_notes(methods: list[str]) -> str:
+    """The notes on the methods this report holds, in the notes' order."""
+    kept = [note for key, note in METHOD_NOTES.items() if any(m.startswith(key) for m in methods)]
+    if any(m in ("fedavg", "local", "centralized") for m in methods):
+        kept.append(NO_SPLIT_NOTE)
+    return "\n".join(kept) + "\n"
 
 
 def _ci_text(gap: dict, digits: int = 1) -> str:
@@ -1007,7 +1020,7 @@ def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     lines += ["## Method configurations", "", "| method | config |", "|---|---|"]
     for method, config in results.get("method_configs", {}).items():
         lines.append(f"| {method} | `{json.dumps(effective_config(method, config))}` |")
-    lines += ["", "## Methods", "", METHOD_NOTES]
+    lines += ["", "## Methods", "", method_notes(profile["methods"])]
     notes = "\n\n".join(n.strip() for n in (profile.get("notes", ""), notes) if n and n.strip())
     if notes:
         lines += ["## Notes", "", notes, ""]
