@@ -12,6 +12,7 @@ from scipy import stats
 from harmony_mobile.bench.latency import expected_latency_ms
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, load_profile
 from harmony_mobile.bench.report import aggregate, paired_gap, repo_relative, write_bench_report
+from harmony_mobile.bench.runner import budget_specs
 from harmony_mobile.bench.stats import paired_ci
 
 METHODS = ["harmony", "harmony-full-softmax", "splitgp", "fedavg", "centralized"]
@@ -744,6 +745,61 @@ def test_a_budget_check_must_compare_longer_budgets_on_validation_seeds():
         BenchProfile(**{**data, "tuning": None, "budget_check": ok})
 
 
+def test_a_setting_can_give_a_method_and_its_ablations_a_longer_budget():
+    data = {**load_profile("standard").model_dump(), "budget_check": None}
+    shared = data["budget"]["rounds"]
+    longer = {**data["budget"], "rounds": 2 * shared}
+    first, *others = data["settings"]
+    data["settings"] = [{**first, "budgets": {"harmony": longer}}, *others]
+    profile = BenchProfile(**data)
+    here, elsewhere = profile.settings[0], profile.settings[1]
+    assert profile.method_budget("harmony", here).rounds == 2 * shared
+    assert profile.method_budget("harmony-full-softmax", here).rounds == 2 * shared  # the parent's
+    assert profile.method_budget("harmony", elsewhere).rounds == shared
+    assert profile.method_budget("fedavg", here).rounds == shared
+    assert profile.method_budget("harmony").rounds == shared  # no setting: the profile's
+    with pytest.raises(ValidationError, match="no-such-method"):
+        BenchProfile(**{**data, "settings": [{**first, "budgets": {"no-such-method": longer}}]})
+
+
+def test_a_budget_check_by_times_compares_each_method_with_a_multiple_of_its_own_budget():
+    data = load_profile("standard").model_dump()
+    shared = data["budget"]["rounds"]
+    first, *others = data["settings"]
+    data["settings"] = [{**first, "budgets": {"harmony": {**data["budget"], "rounds": 2 * shared}}}, *others]
+    check = {"methods": ["harmony", "fedavg"], "times": [2], "seeds": [101], "settings": [first["name"]]}
+    profile = BenchProfile(**{**data, "budget_check": check})
+    assert profile.budget_check.longer_rounds(2 * shared) == [4 * shared]
+    specs = budget_specs(profile, {})
+    rounds = {(s.method, s.rounds) for s in specs}
+    assert rounds == {
+        ("harmony", 2 * shared),
+        ("harmony", 4 * shared),
+        ("fedavg", shared),
+        ("fedavg", 2 * shared),
+    }
+    # given as rounds, the check must be longer than the setting's budget, not only the profile's
+    with pytest.raises(ValidationError, match=f"not longer than harmony's budget in {first['name']}"):
+        BenchProfile(**{**data, "budget_check": {**check, "times": None, "rounds": [2 * shared]}})
+    for bad, message in (
+        ({"rounds": [4 * shared]}, "as rounds or as times, not both"),
+        ({"times": None}, "as rounds or as times, not both"),
+        ({"times": [1]}, "must be 2 or more"),
+    ):
+        with pytest.raises(ValidationError, match=message):
+            BenchProfile(**{**data, "budget_check": {**check, **bad}})
+
+
+def test_the_report_names_the_methods_a_setting_trains_for_longer(tmp_path):
+    results = synthetic_results()
+    setting = results["profile"]["settings"][0]
+    setting["budgets"] = {"harmony": {"rounds": 8, "local_steps": 5, "samples_per_step": 64}}
+    text = write_bench_report(results, tmp_path).read_text()
+    ablations = [m for m in results["profile"]["methods"] if m.startswith("harmony")]
+    names = ", ".join(f"`{m}`" for m in ablations)
+    assert f"; in {setting['name']}: {names} 8 x 5 x 64" in text
+
+
 def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_path):
     results = synthetic_results()
     results["budget_check"] = {
@@ -825,6 +881,12 @@ def test_re_rendering_keeps_the_prose_of_results_made_at_another_budget(tmp_path
     assert "tuned on validation only" not in text and "**Budget.**" in text
     assert not any("are kept" in line for line in lines)
     assert "a synthetic profile" not in text and standard.description.strip()[:60] in text
+    # a setting's own budget is part of the budget too
+    results["profile"]["settings"][0]["budgets"] = {"harmony": {**results["profile"]["budget"], "rounds": 96}}
+    (tmp_path / "results.json").write_text(json.dumps(results))
+    lines.clear()
+    text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()
+    assert "a synthetic profile" in text and any("description and notes are kept" in line for line in lines)
 
 
 def test_a_tiers_file_is_named_relative_to_the_repository_whichever_checkout_ran_it():

@@ -458,9 +458,7 @@ def test_metadata_numbers_of_the_wrong_type_are_400(client, device, changes, fie
     }
     response = post(client, device, sealed_body(device, plaintext_with_metadata(document)))
     assert response.status_code == 400, response.text
-    assert f"{field}: must be a JSON number, not a string or a boolean" in error_message(
-        response
-    )
+    assert f"{field}: must be a JSON number, not a string or a boolean" in error_message(response)
     assert stored_count(client) == count
 
 

@@ -4,7 +4,9 @@ tuning grids, and the targets the report checks.
 The budget is shared: the same rounds, local steps per round and samples drawn per step for every
 method. HARMONY draws a support and a query batch per step, so its batch size is half the samples
 per step; every other method draws one batch of the full size. A method may get its own stated
-budget (`budgets`): `centralized` is a converged reference, not a competitor at equal budget.
+budget (`budgets`): `centralized` is a converged reference, not a competitor at equal budget; and a
+setting may give a method another one (`settings[].budgets`) where the budget check finds it still
+improving on that partition alone. An ablation trains for its parent's budget.
 Hyper-parameters of one method (`algorithm_config`, and the trial tuning picks for it) are applied
 to its relatives too: HARMONY's to its ablations (an ablation changes exactly one mechanism),
 SplitGP's to multi-exit (except lambda, fixed at 0 there).
@@ -29,25 +31,6 @@ CONFIG_DIR = REPO_ROOT / "benchmarks" / "configs"
 _TRAIN_FIELDS = TrainConfig.model_fields
 
 
-class Setting(BaseModel):
-    """A data setting of the benchmark: the TrainConfig fields it sets, defaulting as TrainConfig does."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    dataset: str = _TRAIN_FIELDS["dataset"].default
-    dataset_limit: int | None = Field(default=_TRAIN_FIELDS["dataset_limit"].default, ge=10)
-    partition: Literal["family", "dirichlet", "shard"] = _TRAIN_FIELDS["partition"].default
-    alpha: float = Field(default=_TRAIN_FIELDS["alpha"].default, gt=0)
-
-    def label(self) -> str:
-        scheme = f"Dirichlet alpha={self.alpha:g}" if self.partition == "dirichlet" else self.partition
-        if self.partition == "family":
-            scheme = "family-correlated"
-        limit = f" (first {self.dataset_limit})" if self.dataset_limit else ""
-        return f"{self.dataset}{limit}, {scheme} split"
-
-
 class Budget(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -62,6 +45,31 @@ class Budget(BaseModel):
         "final personalization's) decay over the run's own rounds (a budget check's longer runs decay "
         "over theirs)",
     )
+
+
+class Setting(BaseModel):
+    """A data setting of the benchmark: the TrainConfig fields it sets, defaulting as TrainConfig does,
+    and the methods that train for another budget on it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    dataset: str = _TRAIN_FIELDS["dataset"].default
+    dataset_limit: int | None = Field(default=_TRAIN_FIELDS["dataset_limit"].default, ge=10)
+    partition: Literal["family", "dirichlet", "shard"] = _TRAIN_FIELDS["partition"].default
+    alpha: float = Field(default=_TRAIN_FIELDS["alpha"].default, gt=0)
+    budgets: dict[str, Budget] = Field(
+        default_factory=dict,
+        description="methods' budgets in this setting, in place of the profile's: where the budget "
+        "check finds a method still improving on this partition alone",
+    )
+
+    def label(self) -> str:
+        scheme = f"Dirichlet alpha={self.alpha:g}" if self.partition == "dirichlet" else self.partition
+        if self.partition == "family":
+            scheme = "family-correlated"
+        limit = f" (first {self.dataset_limit})" if self.dataset_limit else ""
+        return f"{self.dataset}{limit}, {scheme} split"
 
 
 class PcaSpec(BaseModel):
@@ -99,8 +107,9 @@ class TuningSpec(BaseModel):
 
 
 class BudgetCheck(BaseModel):
-    """Is the shared budget where the listed methods stop improving? Each method's tuned config is
-    trained for its budget's rounds and for each longer budget in `rounds`, on `settings` (unset:
+    """Is each listed method's budget where it stops improving? Each method's tuned config is
+    trained for its budget's rounds in a setting and for each longer budget (`rounds`, or `times`
+    its own rounds), on `settings` (unset:
     the tuning settings) and `seeds`, and scored on validation only; it has stopped improving when
     no longer budget gains `tolerance` or more, judged per setting (a partition may need longer than
     the one tuned on). The seeds are neither evaluation nor tuning seeds: on a tuning seed the
@@ -109,10 +118,29 @@ class BudgetCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     methods: list[str] = Field(min_length=1)
-    rounds: list[int] = Field(min_length=1, description="the longer budgets (rounds) to compare with")
+    rounds: list[int] | None = Field(
+        default=None, min_length=1, description="the longer budgets (rounds) to compare with"
+    )
+    times: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        description="or the longer budgets as multiples of each method's own rounds in each setting",
+    )
     seeds: list[int] = Field(min_length=1, description="validation-only seeds (not tuning, not evaluation)")
     tolerance: float = Field(default=0.01, ge=0, description="validation accuracy with OOD, fraction")
     settings: list[str] | None = Field(default=None, description="setting names; unset: the tuning settings")
+
+    @model_validator(mode="after")
+    def _rounds_or_times(self) -> BudgetCheck:
+        if (self.rounds is None) == (self.times is None):
+            raise ValueError("budget_check: give the longer budgets as rounds or as times, not both")
+        if self.times is not None and min(self.times) < 2:
+            raise ValueError(f"budget_check: times {self.times} must be 2 or more")
+        return self
+
+    def longer_rounds(self, budget_rounds: int) -> list[int]:
+        """The rounds a method whose budget is `budget_rounds` is compared with."""
+        return self.rounds if self.rounds is not None else [t * budget_rounds for t in self.times]
 
 
 class ConvergenceCheck(BaseModel):
@@ -189,6 +217,7 @@ class BenchProfile(BaseModel):
     @model_validator(mode="after")
     def _known_methods(self) -> BenchProfile:
         named = [*self.methods, *self.algorithm_config, *self.budgets]
+        named += [method for setting in self.settings for method in setting.budgets]
         if self.tuning:
             named += list(self.tuning.grids)
         for method in named:
@@ -267,7 +296,8 @@ class BenchProfile(BaseModel):
         _refuse_repeats(
             "budget_check: ",
             methods=check.methods,
-            rounds=check.rounds,
+            rounds=check.rounds or [],
+            times=check.times or [],
             seeds=check.seeds,
             settings=check.settings or [],
         )
@@ -277,12 +307,14 @@ class BenchProfile(BaseModel):
             raise ValueError(f"budget_check: {unevaluated} are not methods of this profile")
         for method in check.methods:
             check_algorithm(method)
-            shorter = [r for r in check.rounds if r <= self.method_budget(method).rounds]
-            if shorter:
-                raise ValueError(
-                    f"budget_check: rounds {shorter} are not longer than {method}'s budget "
-                    f"({self.method_budget(method).rounds} rounds)"
-                )
+            for setting in self.budget_check_settings():
+                base = self.method_budget(method, setting).rounds
+                shorter = [r for r in check.longer_rounds(base) if r <= base]
+                if shorter:
+                    raise ValueError(
+                        f"budget_check: rounds {shorter} are not longer than {method}'s budget "
+                        f"in {setting.name} ({base} rounds)"
+                    )
         shared = set(check.seeds) & set(self.seeds + self.tuning.seeds)
         if shared:
             raise ValueError(
@@ -298,15 +330,17 @@ class BenchProfile(BaseModel):
         for method in dict.fromkeys([*self.algorithm_config, *self.methods]):
             own = self.algorithm_config.get(method, {})
             decay = {**self.algorithm_config.get(parent_method(method), {}), **own}.get("decay_rounds")
-            budget = self.method_budget(method)
             if decay is None:
                 continue
-            if budget.lr_schedule == "cosine":
-                raise ValueError(f"{method}: decay_rounds is set by its budget's lr_schedule; leave it out")
-            if decay != budget.rounds:
-                raise ValueError(
-                    f"{method}: decay_rounds {decay} must equal its budget's rounds ({budget.rounds})"
-                )
+            for budget in self.all_budgets(method):
+                if budget.lr_schedule == "cosine":
+                    raise ValueError(
+                        f"{method}: decay_rounds is set by its budget's lr_schedule; leave it out"
+                    )
+                if decay != budget.rounds:
+                    raise ValueError(
+                        f"{method}: decay_rounds {decay} must equal its budget's rounds ({budget.rounds})"
+                    )
             if method in checked:
                 raise ValueError(
                     f"budget_check: {method}'s decay_rounds is tied to its budget's rounds; "
@@ -359,16 +393,34 @@ class BenchProfile(BaseModel):
                 )
             seen[key] = index
 
-    def method_budget(self, method: str) -> Budget:
-        return self.budgets.get(method, self.budget)
+    def method_budget(self, method: str, setting: Setting | None = None) -> Budget:
+        """`method`'s budget in `setting` (None: the profile's): the setting's, else the profile's
+        own for it, else the shared one; a method without one takes its parent's (HARMONY's
+        ablations train as long as HARMONY)."""
+        relatives = list(dict.fromkeys([method, parent_method(method)]))
+        for budgets in (setting.budgets if setting else {}, self.budgets):
+            for name in relatives:
+                if name in budgets:
+                    return budgets[name]
+        return self.budget
+
+    def all_budgets(self, method: str) -> list[Budget]:
+        """Every budget `method` trains for: the profile's and each setting's."""
+        return list(
+            {b.model_dump_json(): b for b in (self.method_budget(method, s) for s in self.settings)}.values()
+        )
 
     def method_config(
-        self, method: str, tuned: dict[str, dict[str, Any]] | None = None, rounds: int | None = None
+        self,
+        method: str,
+        tuned: dict[str, dict[str, Any]] | None = None,
+        rounds: int | None = None,
+        setting: Setting | None = None,
     ) -> dict[str, Any]:
-        """The algorithm config of `method` under its budget, with the values tuning picked for it (or
-        for its parent) on top of the profile's fixed ones. `rounds`: the run's, when not its budget's
-        (a budget check), which a cosine schedule decays over."""
-        budget = self.method_budget(method)
+        """The algorithm config of `method` under its budget in `setting`, with the values tuning
+        picked for it (or for its parent) on top of the profile's fixed ones. `rounds`: the run's, when
+        not its budget's (a budget check), which a cosine schedule decays over."""
+        budget = self.method_budget(method, setting)
         per_step = budget.samples_per_step
         config: dict[str, Any] = {
             "local_steps": budget.local_steps,

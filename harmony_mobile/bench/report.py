@@ -410,6 +410,23 @@ def method_notes(methods: list[str]) -> str:
     return "\n".join(kept) + "\n"
 
 
+def _setting_budget_text(setting: dict, methods: list[str]) -> str:
+    """The methods that train for another budget in `setting` (an ablation takes its parent's)."""
+    own = setting.get("budgets") or {}
+    by_budget: dict[str, list[str]] = {}
+    for method in methods:
+        name = method if method in own else parent_method(method)
+        if name in own:
+            b = own[name]
+            by_budget.setdefault(f"{b['rounds']} x {b['local_steps']} x {b['samples_per_step']}", []).append(
+                method
+            )
+    return "".join(
+        f"; in {setting['name']}: {', '.join(f'`{m}`' for m in names)} {budget}"
+        for budget, names in by_budget.items()
+    )
+
+
 def _ci_text(gap: dict, digits: int = 1) -> str:
     """Mean [low, high] in points; two decimals where one would print a bound that is not zero as
     +0.0, which would hide which side of zero the interval ends on."""
@@ -803,6 +820,8 @@ def budget_line(results: dict) -> str:
     ]
     if own:
         text += "; methods with their own stated budget instead of the shared one: " + ", ".join(own)
+    for setting in profile["settings"]:
+        text += _setting_budget_text(setting, profile["methods"])
     return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
 
 

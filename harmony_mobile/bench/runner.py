@@ -543,8 +543,8 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
             setting,
             method,
             seed,
-            profile.method_budget(method).rounds,
-            {**profile.method_config(method), **trial},
+            profile.method_budget(method, setting).rounds,
+            {**profile.method_config(method, setting=setting), **trial},
             index,
         )
         for method, trials in profile.tuning.grids.items()
@@ -610,8 +610,8 @@ def evaluation_specs(
             setting,
             method,
             seed,
-            profile.method_budget(method).rounds,
-            profile.method_config(method, tuned),
+            profile.method_budget(method, setting).rounds,
+            profile.method_config(method, tuned, setting=setting),
             keeps_files=(setting.name, method, seed) in read_files,
         )
         for setting in profile.settings
@@ -626,12 +626,20 @@ def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
     if check is None:
         return []
     return [
-        RunSpec("budget", setting, method, seed, rounds, profile.method_config(method, tuned, rounds))
+        RunSpec(
+            "budget", setting, method, seed, rounds, profile.method_config(method, tuned, rounds, setting)
+        )
         for setting in profile.budget_check_settings()
         for method in check.methods
-        for rounds in [profile.method_budget(method).rounds, *check.rounds]
+        for rounds in checked_rounds(profile, method, setting)
         for seed in check.seeds
     ]
+
+
+def checked_rounds(profile: BenchProfile, method: str, setting: Setting) -> list[int]:
+    """The budget check's rounds for `method` in `setting`: its budget's, then each longer one."""
+    base = profile.method_budget(method, setting).rounds
+    return [base, *profile.budget_check.longer_rounds(base)]
 
 
 def budget_row(method: str, base: int, scores: dict[int, float], tolerance: float, setting: str = "") -> dict:
@@ -668,9 +676,9 @@ def check_budget(
     settings = profile.budget_check_settings()
     for setting in settings:
         for method in check.methods:
-            base = profile.method_budget(method).rounds
+            base = profile.method_budget(method, setting).rounds
             scores = {}
-            for rounds in [base, *check.rounds]:
+            for rounds in checked_rounds(profile, method, setting):
                 mine = records_of(records, specs, setting=setting, method=method, rounds=rounds)
                 scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
             rows.append(budget_row(method, base, scores, check.tolerance, setting.name))
@@ -1096,7 +1104,11 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
 
     results_file = _results_file(out_dir, "re-render", "run the benchmark first")
     results = json.loads(results_file.read_text())
-    if _same_budget(results["profile"]["budget"], profile.budget):
+    recorded = results["profile"]
+    same_setting_budgets = {s["name"]: s["budgets"] for s in recorded["settings"] if s.get("budgets")} == {
+        s.name: {m: b.model_dump() for m, b in s.budgets.items()} for s in profile.settings if s.budgets
+    }
+    if _same_budget(recorded["budget"], profile.budget) and same_setting_budgets:
         results["profile"].update(description=profile.description, notes=profile.notes)
     else:
         log("the profile's budget changed since these results: their own description and notes are kept")
