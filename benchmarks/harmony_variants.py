@@ -71,11 +71,11 @@ def parse_variant(text: str) -> tuple[str, dict]:
 def variant_specs(
     profile: BenchProfile, overrides: dict, seeds: list[int], setting: str | None = None
 ) -> list[RunSpec]:
-    """HARMONY on one of the profile's settings (by name; default its first) at the profile's budget,
+    """HARMONY on one of the profile's settings (by name; default its first) at its budget there,
     its config with `overrides`, one run per seed."""
     chosen = profile.settings_named([setting])[0] if setting else profile.settings[0]
-    config = {**profile.method_config("harmony"), **overrides}
-    rounds = profile.method_budget("harmony").rounds
+    config = {**profile.method_config("harmony", setting=chosen), **overrides}
+    rounds = profile.method_budget("harmony", chosen).rounds
     return [RunSpec("eval", chosen, "harmony", seed, rounds, config) for seed in seeds]
 
 

@@ -41,8 +41,12 @@ def worker(args: argparse.Namespace) -> None:
     started = time.perf_counter()
     load_dataset(setting.dataset, limit=setting.dataset_limit)
     load_seconds = time.perf_counter() - started
-    budget = profile.method_budget(args.method)
-    spec = RunSpec("eval", setting, args.method, args.seed, budget.rounds, profile.method_config(args.method))
+    try:
+        budget = profile.method_budget(args.method, setting)
+        config = profile.method_config(args.method, setting=setting)
+    except TypeError:  # a baseline checkout from before a setting could give a method its own rounds
+        budget, config = profile.method_budget(args.method), profile.method_config(args.method)
+    spec = RunSpec("eval", setting, args.method, args.seed, budget.rounds, config)
     record = run_one(spec, profile.train, Path(args.work_dir))
     print(
         json.dumps(

@@ -51,7 +51,14 @@ def timed(costs: dict, key: Callable, method: Callable) -> Callable:
 def measure(profile_name: str, setting_name: str, rounds: int, seed: int) -> dict:
     profile = load_profile(profile_name)
     setting = next(s for s in profile.settings if s.name == setting_name)
-    spec = RunSpec("eval", setting, "harmony", seed, rounds, profile.method_config("harmony"))
+    spec = RunSpec(
+        "eval",
+        setting,
+        "harmony",
+        seed,
+        rounds,
+        profile.method_config("harmony", rounds=rounds, setting=setting),
+    )
     config = train_config(spec, profile.train, None)
     costs: dict[tuple[str, str], float] = collections.defaultdict(float)
     patches = {

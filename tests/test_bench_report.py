@@ -12,7 +12,7 @@ from scipy import stats
 from harmony_mobile.bench.latency import expected_latency_ms
 from harmony_mobile.bench.profile import REPO_ROOT, BenchProfile, load_profile
 from harmony_mobile.bench.report import aggregate, paired_gap, repo_relative, write_bench_report
-from harmony_mobile.bench.runner import budget_specs
+from harmony_mobile.bench.runner import budget_specs, evaluation_specs
 from harmony_mobile.bench.stats import paired_ci
 
 METHODS = ["harmony", "harmony-full-softmax", "splitgp", "fedavg", "centralized"]
@@ -745,33 +745,78 @@ def test_a_budget_check_must_compare_longer_budgets_on_validation_seeds():
         BenchProfile(**{**data, "tuning": None, "budget_check": ok})
 
 
-def test_a_setting_can_give_a_method_and_its_ablations_a_longer_budget():
+def _with_rounds_in_first_setting(data: dict, method_rounds: dict) -> dict:
+    first, *others = data["settings"]
+    return {**data, "settings": [{**first, "method_rounds": method_rounds}, *others]}
+
+
+def test_a_setting_can_give_a_method_and_its_ablations_more_rounds():
     data = {**load_profile("standard").model_dump(), "budget_check": None}
     shared = data["budget"]["rounds"]
-    longer = {**data["budget"], "rounds": 2 * shared}
-    first, *others = data["settings"]
-    data["settings"] = [{**first, "budgets": {"harmony": longer}}, *others]
-    profile = BenchProfile(**data)
+    profile = BenchProfile(**_with_rounds_in_first_setting(data, {"harmony": 2 * shared}))
     here, elsewhere = profile.settings[0], profile.settings[1]
-    assert profile.method_budget("harmony", here).rounds == 2 * shared
+    assert profile.method_budget("harmony", here) == profile.budget.model_copy(update={"rounds": 2 * shared})
     assert profile.method_budget("harmony-full-softmax", here).rounds == 2 * shared  # the parent's
     assert profile.method_budget("harmony", elsewhere).rounds == shared
     assert profile.method_budget("fedavg", here).rounds == shared
     assert profile.method_budget("harmony").rounds == shared  # no setting: the profile's
-    with pytest.raises(ValidationError, match="no-such-method"):
-        BenchProfile(**{**data, "settings": [{**first, "budgets": {"no-such-method": longer}}]})
+    # only the rounds change: the configuration is the same in every setting
+    assert profile.method_config("harmony", setting=here) == profile.method_config(
+        "harmony", setting=elsewhere
+    )
+    tuned = {"harmony": {"lr": 0.01}}
+    rounds = {
+        (s.setting.name, s.method): s.rounds for s in evaluation_specs(profile, tuned, read_files=set())
+    }
+    assert rounds[(here.name, "harmony-fixed-depth")] == 2 * shared
+    assert rounds[(elsewhere.name, "harmony-fixed-depth")] == shared
+    assert rounds[(here.name, "splitgp")] == shared
+    for bad, message in (
+        ({"no-such-method": 96}, "no-such-method"),
+        ({"harmony": 0}, "rounds must be 1 or more"),
+    ):
+        with pytest.raises(ValidationError, match=message):
+            BenchProfile(**_with_rounds_in_first_setting(data, bad))
+    # a learning-rate decay tied to a budget's rounds cannot follow a setting's other rounds
+    with pytest.raises(ValidationError, match="decay_rounds 25 must equal its budget's rounds"):
+        BenchProfile(**_with_rounds_in_first_setting(data, {"centralized": 50}))
+
+
+def test_tuning_trains_each_trial_for_the_rounds_of_its_setting(tmp_path):
+    from harmony_mobile.bench.runner import tune
+
+    data = load_profile("standard").model_dump()
+    data = _with_rounds_in_first_setting({**data, "budget_check": None}, {"harmony": 5})
+    data["tuning"] = {
+        "seeds": [100],
+        "grids": {"harmony": [{}]},
+        "settings": [s["name"] for s in data["settings"]],
+    }
+    profile = BenchProfile(**data)
+    asked = []
+
+    def execute(specs, *args):  # the specs tuning asks for; nothing trains
+        asked.extend(specs)
+        raise InterruptedError
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(InterruptedError):
+        patch.setattr("harmony_mobile.bench.runner.execute", execute)
+        tune(profile, tmp_path, None, False, 1, lambda _: None)
+    assert [(s.setting.name, s.rounds) for s in asked] == [
+        (profile.settings[0].name, 5),
+        *[(s.name, profile.budget.rounds) for s in profile.settings[1:]],
+    ]
 
 
 def test_a_budget_check_by_times_compares_each_method_with_a_multiple_of_its_own_budget():
     data = load_profile("standard").model_dump()
     shared = data["budget"]["rounds"]
-    first, *others = data["settings"]
-    data["settings"] = [{**first, "budgets": {"harmony": {**data["budget"], "rounds": 2 * shared}}}, *others]
-    check = {"methods": ["harmony", "fedavg"], "times": [2], "seeds": [101], "settings": [first["name"]]}
+    data = _with_rounds_in_first_setting(data, {"harmony": 2 * shared})
+    first = data["settings"][0]["name"]
+    check = {"methods": ["harmony", "fedavg"], "times": [2], "seeds": [101], "settings": [first]}
     profile = BenchProfile(**{**data, "budget_check": check})
     assert profile.budget_check.longer_rounds(2 * shared) == [4 * shared]
-    specs = budget_specs(profile, {})
-    rounds = {(s.method, s.rounds) for s in specs}
+    rounds = {(s.method, s.rounds) for s in budget_specs(profile, {})}
     assert rounds == {
         ("harmony", 2 * shared),
         ("harmony", 4 * shared),
@@ -779,11 +824,11 @@ def test_a_budget_check_by_times_compares_each_method_with_a_multiple_of_its_own
         ("fedavg", 2 * shared),
     }
     # given as rounds, the check must be longer than the setting's budget, not only the profile's
-    with pytest.raises(ValidationError, match=f"not longer than harmony's budget in {first['name']}"):
+    with pytest.raises(ValidationError, match=f"not longer than harmony's budget in {first}"):
         BenchProfile(**{**data, "budget_check": {**check, "times": None, "rounds": [2 * shared]}})
     for bad, message in (
-        ({"rounds": [4 * shared]}, "as rounds or as times, not both"),
-        ({"times": None}, "as rounds or as times, not both"),
+        ({"rounds": [4 * shared]}, "exactly one of rounds or times"),
+        ({"times": None}, "exactly one of rounds or times"),
         ({"times": [1]}, "must be 2 or more"),
     ):
         with pytest.raises(ValidationError, match=message):
@@ -793,11 +838,11 @@ def test_a_budget_check_by_times_compares_each_method_with_a_multiple_of_its_own
 def test_the_report_names_the_methods_a_setting_trains_for_longer(tmp_path):
     results = synthetic_results()
     setting = results["profile"]["settings"][0]
-    setting["budgets"] = {"harmony": {"rounds": 8, "local_steps": 5, "samples_per_step": 64}}
+    setting["method_rounds"] = {"harmony": 8}
     text = write_bench_report(results, tmp_path).read_text()
     ablations = [m for m in results["profile"]["methods"] if m.startswith("harmony")]
     names = ", ".join(f"`{m}`" for m in ablations)
-    assert f"; in {setting['name']}: {names} 8 x 5 x 64" in text
+    assert f"; in {setting['name']}: {names} 8 rounds of their budget" in text
 
 
 def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_path):
@@ -882,7 +927,7 @@ def test_re_rendering_keeps_the_prose_of_results_made_at_another_budget(tmp_path
     assert not any("are kept" in line for line in lines)
     assert "a synthetic profile" not in text and standard.description.strip()[:60] in text
     # a setting's own budget is part of the budget too
-    results["profile"]["settings"][0]["budgets"] = {"harmony": {**results["profile"]["budget"], "rounds": 96}}
+    results["profile"]["settings"][0]["method_rounds"] = {"harmony": 96}
     (tmp_path / "results.json").write_text(json.dumps(results))
     lines.clear()
     text = bench("standard", out_dir=tmp_path, report_only=True, log=lines.append).read_text()

@@ -5,8 +5,8 @@ The budget is shared: the same rounds, local steps per round and samples drawn p
 method. HARMONY draws a support and a query batch per step, so its batch size is half the samples
 per step; every other method draws one batch of the full size. A method may get its own stated
 budget (`budgets`): `centralized` is a converged reference, not a competitor at equal budget; and a
-setting may give a method another one (`settings[].budgets`) where the budget check finds it still
-improving on that partition alone. An ablation trains for its parent's budget.
+setting may give a method more rounds of it (`settings[].method_rounds`) where the budget check finds
+it still improving on that partition alone. An ablation trains for its parent's budget.
 Hyper-parameters of one method (`algorithm_config`, and the trial tuning picks for it) are applied
 to its relatives too: HARMONY's to its ablations (an ablation changes exactly one mechanism),
 SplitGP's to multi-exit (except lambda, fixed at 0 there).
@@ -58,11 +58,19 @@ class Setting(BaseModel):
     dataset_limit: int | None = Field(default=_TRAIN_FIELDS["dataset_limit"].default, ge=10)
     partition: Literal["family", "dirichlet", "shard"] = _TRAIN_FIELDS["partition"].default
     alpha: float = Field(default=_TRAIN_FIELDS["alpha"].default, gt=0)
-    budgets: dict[str, Budget] = Field(
+    method_rounds: dict[str, int] = Field(
         default_factory=dict,
-        description="methods' budgets in this setting, in place of the profile's: where the budget "
-        "check finds a method still improving on this partition alone",
+        description="rounds of a method's budget in this setting, in place of its budget's own: where "
+        "the budget check finds the method still improving on this partition alone (only the rounds "
+        "change, so the method's configuration is the same in every setting)",
     )
+
+    @model_validator(mode="after")
+    def _positive_rounds(self) -> Setting:
+        bad = {m: r for m, r in self.method_rounds.items() if r < 1}
+        if bad:
+            raise ValueError(f"method_rounds {bad}: rounds must be 1 or more")
+        return self
 
     def label(self) -> str:
         scheme = f"Dirichlet alpha={self.alpha:g}" if self.partition == "dirichlet" else self.partition
@@ -133,7 +141,7 @@ class BudgetCheck(BaseModel):
     @model_validator(mode="after")
     def _rounds_or_times(self) -> BudgetCheck:
         if (self.rounds is None) == (self.times is None):
-            raise ValueError("budget_check: give the longer budgets as rounds or as times, not both")
+            raise ValueError("budget_check: give the longer budgets as exactly one of rounds or times")
         if self.times is not None and min(self.times) < 2:
             raise ValueError(f"budget_check: times {self.times} must be 2 or more")
         return self
@@ -217,7 +225,7 @@ class BenchProfile(BaseModel):
     @model_validator(mode="after")
     def _known_methods(self) -> BenchProfile:
         named = [*self.methods, *self.algorithm_config, *self.budgets]
-        named += [method for setting in self.settings for method in setting.budgets]
+        named += [method for setting in self.settings for method in setting.method_rounds]
         if self.tuning:
             named += list(self.tuning.grids)
         for method in named:
@@ -394,18 +402,17 @@ class BenchProfile(BaseModel):
             seen[key] = index
 
     def method_budget(self, method: str, setting: Setting | None = None) -> Budget:
-        """`method`'s budget in `setting` (None: the profile's): the setting's, else the profile's
-        own for it, else the shared one; a method without one takes its parent's (HARMONY's
-        ablations train as long as HARMONY)."""
+        """`method`'s budget (its own, else its parent's, else the shared one: HARMONY's ablations
+        train as long as HARMONY), with the rounds `setting` gives it or its parent, if any."""
         relatives = list(dict.fromkeys([method, parent_method(method)]))
-        for budgets in (setting.budgets if setting else {}, self.budgets):
-            for name in relatives:
-                if name in budgets:
-                    return budgets[name]
-        return self.budget
+        budget = next((self.budgets[m] for m in relatives if m in self.budgets), self.budget)
+        rounds = setting and next(
+            (setting.method_rounds[m] for m in relatives if m in setting.method_rounds), None
+        )
+        return budget.model_copy(update={"rounds": rounds}) if rounds else budget
 
     def all_budgets(self, method: str) -> list[Budget]:
-        """Every budget `method` trains for: the profile's and each setting's."""
+        """The distinct budgets `method` trains for across the profile's settings."""
         return list(
             {b.model_dump_json(): b for b in (self.method_budget(method, s) for s in self.settings)}.values()
         )

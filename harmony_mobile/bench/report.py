@@ -410,31 +410,28 @@ def method_notes(methods: list[str]) -> str:
     return "\n".join(kept) + "\n"
 
 
-def _setting_budget_text(setting: dict, methods: list[str]) -> str:
-    """The methods that train for another budget in `setting` (an ablation takes its parent's)."""
-    own = setting.get("budgets") or {}
-    by_budget: dict[str, list[str]] = {}
+def _setting_rounds_text(setting: dict, methods: list[str]) -> str:
+    """The methods that train for more rounds in `setting` (an ablation takes its parent's)."""
+    own = setting.get("method_rounds") or {}
+    by_rounds: dict[int, list[str]] = {}
     for method in methods:
         name = method if method in own else parent_method(method)
         if name in own:
-            b = own[name]
-            by_budget.setdefault(f"{b['rounds']} x {b['local_steps']} x {b['samples_per_step']}", []).append(
-                method
-            )
+            by_rounds.setdefault(own[name], []).append(method)
     return "".join(
-        f"; in {setting['name']}: {', '.join(f'`{m}`' for m in names)} {budget}"
-        for budget, names in by_budget.items()
+        f"; in {setting['name']}: {', '.join(f'`{m}`' for m in names)} {rounds} rounds of their budget"
+        for rounds, names in by_rounds.items()
     )
 
 
 def _ci_text(gap: dict, digits: int = 1) -> str:
-    """Mean [low, high] in points; two decimals where one would print a bound that is not zero as
-    +0.0, which would hide which side of zero the interval ends on."""
+    """Mean [low, high] in points; more decimals (up to 4) where one would print a bound that is not
+    zero as +0.0, which would hide which side of zero the interval ends on."""
     if gap["n"] == 0:
         return "–"
     bounds = [100 * gap[k] for k in ("low", "high") if gap.get(k) is not None]
-    if any(b != 0 and round(b, digits) == 0 for b in bounds):
-        digits = max(digits, 2)
+    while digits < 4 and any(b != 0 and round(b, digits) == 0 for b in bounds):
+        digits += 1
     if gap["n"] < 2:
         return f"{100 * gap['mean']:+.{digits}f} (1 seed, no CI)"
     return (
@@ -813,15 +810,16 @@ def budget_line(results: dict) -> str:
         f"Shared budget: {budget['rounds']} rounds x {budget['local_steps']} local steps x "
         f"{budget['samples_per_step']} samples drawn per step per client (HARMONY: support + query halves)"
     )
-    own = [
+    budgets = profile.get("budgets", {})
+    own = [  # a method without its own budget trains for its parent's
         f"`{m}` {b['rounds']} x {b['local_steps']} x {b['samples_per_step']}"
-        for m, b in profile.get("budgets", {}).items()
-        if m in profile["methods"]
+        for m in profile["methods"]
+        if (b := budgets.get(m) or budgets.get(parent_method(m)))
     ]
     if own:
         text += "; methods with their own stated budget instead of the shared one: " + ", ".join(own)
     for setting in profile["settings"]:
-        text += _setting_budget_text(setting, profile["methods"])
+        text += _setting_rounds_text(setting, profile["methods"])
     return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
 
 

@@ -1105,10 +1105,9 @@ def rerender(profile: BenchProfile, out_dir: Path, log: Callable[[str], None]) -
     results_file = _results_file(out_dir, "re-render", "run the benchmark first")
     results = json.loads(results_file.read_text())
     recorded = results["profile"]
-    same_setting_budgets = {s["name"]: s["budgets"] for s in recorded["settings"] if s.get("budgets")} == {
-        s.name: {m: b.model_dump() for m, b in s.budgets.items()} for s in profile.settings if s.budgets
-    }
-    if _same_budget(recorded["budget"], profile.budget) and same_setting_budgets:
+    current = {s.name: s.method_rounds for s in profile.settings}
+    same_rounds = all(s.get("method_rounds", {}) == current.get(s["name"], {}) for s in recorded["settings"])
+    if _same_budget(recorded["budget"], profile.budget) and same_rounds:
         results["profile"].update(description=profile.description, notes=profile.notes)
     else:
         log("the profile's budget changed since these results: their own description and notes are kept")
