@@ -49,7 +49,7 @@ class Budget(BaseModel):
 
 class Setting(BaseModel):
     """A data setting of the benchmark: the TrainConfig fields it sets, defaulting as TrainConfig does,
-    and the methods that train for another budget on it."""
+    and the methods that train for more rounds on it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -117,8 +117,8 @@ class TuningSpec(BaseModel):
 class BudgetCheck(BaseModel):
     """Is each listed method's budget where it stops improving? Each method's tuned config is
     trained for its budget's rounds in a setting and for each longer budget (`rounds`, or `times`
-    its own rounds), on `settings` (unset:
-    the tuning settings) and `seeds`, and scored on validation only; it has stopped improving when
+    its own rounds), on `settings` (unset: the tuning settings) and `seeds`, and scored on
+    validation only; it has stopped improving when
     no longer budget gains `tolerance` or more, judged per setting (a partition may need longer than
     the one tuned on). The seeds are neither evaluation nor tuning seeds: on a tuning seed the
     budget's own score is the best of the trials, which biases the check towards "stopped"."""
