@@ -316,8 +316,8 @@ class BenchProfile(BaseModel):
         for method in check.methods:
             check_algorithm(method)
             for setting in self.budget_check_settings():
-                base = self.method_budget(method, setting).rounds
-                shorter = [r for r in check.longer_rounds(base) if r <= base]
+                base, *longer = self.checked_rounds(method, setting)
+                shorter = [r for r in longer if r <= base]
                 if shorter:
                     raise ValueError(
                         f"budget_check: rounds {shorter} are not longer than {method}'s budget "
@@ -404,12 +404,14 @@ class BenchProfile(BaseModel):
     def method_budget(self, method: str, setting: Setting | None = None) -> Budget:
         """`method`'s budget (its own, else its parent's, else the shared one: HARMONY's ablations
         train as long as HARMONY), with the rounds `setting` gives it or its parent, if any."""
-        relatives = list(dict.fromkeys([method, parent_method(method)]))
-        budget = next((self.budgets[m] for m in relatives if m in self.budgets), self.budget)
-        rounds = setting and next(
-            (setting.method_rounds[m] for m in relatives if m in setting.method_rounds), None
-        )
+        budget = own_or_parents(method, self.budgets) or self.budget
+        rounds = setting and own_or_parents(method, setting.method_rounds)
         return budget.model_copy(update={"rounds": rounds}) if rounds else budget
+
+    def checked_rounds(self, method: str, setting: Setting) -> list[int]:
+        """The budget check's rounds for `method` in `setting`: its budget's, then each longer one."""
+        base = self.method_budget(method, setting).rounds
+        return [base, *self.budget_check.longer_rounds(base)]
 
     def all_budgets(self, method: str) -> list[Budget]:
         """The distinct budgets `method` trains for across the profile's settings."""
@@ -504,6 +506,12 @@ def parent_method(method: str) -> str:
     if method == "multi-exit":
         return "splitgp"
     return method
+
+
+def own_or_parents(method: str, by_method: dict[str, Any]) -> Any:
+    """`by_method`'s entry for `method`, else for its parent (None if neither has one): a budget or
+    a setting's rounds given to HARMONY is its ablations' too."""
+    return next((by_method[m] for m in (method, parent_method(method)) if m in by_method), None)
 
 
 def load_profile(name_or_path: str | Path) -> BenchProfile:

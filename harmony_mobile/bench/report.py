@@ -15,7 +15,7 @@ import numpy as np
 from harmony_mobile.algorithms.registry import effective_config
 from harmony_mobile.bench.gate_report import curve_table, curve_target_lines, curve_targets, plot_gate_curves
 from harmony_mobile.bench.latency import latency_table
-from harmony_mobile.bench.profile import parent_method, repo_relative
+from harmony_mobile.bench.profile import own_or_parents, parent_method, repo_relative
 from harmony_mobile.bench.stats import paired_ci, sum_known
 
 OOD_FRACTIONS = ("p=0", "p=0.2", "p=0.5")
@@ -412,12 +412,10 @@ def method_notes(methods: list[str]) -> str:
 
 def _setting_rounds_text(setting: dict, methods: list[str]) -> str:
     """The methods that train for more rounds in `setting` (an ablation takes its parent's)."""
-    own = setting.get("method_rounds") or {}
     by_rounds: dict[int, list[str]] = {}
     for method in methods:
-        name = method if method in own else parent_method(method)
-        if name in own:
-            by_rounds.setdefault(own[name], []).append(method)
+        if rounds := own_or_parents(method, setting.get("method_rounds") or {}):
+            by_rounds.setdefault(rounds, []).append(method)
     return "".join(
         f"; in {setting['name']}: {', '.join(f'`{m}`' for m in names)} {rounds} rounds of their budget"
         for rounds, names in by_rounds.items()
@@ -810,11 +808,10 @@ def budget_line(results: dict) -> str:
         f"Shared budget: {budget['rounds']} rounds x {budget['local_steps']} local steps x "
         f"{budget['samples_per_step']} samples drawn per step per client (HARMONY: support + query halves)"
     )
-    budgets = profile.get("budgets", {})
     own = [  # a method without its own budget trains for its parent's
         f"`{m}` {b['rounds']} x {b['local_steps']} x {b['samples_per_step']}"
         for m in profile["methods"]
-        if (b := budgets.get(m) or budgets.get(parent_method(m)))
+        if (b := own_or_parents(m, profile.get("budgets", {})))
     ]
     if own:
         text += "; methods with their own stated budget instead of the shared one: " + ", ".join(own)

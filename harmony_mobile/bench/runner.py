@@ -631,15 +631,9 @@ def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
         )
         for setting in profile.budget_check_settings()
         for method in check.methods
-        for rounds in checked_rounds(profile, method, setting)
+        for rounds in profile.checked_rounds(method, setting)
         for seed in check.seeds
     ]
-
-
-def checked_rounds(profile: BenchProfile, method: str, setting: Setting) -> list[int]:
-    """The budget check's rounds for `method` in `setting`: its budget's, then each longer one."""
-    base = profile.method_budget(method, setting).rounds
-    return [base, *profile.budget_check.longer_rounds(base)]
 
 
 def budget_row(method: str, base: int, scores: dict[int, float], tolerance: float, setting: str = "") -> dict:
@@ -676,9 +670,9 @@ def check_budget(
     settings = profile.budget_check_settings()
     for setting in settings:
         for method in check.methods:
-            base = profile.method_budget(method, setting).rounds
-            scores = {}
-            for rounds in checked_rounds(profile, method, setting):
+            checked = profile.checked_rounds(method, setting)
+            base, scores = checked[0], {}
+            for rounds in checked:
                 mine = records_of(records, specs, setting=setting, method=method, rounds=rounds)
                 scores[rounds] = float(np.nanmean([validation_score(r) for r in mine]))
             rows.append(budget_row(method, base, scores, check.tolerance, setting.name))
