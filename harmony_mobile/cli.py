@@ -7,6 +7,7 @@ does not pay for executorch or coremltools).
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -1015,6 +1016,28 @@ def _print_datasets(data_root: Path | None) -> None:
         data_table.add_row(name, "yes" if available[name] else "no", description)
     console.print(data_table)
 
+
+def reflowed(doc: str) -> str:
+    """A docstring as Typer's rich help should get it: each prose paragraph on one line, so the
+    terminal wraps it at its own width (Typer keeps a docstring's line breaks inside a paragraph,
+    which at 80 columns breaks lines mid-sentence). Paragraphs with indented lines stay as written."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    return "\n\n".join(
+        p if any(line[:1].isspace() for line in p.splitlines()) else " ".join(p.split("\n"))
+        for p in paragraphs
+    )
+
+
+def reflow_command_help(typer_app: typer.Typer) -> None:
+    for info in typer_app.registered_commands:
+        doc = info.help or (info.callback.__doc__ if info.callback else None)
+        if doc:
+            info.help = reflowed(doc)
+    for group in typer_app.registered_groups:
+        reflow_command_help(group.typer_instance)
+
+
+reflow_command_help(app)
 
 if __name__ == "__main__":
     app()

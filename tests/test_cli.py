@@ -8,7 +8,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from harmony_mobile.cli import app
+from harmony_mobile.cli import app, reflowed
 from harmony_mobile.run_dir import RunDir, write_federation_secret
 
 runner = CliRunner()
@@ -19,6 +19,20 @@ def test_help_lists_every_sub_command():
     assert result.exit_code == 0
     for command in ("train", "bench", "export", "serve", "demo", "info"):
         assert command in result.output
+
+
+def test_help_breaks_a_command_description_only_where_the_terminal_ends():
+    """A docstring's own line breaks inside a paragraph would survive into the help and break
+    sentences in the middle of an 80-column terminal."""
+    result = runner.invoke(app, ["bench", "--help"], terminal_width=80)
+    assert result.exit_code == 0, result.output
+    lines = [line.strip() for line in result.output.splitlines()]
+    paragraph = lines.index(next(line for line in lines if line.startswith("`--resume` reads")))
+    short = [line for line in lines[paragraph : paragraph + 4] if len(line) < 60]
+    assert len(short) <= 1, lines[paragraph : paragraph + 5]  # only a paragraph's last line is short
+    assert reflowed("Run it.\n\nOne\nparagraph.\n\n  harmony x\n  harmony y") == (
+        "Run it.\n\nOne paragraph.\n\n  harmony x\n  harmony y"
+    )
 
 
 def test_info_prints_versions_tiers_and_datasets():
