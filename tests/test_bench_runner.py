@@ -184,13 +184,26 @@ def test_resume_trains_again_the_runs_the_report_reads_when_only_their_records_a
     copy = tmp_path / "work"
     shutil.copytree(work, copy, ignore=lambda folder, names: [n for n in names if n != RECORD and "." in n])
     assert not list(copy.rglob("run.json")) and list(copy.rglob(RECORD))
+    records = {path: path.read_text() for path in copy.rglob(RECORD)}
     profile = BenchProfile(**TINY)
     lines: list[str] = []
     resumed = run_benchmark(profile, copy, resume=True, log=lines.append)
     read = runs_whose_files_the_report_reads(profile)
     assert read == {("digits-family", "harmony", 0), ("digits-family", "splitgp", 0)}
     assert sorted(trained_methods(lines)) == ["harmony", "splitgp"]
-    assert "| harmony |" in write_bench_report(resumed, tmp_path / "report").read_text()
+    # the committed records stay the runs' results; the retrained runs' numbers are kept beside them
+    assert {path: path.read_text() for path in copy.rglob(RECORD)} == records
+    retrained = sorted(path.parent.parent.name for path in copy.rglob("retrained.json"))
+    assert retrained == ["harmony", "splitgp"]
+    report = write_bench_report(resumed, tmp_path / "report").read_text()
+    assert "| harmony |" in report
+    assert "these recorded runs were trained again" in report and "`splitgp` seed 0:" in report
+    read_back: list[str] = []
+    again = run_benchmark(profile, copy, resume=True, log=read_back.append)
+    assert trained_methods(read_back) == []
+    assert [run.get("files_retrained") for run in again["runs"]] == [
+        run.get("files_retrained") for run in resumed["runs"]
+    ]
 
 
 def test_resume_refuses_records_of_another_configuration_all_at_once_and_deletes_nothing(serial, tmp_path):

@@ -40,6 +40,7 @@ from harmony_mobile.data.partition import ClientSplit, ood_test_indices
 from harmony_mobile.run_dir import RunDir, RunDirError
 
 RECORD = "bench.json"
+RETRAINED = "retrained.json"  # a recorded run trained again for the files the report reads
 
 
 @dataclass(frozen=True)
@@ -103,12 +104,14 @@ def run_one(
     settings = algorithm_settings(spec.method, config.algorithm_config)
     run_path = spec.path(work_dir)
     record_file = run_path / RECORD
+    recorded = None
     if record_file.is_file():  # `check_recorded` refused every other record before the stage began
-        record = json.loads(record_file.read_text())
+        recorded = record_file.read_text()
+        record = json.loads(recorded)
         if not (resume and is_recorded_run(record, config.model_dump(), settings)):
             raise ValueError(f"{run_path} holds a recorded run that is not this one; it is never deleted")
         if not spec.keeps_files or (run_path / "run.json").is_file():
-            return {**record, "reused": True}
+            return {**with_retrained(record, run_path), "reused": True}
     if run_path.exists():  # a run killed half-way, or a record whose files the report needs
         shutil.rmtree(run_path)
     record = _evaluated_twin(spec, config, trained_by, code) if trained_by is not None else None
@@ -116,8 +119,22 @@ def run_one(
         record = _trained(spec, config, run_path, code)
     record["algorithm_settings"] = settings
     run_path.mkdir(parents=True, exist_ok=True)
-    record_file.write_text(json.dumps(record, indent=1))
-    return record
+    if recorded is None:
+        record_file.write_text(json.dumps(record, indent=1))
+        return record
+    # trained again for its files only: the record stays the run's result (another machine's float
+    # rounding moves a retrained run's numbers, and a resumed report must not move with them)
+    (run_path / RETRAINED).write_text(json.dumps(record, indent=1))
+    record_file.write_text(recorded)
+    return with_retrained(json.loads(recorded), run_path)
+
+
+def with_retrained(record: dict, run_path: Path) -> dict:
+    """A record, with the summary of the run trained again for its files when there is one."""
+    retrained = run_path / RETRAINED
+    if not retrained.is_file():
+        return record
+    return {**record, "files_retrained": json.loads(retrained.read_text())["summary"]}
 
 
 def changed_settings(record: dict, config: dict, settings: dict) -> str:
