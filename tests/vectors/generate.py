@@ -397,7 +397,9 @@ def _slot_gate_case(features, prototypes, own_slots, logits, threshold) -> dict:
         "logits": _floats(np.asarray(logits)),
         "threshold": threshold,
         "top_output": int(np.argmax(np.asarray(logits, np.float32))),
-        "margin": margin,
+        # 12 decimals: the last bits of a float64 sum differ between CPUs' vector units, and the
+        # committed file must equal a fresh generation on any machine (consumers compare within 1e-12)
+        "margin": round(margin, 12),
         "exit_locally": margin >= threshold,
     }
 
