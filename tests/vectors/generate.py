@@ -439,7 +439,8 @@ def slot_gate_vectors() -> dict:
         "with none, or below -1, counts as -1. margin = own - other, in [-2, 2]; answer locally when "
         "margin >= threshold (and every feature and logit is finite), with the exit head's top output "
         "(argmax of logits, first index on ties). own_slots comes from the decoded slot table: a slot "
-        "is the phone's own when the class it names is one the phone holds. Evaluated in float64; "
+        "is the phone's own when the class it names is one the phone holds. Evaluated in float64, the "
+        "margin written to 12 decimals (exit_locally is decided before rounding); "
         "compare with a tolerance of 1e-12.",
         cases=cases,
     )
