@@ -362,9 +362,7 @@ def bench(
 
     `--resume` reads finished runs back from the work dir and redoes one killed half-way; a record
     of another configuration is refused, never deleted (without `--resume`, any record in a chosen
-    `--work-dir` is). A run whose model files the report reads (latency, feature projections) and
-    that only its record holds is trained again for the files; its record stays the result.
-    `--extend` adds settings one invocation at a time, the tuning ones first."""
+    `--work-dir` is). `--extend` adds settings one invocation at a time, the tuning ones first."""
     require_extras("bench", "bench")
     from pydantic import ValidationError
 

@@ -206,6 +206,38 @@ def test_resume_trains_again_the_runs_the_report_reads_when_only_their_records_a
     ]
 
 
+def test_a_retraining_killed_half_way_gives_its_record_back_and_stale_files_are_trained_again(
+    serial, tmp_path
+):
+    """The record of a run trained again for its files waits beside its folder: a kill leaves it
+    there, and the next resume puts it back and trains again. Files trained for another record
+    (the record changed since, as after a pull) are trained again too."""
+    import os
+    import shutil
+
+    from harmony_mobile.bench.runner import kept_record
+
+    work, _, _ = serial
+    copy = tmp_path / "work"
+    shutil.copytree(work, copy, ignore=lambda folder, names: [n for n in names if n != RECORD and "." in n])
+    run = copy / "eval" / "digits-family" / "harmony" / "seed-0"
+    original = (run / RECORD).read_bytes()
+    os.replace(run / RECORD, kept_record(run))  # killed while training again: a partial run is left
+    (run / "run.json").write_text("{}")
+    profile = BenchProfile(**TINY)
+    lines: list[str] = []
+    run_benchmark(profile, copy, resume=True, log=lines.append)
+    assert "harmony" in trained_methods(lines) and not kept_record(run).exists()
+    assert (run / RECORD).read_bytes() == original and (run / "final_metrics.json").is_file()
+
+    changed = json.loads(original) | {"wall_seconds": 1.0}  # the same run, another record of it
+    (run / RECORD).write_text(json.dumps(changed, indent=1))
+    lines = []
+    run_benchmark(profile, copy, resume=True, log=lines.append)
+    assert trained_methods(lines) == ["harmony"]
+    assert json.loads((run / RECORD).read_text()) == changed
+
+
 def test_resume_refuses_records_of_another_configuration_all_at_once_and_deletes_nothing(serial, tmp_path):
     import shutil
 

@@ -779,10 +779,14 @@ def retrained_lines(results: dict) -> list[str]:
     retrained = [run for run in results["runs"] if run.get("files_retrained")]
     if not retrained:
         return []
+
+    def percent(value) -> str:  # NaN comes back from results.json as null
+        return "–" if value is None or value != value else f"{100 * value:.1f}"
+
     each = "; ".join(
         f"{run['setting']} `{run['method']}` seed {run['seed']}: "
-        f"{100 * run['files_retrained']['accuracy_with_ood']:.1f} retrained, "
-        f"{100 * run['summary']['accuracy_with_ood']:.1f} recorded"
+        f"{percent(run['files_retrained'].get('accuracy_with_ood'))} retrained, "
+        f"{percent(run['summary'].get('accuracy_with_ood'))} recorded"
         for run in retrained
     )
     return [

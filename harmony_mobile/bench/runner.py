@@ -14,6 +14,7 @@ trained again: it is the other run's files evaluated by its own gate (`training_
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import multiprocessing
 import os
@@ -104,37 +105,75 @@ def run_one(
     settings = algorithm_settings(spec.method, config.algorithm_config)
     run_path = spec.path(work_dir)
     record_file = run_path / RECORD
-    recorded = None
+    restore_kept_record(run_path)
     if record_file.is_file():  # `check_recorded` refused every other record before the stage began
-        recorded = record_file.read_text()
-        record = json.loads(recorded)
+        record = json.loads(record_file.read_text())
         if not (resume and is_recorded_run(record, config.model_dump(), settings)):
             raise ValueError(f"{run_path} holds a recorded run that is not this one; it is never deleted")
-        if not spec.keeps_files or (run_path / "run.json").is_file():
+        if not spec.keeps_files or files_of_record(run_path):
             return {**with_retrained(record, run_path), "reused": True}
-    if run_path.exists():  # a run killed half-way, or a record whose files the report needs
+        return _retrained_for_files(spec, config, settings, run_path, code)
+    if run_path.exists():  # a run killed half-way
         shutil.rmtree(run_path)
     record = _evaluated_twin(spec, config, trained_by, code) if trained_by is not None else None
     if record is None:
         record = _trained(spec, config, run_path, code)
     record["algorithm_settings"] = settings
     run_path.mkdir(parents=True, exist_ok=True)
-    if recorded is None:
-        record_file.write_text(json.dumps(record, indent=1))
-        return record
-    # trained again for its files only: the record stays the run's result (another machine's float
-    # rounding moves a retrained run's numbers, and a resumed report must not move with them)
-    (run_path / RETRAINED).write_text(json.dumps(record, indent=1))
-    record_file.write_text(recorded)
-    return with_retrained(json.loads(recorded), run_path)
+    record_file.write_text(json.dumps(record, indent=1))
+    return record
+
+
+def kept_record(run_path: Path) -> Path:
+    """Where a recorded run's record waits while the run is trained again (beside its folder)."""
+    return run_path.with_name(f"{run_path.name}.{RECORD}")
+
+
+def restore_kept_record(run_path: Path) -> None:
+    """A retraining killed half-way: its partial files go, its record comes back."""
+    kept = kept_record(run_path)
+    if kept.is_file():
+        shutil.rmtree(run_path, ignore_errors=True)
+        run_path.mkdir(parents=True)
+        os.replace(kept, run_path / RECORD)
+
+
+def files_of_record(run_path: Path) -> bool:
+    """The run's files are finished and belong to its record: trained with it, or trained again
+    for it (retrained.json names the record it was trained for)."""
+    if not (run_path / "final_metrics.json").is_file():
+        return False
+    retrained = run_path / RETRAINED
+    if not retrained.is_file():
+        return True
+    return json.loads(retrained.read_text()).get("record_sha256") == record_digest(run_path)
+
+
+def record_digest(run_path: Path) -> str:
+    return hashlib.sha256((run_path / RECORD).read_bytes()).hexdigest()
+
+
+def _retrained_for_files(spec: RunSpec, config, settings: dict, run_path: Path, code) -> dict:
+    """A recorded run trained again for the files the report reads: its record stays the result
+    (another machine's float rounding moves a retrained run's numbers, and a resumed report must
+    not move with them) and is never deleted: it waits beside the folder while the run trains."""
+    kept = kept_record(run_path)
+    os.replace(run_path / RECORD, kept)
+    shutil.rmtree(run_path)
+    record = _trained(spec, config, run_path, code)
+    record["algorithm_settings"] = settings
+    os.replace(kept, run_path / RECORD)
+    retrained = run_path / f"{RETRAINED}.part"
+    retrained.write_text(json.dumps({**record, "record_sha256": record_digest(run_path)}, indent=1))
+    os.replace(retrained, run_path / RETRAINED)
+    return with_retrained(json.loads((run_path / RECORD).read_text()), run_path)
 
 
 def with_retrained(record: dict, run_path: Path) -> dict:
     """A record, with the summary of the run trained again for its files when there is one."""
-    retrained = run_path / RETRAINED
-    if not retrained.is_file():
+    if not files_of_record(run_path) or not (run_path / RETRAINED).is_file():
         return record
-    return {**record, "files_retrained": json.loads(retrained.read_text())["summary"]}
+    return {**record, "files_retrained": json.loads((run_path / RETRAINED).read_text())["summary"]}
 
 
 def changed_settings(record: dict, config: dict, settings: dict) -> str:
@@ -515,7 +554,8 @@ def copy_recorded_runs(
             )
         ):
             continue
-        copy = {k: v for k, v in record.items() if k != "reused"} | {"train_config": config}
+        copy = {k: v for k, v in record.items() if k not in ("reused", "files_retrained")}
+        copy |= {"train_config": config}
         if record["train_config"] != config:
             copy["copied_tiers_file"] = record["train_config"].get("tiers_file")
         path.mkdir(parents=True)
