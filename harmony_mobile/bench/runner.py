@@ -112,7 +112,7 @@ def run_one(
             raise ValueError(f"{run_path} holds a recorded run that is not this one; it is never deleted")
         if not spec.keeps_files or files_of_record(run_path):
             return {**with_retrained(record, run_path), "reused": True}
-        return _retrained_for_files(spec, config, settings, run_path, code)
+        return _retrained_for_files(spec, config, settings, run_path, code, record)
     if run_path.exists():  # a run killed half-way
         shutil.rmtree(run_path)
     record = _evaluated_twin(spec, config, trained_by, code) if trained_by is not None else None
@@ -141,19 +141,25 @@ def restore_kept_record(run_path: Path) -> None:
 def files_of_record(run_path: Path) -> bool:
     """The run's files are finished and belong to its record: trained with it, or trained again
     for it (retrained.json names the record it was trained for)."""
-    if not (run_path / "final_metrics.json").is_file():
+    if not _finished_with_record(run_path):
         return False
-    retrained = run_path / RETRAINED
-    if not retrained.is_file():
-        return True
-    return json.loads(retrained.read_text()).get("record_sha256") == record_digest(run_path)
+    return not (run_path / RETRAINED).is_file() or retrained_for_record(run_path) is not None
+
+
+def retrained_for_record(run_path: Path) -> dict | None:
+    """retrained.json when it was trained for the run's record as it is now, else None."""
+    retrained_file = run_path / RETRAINED
+    if not retrained_file.is_file():
+        return None
+    retrained = json.loads(retrained_file.read_text())
+    return retrained if retrained.get("record_sha256") == record_digest(run_path) else None
 
 
 def record_digest(run_path: Path) -> str:
     return hashlib.sha256((run_path / RECORD).read_bytes()).hexdigest()
 
 
-def _retrained_for_files(spec: RunSpec, config, settings: dict, run_path: Path, code) -> dict:
+def _retrained_for_files(spec: RunSpec, config, settings: dict, run_path: Path, code, recorded: dict) -> dict:
     """A recorded run trained again for the files the report reads: its record stays the result
     (another machine's float rounding moves a retrained run's numbers, and a resumed report must
     not move with them) and is never deleted: it waits beside the folder while the run trains."""
@@ -163,17 +169,16 @@ def _retrained_for_files(spec: RunSpec, config, settings: dict, run_path: Path, 
     record = _trained(spec, config, run_path, code)
     record["algorithm_settings"] = settings
     os.replace(kept, run_path / RECORD)
-    retrained = run_path / f"{RETRAINED}.part"
-    retrained.write_text(json.dumps({**record, "record_sha256": record_digest(run_path)}, indent=1))
-    os.replace(retrained, run_path / RETRAINED)
-    return with_retrained(json.loads((run_path / RECORD).read_text()), run_path)
+    part = run_path / f"{RETRAINED}.part"
+    part.write_text(json.dumps({**record, "record_sha256": record_digest(run_path)}, indent=1))
+    os.replace(part, run_path / RETRAINED)
+    return {**recorded, "files_retrained": record["summary"]}
 
 
 def with_retrained(record: dict, run_path: Path) -> dict:
     """A record, with the summary of the run trained again for its files when there is one."""
-    if not files_of_record(run_path) or not (run_path / RETRAINED).is_file():
-        return record
-    return {**record, "files_retrained": json.loads((run_path / RETRAINED).read_text())["summary"]}
+    retrained = retrained_for_record(run_path) if _finished_with_record(run_path) else None
+    return {**record, "files_retrained": retrained["summary"]} if retrained else record
 
 
 def changed_settings(record: dict, config: dict, settings: dict) -> str:
