@@ -1,0 +1,65 @@
+"""Scratch screen, kept: `benchmarks/gate_combos.py`'s harness with nearest-neighbour scores
+(deep kNN OOD detection): each phone keeps its own training samples' normalized features and
+scores a sample by the cosine of its k-th nearest one, alone or against the nearest foreign slot
+prototype, or averaged in rank with the slot margin. Everything is computed on the phone from what
+it holds (its own features, the server's slot prototypes, which slots are its own).
+
+    python benchmarks/results/fashion-finish-screens/gate_knn.py \
+        --runs-under benchmarks/results/fashion/work/eval --method harmony --report OUT
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from scipy.stats import rankdata
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
+import gate_combos  # noqa: E402
+
+BANK: dict[int, torch.Tensor] = {}  # id(SlotGate) -> the phone's own normalized training features
+NEIGHBOURS = (1, 10, 50)
+DEFAULT_GATES = gate_combos.slot_gates_knowing_classes
+
+
+def kth_nearest(flat: torch.Tensor, bank: torch.Tensor) -> dict[int, torch.Tensor]:
+    """Cosine of each row's k-th nearest bank row, for every k in NEIGHBOURS."""
+    top = torch.cat([(chunk @ bank.T).topk(max(NEIGHBOURS), dim=1).values for chunk in flat.split(512)])
+    return {k: top[:, k - 1] for k in NEIGHBOURS}
+
+
+def rank(values: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(rankdata(values.numpy()) / len(values))
+
+
+def candidate_scores(exit_logits, features, prototypes) -> dict:
+    gate = prototypes.slot_gate
+    flat = F.normalize(features.flatten(1), dim=1)
+    present = gate.prototypes.abs().sum(dim=1) > 0
+    cosine = flat @ gate.prototypes.T
+    foreign = cosine.masked_fill(~(~gate.own_slots & present), -2.0).amax(dim=1).clamp(min=-1.0)
+    margin = gate.score(features)
+    scores = {"slot_margin": margin}
+    for k, near in kth_nearest(flat, BANK[id(gate)]).items():
+        scores[f"kNN k={k}"] = near
+        scores[f"kNN k={k} minus foreign"] = near - foreign
+        scores[f"rank mean of margin and kNN k={k}"] = rank(margin) + rank(near)
+    return {name: value.numpy() for name, value in scores.items()}
+
+
+@torch.no_grad()
+def gates_with_bank(backend, slot_tokens, replay, clients):
+    made = DEFAULT_GATES(backend, slot_tokens, replay, clients)
+    for gate, client in zip(made, clients, strict=True):
+        parts = [client.model(x, client.split_depth)[1] for x in client.train_x.split(512)]
+        BANK[id(gate)] = F.normalize(torch.cat(parts).flatten(1), dim=1)
+    return made
+
+
+if __name__ == "__main__":
+    gate_combos.candidate_scores = candidate_scores
+    gate_combos.slot_gates_knowing_classes = gates_with_bank
+    gate_combos.main()
