@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # benchmarks/
 import gate_combos  # noqa: E402
 
 BANK: dict[int, torch.Tensor] = {}  # id(SlotGate) -> the phone's own normalized training features
+SMALL: dict[int, torch.Tensor] = {}  # id(SlotGate) -> the same features pooled to 2 x 2
 NEIGHBOURS = (1, 10, 50)
 SMALL_ROWS = 256  # `--small`: a bank a phone can afford, these many rows of 2 x 2 pooled features
 DEFAULT_GATES = gate_combos.slot_gates_knowing_classes
@@ -39,17 +40,21 @@ def rank(values: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(rankdata(values.numpy()) / len(values))
 
 
+def nearest_foreign(gate, flat: torch.Tensor) -> torch.Tensor:
+    """Cosine of each normalized row's nearest slot prototype that is not the phone's own."""
+    present = gate.prototypes.abs().sum(dim=1) > 0
+    cosine = flat @ gate.prototypes.T
+    return cosine.masked_fill(~(~gate.own_slots & present), -2.0).amax(dim=1).clamp(min=-1.0)
+
+
 def pooled(features: torch.Tensor) -> torch.Tensor:
     return F.normalize(F.adaptive_avg_pool2d(features, 2).flatten(1), dim=1)
 
 
 def small_bank_scores(exit_logits, features, prototypes) -> dict:
     """k = 10 against the nearest foreign prototype, from the full bank and from smaller ones."""
-    gate = prototypes.slot_gate
-    flat = F.normalize(features.flatten(1), dim=1)
-    present = gate.prototypes.abs().sum(dim=1) > 0
-    cosine = flat @ gate.prototypes.T
-    foreign = cosine.masked_fill(~(~gate.own_slots & present), -2.0).amax(dim=1).clamp(min=-1.0)
+    gate, flat = prototypes.slot_gate, F.normalize(features.flatten(1), dim=1)
+    foreign = nearest_foreign(gate, flat)
     bank, small = BANK[id(gate)], SMALL[id(gate)]
     rows = torch.randperm(len(bank), generator=torch.Generator().manual_seed(0))[:SMALL_ROWS]
     scores = {"slot_margin": gate.score(features)}
@@ -62,15 +67,9 @@ def small_bank_scores(exit_logits, features, prototypes) -> dict:
     return {name: value.numpy() for name, value in scores.items()}
 
 
-SMALL: dict[int, torch.Tensor] = {}  # id(SlotGate) -> the same features pooled to 2 x 2
-
-
 def candidate_scores(exit_logits, features, prototypes) -> dict:
-    gate = prototypes.slot_gate
-    flat = F.normalize(features.flatten(1), dim=1)
-    present = gate.prototypes.abs().sum(dim=1) > 0
-    cosine = flat @ gate.prototypes.T
-    foreign = cosine.masked_fill(~(~gate.own_slots & present), -2.0).amax(dim=1).clamp(min=-1.0)
+    gate, flat = prototypes.slot_gate, F.normalize(features.flatten(1), dim=1)
+    foreign = nearest_foreign(gate, flat)
     margin = gate.score(features)
     scores = {"slot_margin": margin}
     for k, near in kth_nearest(flat, BANK[id(gate)]).items():
