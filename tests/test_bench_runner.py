@@ -173,16 +173,21 @@ def test_resume_keeps_finished_runs_and_redoes_a_killed_one(serial, tmp_path):
     assert comparable(redone) == comparable(original)  # recomputed from scratch: the same numbers
 
 
+def records_only(work, copy):
+    """What a checkout holds of a work dir: the run records (bench.json), not the model files."""
+    import shutil
+
+    shutil.copytree(work, copy, ignore=lambda folder, names: [n for n in names if n != RECORD and "." in n])
+    return copy
+
+
 def test_resume_trains_again_the_runs_the_report_reads_when_only_their_records_are_left(serial, tmp_path):
     """A checkout holds the run records (bench.json), not the model files: the runs whose files the
     report reads (the projections') are trained again, the others read back, and the report renders."""
-    import shutil
-
     from harmony_mobile.bench.runner import runs_whose_files_the_report_reads
 
     work, _, _ = serial
-    copy = tmp_path / "work"
-    shutil.copytree(work, copy, ignore=lambda folder, names: [n for n in names if n != RECORD and "." in n])
+    copy = records_only(work, tmp_path / "work")
     assert not list(copy.rglob("run.json")) and list(copy.rglob(RECORD))
     records = {path: path.read_text() for path in copy.rglob(RECORD)}
     profile = BenchProfile(**TINY)
@@ -213,13 +218,11 @@ def test_a_retraining_killed_half_way_gives_its_record_back_and_stale_files_are_
     there, and the next resume puts it back and trains again. Files trained for another record
     (the record changed since, as after a pull) are trained again too."""
     import os
-    import shutil
 
     from harmony_mobile.bench.runner import kept_record
 
     work, _, _ = serial
-    copy = tmp_path / "work"
-    shutil.copytree(work, copy, ignore=lambda folder, names: [n for n in names if n != RECORD and "." in n])
+    copy = records_only(work, tmp_path / "work")
     run = copy / "eval" / "digits-family" / "harmony" / "seed-0"
     original = (run / RECORD).read_bytes()
     os.replace(run / RECORD, kept_record(run))  # killed while training again: a partial run is left

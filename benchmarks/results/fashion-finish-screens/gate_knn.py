@@ -55,14 +55,14 @@ def small_bank_scores(exit_logits, features, prototypes) -> dict:
     """k = 10 against the nearest foreign prototype, from the full bank and from smaller ones."""
     gate, flat = prototypes.slot_gate, F.normalize(features.flatten(1), dim=1)
     foreign = nearest_foreign(gate, flat)
-    bank, small = BANK[id(gate)], SMALL[id(gate)]
+    bank, small, pooled_flat = BANK[id(gate)], SMALL[id(gate)], pooled(features)
     rows = torch.randperm(len(bank), generator=torch.Generator().manual_seed(0))[:SMALL_ROWS]
     scores = {"slot_margin": gate.score(features)}
     scores["kNN k=10 minus foreign"] = kth_nearest(flat, bank)[10] - foreign
     scores[f"kNN k=10 minus foreign, {SMALL_ROWS} rows"] = kth_nearest(flat, bank[rows])[10] - foreign
-    scores["kNN k=10 minus foreign, pooled 2x2"] = kth_nearest(pooled(features), small)[10] - foreign
+    scores["kNN k=10 minus foreign, pooled 2x2"] = kth_nearest(pooled_flat, small)[10] - foreign
     scores[f"kNN k=10 minus foreign, pooled 2x2, {SMALL_ROWS} rows"] = (
-        kth_nearest(pooled(features), small[rows])[10] - foreign
+        kth_nearest(pooled_flat, small[rows])[10] - foreign
     )
     return {name: value.numpy() for name, value in scores.items()}
 
