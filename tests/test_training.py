@@ -2,6 +2,7 @@
 
 import copy
 import json
+from unittest import mock
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from harmony_mobile.algorithms.base import (
     exit_loss_and_activation,
     personalize_split,
     split_step,
+    train_exit_head,
 )
 from harmony_mobile.algorithms.harmony import RoundModels, parameter_distance
 from harmony_mobile.algorithms.registry import build_algorithm
@@ -246,6 +248,45 @@ def test_personalization_in_one_backward_pass_trains_what_two_passes_trained():
     norm = sum(float(d.pow(2).sum()) for d in two_pass.values()) ** 0.5
     apart = sum(float((one_pass[n] - two_pass[n]).pow(2).sum()) for n in before) ** 0.5
     assert norm > 1e-2 and apart / norm < 0.1, (norm, apart)
+
+
+def test_the_exit_head_alone_learns_while_the_features_stay_as_they_are():
+    """The step after the joint personalization trains the exit head at the phone's depth and
+    nothing else: every other parameter and every normalization statistic stays bit for bit, so
+    what the gate and the server see is unchanged, and the head fits the phone's data better."""
+    federation = tiny_federation()
+    client = next(c for c in federation.clients if c.split_depth == 3)
+    federation.broadcast(client)
+    before = {n: t.detach().clone() for n, t in client.model.state_dict().items()}
+    head = f"exits.{client.split_depth}."
+
+    def head_loss() -> float:
+        with torch.no_grad():
+            client.model.eval()
+            logits, _ = client.model(client.train_x, client.split_depth)
+            return float(torch.nn.functional.cross_entropy(logits, client.train_y))
+
+    loss_before = head_loss()
+    client.model.train()
+    train_exit_head(client, 2, 16, 0.001, torch.Generator().manual_seed(1))
+    after = client.model.state_dict()
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved and all(n.startswith(head) for n in moved), sorted(moved)[:5]
+    assert client.model.training  # the mode it was called in comes back
+    assert head_loss() < loss_before
+
+
+def test_harmony_personalization_ends_with_the_exit_head_epochs():
+    """`exit_head_epochs` runs the head-only step after the joint one; 0 leaves it out."""
+    calls = []
+    for epochs in (0, 2):
+        federation = tiny_federation(overrides={"exit_head_epochs": epochs})
+        client = next(c for c in federation.clients if c.split_depth == 3)
+        federation.broadcast(client)
+        with mock.patch("harmony_mobile.algorithms.harmony.train_exit_head") as head_step:
+            federation.algorithm.personalize(client, federation.server, torch.Generator().manual_seed(0))
+        calls.append(head_step.call_args.args[1])
+    assert calls == [0, 2]
 
 
 @pytest.mark.parametrize("name", ["harmony", "harmony-with-meta"])

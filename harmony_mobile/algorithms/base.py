@@ -276,6 +276,36 @@ def personalize_split(
         optimizer.step()
 
 
+def train_exit_head(
+    client: Client,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+    logit_norm: float | None = None,
+) -> None:
+    """The phone's exit head alone, on its own data, the front-end frozen in inference mode: the
+    exit catches up with the joint personalization's compromise while the features the gate and
+    the server see stay as they are (docs/ALGORITHM.md, "Final personalization")."""
+    depth, model = client.split_depth, client.model
+    head = model.exits[str(depth)]
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
+    was_training = model.training
+    model.eval()  # the stages' normalization statistics stay as they are
+    head.train()
+    for _ in range(epochs * max(1, len(client.train_y) // batch_size)):
+        images, labels = client.batch(batch_size, generator)
+        with torch.no_grad():
+            activation = model.extract(images, depth)
+        logits = head(activation)
+        if logit_norm is not None:
+            logits = logits / (logit_norm * logits.norm(dim=1, keepdim=True).clamp_min(1e-7))
+        optimizer.zero_grad()
+        F.cross_entropy(logits, labels).backward()
+        optimizer.step()
+    model.train(was_training)
+
+
 def exit_score(
     client: Client, exit_logits: torch.Tensor, features: torch.Tensor, rule: ExitRule
 ) -> torch.Tensor:

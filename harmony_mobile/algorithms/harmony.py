@@ -50,6 +50,7 @@ from harmony_mobile.algorithms.base import (
     personalize_split,
     round_optimizer,
     split_step,
+    train_exit_head,
 )
 from harmony_mobile.federation.client import Client
 from harmony_mobile.federation.split_trainer import (
@@ -76,6 +77,12 @@ class HarmonyConfig(SplitTrainingConfig):
     # a meta step draws a support and a query batch: together the samples per step of the other methods
     batch_size: int = Field(default=SAMPLES_PER_STEP // 2, ge=2, description="support and query batch size")
     personalize_epochs: int = Field(default=2, ge=0, description="final personalization epochs on local data")
+    exit_head_epochs: int = Field(
+        default=3,
+        ge=0,
+        description="after the final personalization, epochs of the exit head alone on local data, "
+        "the front-end frozen (what a phone's on-device personalization trains too); 0 = none",
+    )
     # HARMONY's phones gate by the server's slot prototypes: max softmax lets a third to a half of
     # the unseen classes exit wrong (docs/ALGORITHM.md, "The exit gate")
     exit_rule: ExitRule | None = Field(
@@ -371,6 +378,8 @@ class Harmony(SplitMethod):
             generator,
             c.exit_logit_norm,
         )
+        batch = c.personalization_batch_size
+        train_exit_head(client, c.exit_head_epochs, batch, c.lr, generator, c.exit_logit_norm)
         calibrate_client(client, c.calibration_target, self.exit_rule)
 
 
