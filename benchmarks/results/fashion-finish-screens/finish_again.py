@@ -3,7 +3,7 @@ checkpoint (personalization, replay set, slot gate, calibration, evaluation) wit
 final personalization changed; appends one JSON row to OUT/finish_rows.jsonl and prints the paired
 differences against the run's own bench.json with `--compare`.
 
-    python finish_again.py RUN_DIR VARIANT OUT        # VARIANT: base p0 p2 g0 g3 server
+    python finish_again.py RUN_DIR VARIANT OUT        # VARIANT: base p0 p2 g0 g3 server xh1 xh3
     python finish_again.py --compare OUT/finish_rows.jsonl
 
 `base` reproduces the run's final metrics exactly (checked on fashion-family seed 0). `server` lets
@@ -23,14 +23,28 @@ import numpy as np
 import torch
 
 from harmony_mobile import training
-from harmony_mobile.algorithms import base
+from harmony_mobile.algorithms import base, harmony
 from harmony_mobile.algorithms.registry import build_algorithm
 from harmony_mobile.bench.gates import gate_studies
 from harmony_mobile.bench.hooks import unseen_class_accuracy, validation_metrics
 from harmony_mobile.federation.rounds import personalization_round, seed_turn
 
 OVERRIDES = {"base": {}, "p0": {"personalize_epochs": 0}, "p2": {"personalize_epochs": 2}}
-OVERRIDES |= {"g0": {"gamma": 0.0}, "g3": {"gamma": 3.0}, "server": {}}
+OVERRIDES |= {
+    "g0": {"gamma": 0.0},
+    "g3": {"gamma": 3.0},
+    "server": {},
+    "xh1": {},
+    "xh3": {},
+    "xh6": {},
+    "xh10": {},
+}
+HEAD_EPOCHS = {
+    "xh1": 1,
+    "xh3": 3,
+    "xh6": 6,
+    "xh10": 10,
+}  # after the personalization, epochs of the exit head alone
 KEYS = ("val_with_ood", "test_with_ood", "val50", "test50", "testserver", "unseen")
 
 
@@ -68,6 +82,27 @@ def curve_row(gates: dict) -> dict:
     return row
 
 
+def train_exit_head(client, epochs: int, batch_size: int, lr: float, generator) -> None:
+    """The exit head alone on the phone's data, its front-end frozen: the features the gate and the
+    server see stay as the joint personalization left them."""
+    depth, model = client.split_depth, client.model
+    head = model.exits[str(depth)]
+    optimizer = torch.optim.Adam(head.parameters(), lr=lr)
+    was_training = model.training
+    model.eval()  # the stages' normalization statistics stay as they are
+    head.train()
+    for _ in range(epochs * max(1, len(client.train_y) // batch_size)):
+        images, labels = client.batch(batch_size, generator)
+        with torch.no_grad():
+            activation = images
+            for stage in model.stages[:depth]:
+                activation = stage(activation)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(head(activation), labels).backward()
+        optimizer.step()
+    model.train(was_training)
+
+
 def finish_again(src: Path, variant: str, out: Path) -> dict:
     config = training.TrainConfig(**json.loads((src / "run.json").read_text())["train_config"])
     dst = out / f"{src.parent.parent.name}-{src.name}-{variant}"
@@ -77,6 +112,12 @@ def finish_again(src: Path, variant: str, out: Path) -> dict:
     history = training.train_rounds(run)  # every round is done: loads the checkpoint only
     settings = dict(config.algorithm_config) | OVERRIDES[variant]
     run.federation.algorithm = build_algorithm(config.algorithm, settings)
+    if variant in HEAD_EPOCHS:
+        joint = harmony.personalize_split
+        harmony.personalize_split = lambda client, server, *args: (
+            joint(client, server, *args),
+            train_exit_head(client, HEAD_EPOCHS[variant], args[1], args[2], args[4]),
+        )
     if variant == "server":
         frozen = base.split_step
         base.split_step = lambda *args, **kwargs: frozen(*args, **(kwargs | {"update_server": True}))
