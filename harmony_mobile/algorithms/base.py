@@ -287,21 +287,24 @@ def train_exit_head(
     """The phone's exit head alone, on its own data, the front-end frozen in inference mode: the
     exit catches up with the joint personalization's compromise while the features the gate and
     the server see stay as they are (docs/ALGORITHM.md, "Final personalization")."""
+    steps = epochs * max(1, len(client.train_y) // batch_size)
+    if steps == 0:
+        return
     depth, model = client.split_depth, client.model
     head = model.exits[str(depth)]
     optimizer = torch.optim.Adam(head.parameters(), lr=lr)
     was_training = model.training
     model.eval()  # the stages' normalization statistics stay as they are
+    with torch.no_grad():  # frozen: each sample's activation once, not once per draw
+        activations = torch.cat([model.extract(x, depth) for x in client.train_x.split(512)])
     head.train()
-    for _ in range(epochs * max(1, len(client.train_y) // batch_size)):
-        images, labels = client.batch(batch_size, generator)
-        with torch.no_grad():
-            activation = model.extract(images, depth)
-        logits = head(activation)
+    for _ in range(steps):
+        index = torch.randint(len(client.train_y), (batch_size,), generator=generator)
+        logits = head(activations[index])
         if logit_norm is not None:
             logits = logits / (logit_norm * logits.norm(dim=1, keepdim=True).clamp_min(1e-7))
         optimizer.zero_grad()
-        F.cross_entropy(logits, labels).backward()
+        F.cross_entropy(logits, client.train_y[index]).backward()
         optimizer.step()
     model.train(was_training)
 
