@@ -791,9 +791,14 @@ def test_the_evaluation_cost_benchmark_gets_the_same_results_with_shared_and_uns
     )
     torch.set_num_threads(threads)
     report = json.loads((tmp_path / "cost.json").read_text())
-    # identical up to a sample at a client's exit threshold flipping with float rounding: one
-    # sample of a request, a few percent of one client's rate at most
-    assert report["largest_difference"] <= 0.02, report["differences"]
+    # identical up to a sample at a client's exit threshold flipping with float rounding (the
+    # threshold is calibrated on a validation sample's own score): one sample of one client's
+    # request, which moves a mean over the clients by at most 1 / (clients x its ID samples)
+    from harmony_mobile.bench.saved_runs import load_finished_run
+
+    run = load_finished_run(work / "eval" / "digits-family" / "harmony" / "seed-0")
+    one_sample = max(1 / (len(run.clients) * len(part.val)) for part in run.partition.clients)
+    assert report["largest_difference"] <= one_sample, (one_sample, report["differences"])
     assert len(report["differences"]) <= 4, report["differences"]
     assert [len(v) for v in report["cpu_seconds"].values()] == [1, 1]
     said_identical = "Identical results both ways: **yes**" in (tmp_path / "cost.md").read_text()
