@@ -286,7 +286,7 @@ def train_exit_head(
 ) -> None:
     """The phone's exit head alone, on its own data, the front-end frozen in inference mode: the
     exit catches up with the joint personalization's compromise while the features the gate and
-    the server see stay as they are (docs/ALGORITHM.md, "Final personalization")."""
+    the server see stay as they are (docs/ALGORITHM.md, section 4, after the round)."""
     steps = epochs * max(1, len(client.train_y) // batch_size)
     if steps == 0:
         return
