@@ -357,6 +357,27 @@ def test_the_time_goal_is_judged_on_cpu_time_when_every_run_kept_it(tmp_path):
     assert "their CPU time" not in text and "(goal: within 2 min: **not met**)" in text
 
 
+def test_cpu_time_made_on_several_cpu_models_is_also_stated_per_model(tmp_path):
+    """The same run costs different CPU seconds on another CPU: a mixed sum is named as one."""
+    results = synthetic_results()
+    results["profile"] |= {"time_limit_minutes": 2.0, "time_goal_covers": "evaluation"}
+    results["narrowed"] = {"settings": None, "seeds": None, "methods": None}
+    xeon = {"cpu_model": "Intel Xeon", "torch_cpu_capability": "AVX512"}
+    epyc = {"cpu_model": "AMD EPYC", "torch_cpu_capability": "AVX2"}
+    for run in results["runs"]:
+        run |= {"cpu_seconds": 6.0, "cpu": xeon}
+    assert "by model" not in write_bench_report(results, tmp_path / "one").read_text()
+    for run in results["runs"][:4]:
+        run |= {"cpu_seconds": 60.0, "cpu": epyc}
+    total = len(results["runs"])
+    text = write_bench_report(results, tmp_path / "two").read_text()
+    assert (
+        "by model: Intel Xeon (torch kernels AVX512): "
+        f"{(total - 4) * 6 / 60:.0f} min ({total - 4} runs), AMD EPYC (torch kernels AVX2): 4 min (4 runs)"
+        " (goal: within 2 min, judged on CPU time: **not met**)"
+    ) in text
+
+
 def test_a_profile_whose_studies_are_read_back_judges_its_evaluation_runs_alone(tmp_path):
     """`time_goal_covers: evaluation`: tuning and the budget check are stated, not judged."""
     results = synthetic_results()

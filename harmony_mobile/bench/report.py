@@ -887,12 +887,33 @@ def time_line(results: dict) -> str:
             f"; their CPU time, {cpu / 60:.0f} min summed, is about {cpu / 60 / jobs:.0f} min with {jobs} job(s) "
             "on otherwise idle cores (wall times also count other work sharing the machine)"
         )
+    if cpu is not None:
+        text += _cpu_time_by_model(runs)
     text += _goal_clause(
         results, (wall if cpu is None else cpu) / 60 / jobs, cpu is not None, evaluation_only
     )
     return (
         text + "." + _twins_line(runs) + (" " + studies_time_line(results, jobs) if evaluation_only else "")
     )
+
+
+def _cpu_time_by_model(runs: list[dict]) -> str:
+    """The evaluation runs' CPU time per CPU model, once they were made on more than one: the same
+    run costs a different number of CPU seconds on another CPU model, so a sum over several is
+    no one machine's time."""
+    seconds: dict[str, float] = {}
+    counts: Counter = Counter()
+    for run in runs:
+        model = _cpu_text(run.get("cpu"))
+        seconds[model] = seconds.get(model, 0.0) + run["cpu_seconds"]
+        counts[model] += 1
+    if len(counts) < 2:
+        return ""
+    parts = [
+        f"{model}: {_summed(seconds[model])} ({count} run{'' if count == 1 else 's'})"
+        for model, count in counts.most_common()
+    ]
+    return "; the evaluation runs' CPU time, made on several CPU models, by model: " + ", ".join(parts)
 
 
 def _twins_line(runs: list[dict]) -> str:
