@@ -5,9 +5,14 @@ test_flower_engines.py (it waits on the SuperLink's heartbeat timeout)."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +86,35 @@ def test_a_supernode_killed_mid_round_neither_stalls_nor_corrupts_the_run(tmp_pa
         run_on_loopback(tmp_path, config, name="loopback", min_replies=2, dies_at={1: 1})
     run_on_loopback(tmp_path, config, name="loopback", dies_at={1: 1})
     assert_same_run(run_path, tmp_path / "loopback")
+
+
+def test_a_deployment_whose_parent_is_killed_leaves_no_process_behind(tmp_path):
+    """SIGKILL skips every cleanup in the parent: the SuperLink must still stop by itself."""
+    script = (
+        "import os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from harmony_mobile.flower.deployment import LocalDeployment\n"
+        f"d = LocalDeployment(0, work_dir=Path({str(tmp_path)!r}))\n"
+        "d.start()\n"
+        "print(d.processes[0].pid, flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert parent.returncode == -signal.SIGKILL, parent.stderr
+    superlink = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and running(superlink):
+        time.sleep(0.2)
+    left_behind = running(superlink)
+    if left_behind:
+        os.kill(superlink, signal.SIGKILL)
+    assert not left_behind
+
+
+def running(pid: int) -> bool:
+    """Whether the process exists and is not a zombie waiting to be reaped."""
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
