@@ -886,9 +886,7 @@ def time_line(results: dict) -> str:
         text += (
             f"; their CPU time, {cpu / 60:.0f} min summed, is about {cpu / 60 / jobs:.0f} min with {jobs} job(s) "
             "on otherwise idle cores (wall times also count other work sharing the machine)"
-        )
-    if cpu is not None:
-        text += _cpu_time_by_model(runs)
+        ) + _cpu_time_by_model(runs)
     text += _goal_clause(
         results, (wall if cpu is None else cpu) / 60 / jobs, cpu is not None, evaluation_only
     )
@@ -901,19 +899,16 @@ def _cpu_time_by_model(runs: list[dict]) -> str:
     """The evaluation runs' CPU time per CPU model, once they were made on more than one: the same
     run costs a different number of CPU seconds on another CPU model, so a sum over several is
     no one machine's time."""
-    seconds: dict[str, float] = {}
+    seconds: Counter = Counter()
     counts: Counter = Counter()
     for run in runs:
         model = _cpu_text(run.get("cpu"))
-        seconds[model] = seconds.get(model, 0.0) + run["cpu_seconds"]
+        seconds[model] += run["cpu_seconds"]
         counts[model] += 1
     if len(counts) < 2:
         return ""
-    parts = [
-        f"{model}: {_summed(seconds[model])} ({count} run{'' if count == 1 else 's'})"
-        for model, count in counts.most_common()
-    ]
-    return "; the evaluation runs' CPU time, made on several CPU models, by model: " + ", ".join(parts)
+    by_model = Counter({f"{model}: {_summed(seconds[model])}": count for model, count in counts.items()})
+    return "; the evaluation runs' CPU time, made on several CPU models, by model: " + _tally(by_model)
 
 
 def _twins_line(runs: list[dict]) -> str:
