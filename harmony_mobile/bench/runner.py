@@ -594,12 +594,11 @@ def validation_score(record: dict) -> float:
     return record.get("validation", {}).get("accuracy_with_ood", float("nan"))
 
 
-def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: bool, jobs: int, log) -> dict:
-    """Run every trial of every tuned method on the tuning settings and seeds; each method keeps
-    the trial with the best mean validation accuracy with OOD (ties: the earlier trial)."""
+def tuning_specs(profile: BenchProfile) -> list[RunSpec]:
+    """Every trial of every tuned method on the tuning settings and seeds."""
     if profile.tuning is None:
-        return {"chosen": {}, "trials": [], "run_provenance": [], **NO_RUN_TIME}
-    specs = [
+        return []
+    return [
         RunSpec(
             "tune",
             setting,
@@ -614,10 +613,30 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
         for setting in profile.tuning_settings()
         for seed in profile.tuning.seeds
     ]
+
+
+def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: bool, jobs: int, log) -> dict:
+    """Run every trial of every tuned method; each method keeps the trial with the best mean
+    validation accuracy with OOD (ties: the earlier trial)."""
+    if profile.tuning is None:
+        return {"chosen": {}, "trials": [], "run_provenance": [], **NO_RUN_TIME}
+    specs = tuning_specs(profile)
     log(
         f"tuning: {len(profile.tuning.grids)} methods x {profile.tuning.trials} trials x {len(specs) // (len(profile.tuning.grids) * profile.tuning.trials)} runs each"
     )
     records = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
+    chosen, trials = pick_trials(profile, specs, records)
+    return {
+        "chosen": chosen,
+        "trials": trials,
+        "run_wall_seconds": sum(r["wall_seconds"] for r in records),
+        "run_cpu_seconds": cpu_seconds(records),
+        "run_provenance": provenance(records),
+    }
+
+
+def pick_trials(profile: BenchProfile, specs: list[RunSpec], records: list[dict]) -> tuple[dict, list[dict]]:
+    """Each tuned method's best trial by mean validation accuracy with OOD, and every trial's row."""
     trials, chosen = [], {}
     for method, grid in profile.tuning.grids.items():
         scores = []
@@ -642,13 +661,7 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
         for row in trials:
             if row["method"] == method:
                 row["chosen"] = row["trial"] == best
-    return {
-        "chosen": chosen,
-        "trials": trials,
-        "run_wall_seconds": sum(r["wall_seconds"] for r in records),
-        "run_cpu_seconds": cpu_seconds(records),
-        "run_provenance": provenance(records),
-    }
+    return chosen, trials
 
 
 def _copy_and_log(profile, specs, work_dir, data_root, recorded: RecordedRuns | None, log) -> None:
