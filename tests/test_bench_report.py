@@ -866,6 +866,17 @@ def test_the_report_names_the_methods_a_setting_trains_for_longer(tmp_path):
     assert f"; in {setting['name']}: {names} 8 rounds of their budget" in text
 
 
+def test_a_setting_with_two_longer_budgets_is_named_once(tmp_path):
+    results = synthetic_results()
+    setting = results["profile"]["settings"][0]
+    other = next(m for m in results["profile"]["methods"] if not m.startswith("harmony"))
+    setting["method_rounds"] = {"harmony": 8, other: 16}
+    text = write_bench_report(results, tmp_path).read_text()
+    names = ", ".join(f"`{m}`" for m in results["profile"]["methods"] if m.startswith("harmony"))
+    assert f"; in {setting['name']}: {names} 8 rounds and `{other}` 16 rounds of their budget" in text
+    assert text.count(f"; in {setting['name']}:") == 1
+
+
 def test_the_report_says_which_methods_were_still_improving_at_their_budget(tmp_path):
     results = synthetic_results()
     results["budget_check"] = {

@@ -416,10 +416,10 @@ def _setting_rounds_text(setting: dict, methods: list[str]) -> str:
     for method in methods:
         if rounds := own_or_parents(method, setting.get("method_rounds") or {}):
             by_rounds.setdefault(rounds, []).append(method)
-    return "".join(
-        f"; in {setting['name']}: {', '.join(f'`{m}`' for m in names)} {rounds} rounds of their budget"
-        for rounds, names in by_rounds.items()
-    )
+    if not by_rounds:
+        return ""
+    groups = [f"{', '.join(f'`{m}`' for m in names)} {rounds} rounds" for rounds, names in by_rounds.items()]
+    return f"; in {setting['name']}: {' and '.join(groups)} of their budget"
 
 
 def _ci_text(gap: dict, digits: int = 1) -> str:
