@@ -46,18 +46,16 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(WRITE_BYTECODE) $(BIN)/harmony demo
 
-# The recurring benchmark (benchmarks/configs/fashion.yaml), then the study beside it on the same run
-# records and budget (fashion-mechanisms.yaml: HARMONY's ablations at 10 seeds). It reads Debian's
-# dataset-fashion-mnist package, installed here when missing, and goes on from the run records
-# committed in its work dir. fashion-variants.yaml was made at an earlier budget: its header says
-# how to run it again in a work dir of its own.
+# The recurring benchmark (benchmarks/configs/fashion.yaml, with its tuning, budget check and
+# mechanism study). It reads Debian's dataset-fashion-mnist package, installed here when missing, and
+# goes on from the run records committed in its work dir. fashion-variants.yaml was made at an
+# earlier budget: its header says how to run it again in a work dir of its own.
 FASHION_DIR := /usr/share/datasets/fashion-mnist
 SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 
 bench-fashion: $(STAMP)
 	test -d $(FASHION_DIR) || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends dataset-fashion-mnist
 	$(WRITE_BYTECODE) $(BIN)/harmony bench --profile fashion --jobs 2 --resume --work-dir benchmarks/results/fashion/work
-	$(WRITE_BYTECODE) $(BIN)/harmony bench --profile fashion-mechanisms --jobs 2 --resume --work-dir benchmarks/results/fashion/work
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1060,3 +1060,76 @@ def test_the_methods_section_describes_the_methods_the_report_holds():
     assert "- No-split methods" in notes
     assert "`fedproto`" not in notes and "- `local`" not in notes and "- `centralized`" not in notes
     assert "No-split" not in method_notes(["harmony", "splitgp"])
+
+
+def with_mechanism_study(results: dict, seeds: tuple = (0, 1, 2, 3, 4, 5, 6)) -> dict:
+    """`results` with its ablation moved from the evaluation to a mechanism study on `seeds`: the
+    study holds the ablation's runs and HARMONY's at the seeds the evaluation lacks."""
+    ablation = "harmony-full-softmax"
+    noise = {**NOISE, 5: -0.015, 6: 0.0}
+    studied = [fake_run(ablation, seed, BASE[ablation] + noise[seed] / 4) for seed in seeds]
+    studied += [
+        fake_run("harmony", seed, BASE["harmony"] + noise[seed]) for seed in seeds if seed not in SEEDS
+    ]
+    results["runs"] = [run for run in results["runs"] if run["method"] != ablation]
+    results["profile"]["methods"] = [m for m in METHODS if m != ablation]
+    results["mechanism_study"] = {
+        "seeds": list(seeds),
+        "methods": [ablation],
+        "runs": studied,
+        "run_wall_seconds": sum(run["wall_seconds"] for run in studied),
+        "run_cpu_seconds": None,
+    }
+    return results
+
+
+def test_a_mechanism_study_decides_the_mechanism_targets_on_its_own_seeds(tmp_path):
+    results = with_mechanism_study(synthetic_results())
+    text = write_bench_report(results, tmp_path).read_text()
+    gaps = [
+        BASE["harmony-full-softmax"] - BASE["harmony"] - n * 3 / 4 for n in (*NOISE.values(), -0.015, 0.0)
+    ]
+    expected = paired_ci(gaps)
+    row = f"| harmony-full-softmax - harmony | {100 * expected['mean']:+.1f} [{100 * expected['low']:+.1f}, "
+    section = text.split("## Mechanisms (7 seeds)")[1].split("## Plots")[0]
+    assert row in section and "on seeds [0, 1, 2, 3, 4, 5, 6]" in section
+    # the study's table: HARMONY over its 7 seeds, its evaluation runs included
+    harmony = [BASE["harmony"] + n for n in (*NOISE.values(), -0.015, 0.0)]
+    assert f"| harmony | {100 * np.mean(harmony):.1f} ± {100 * np.std(harmony, ddof=1):.1f} |" in section
+    assert (
+        "- mechanism *restricted server softmax* (`harmony-full-softmax`): at 7 seeds (the mechanism study), "
+        "turning it off costs accuracy with OOD with a CI below 0 in toy-family" in text
+    )
+    setting = text.split("## toy-family")[1].split("## Mechanisms")[0]
+    assert "harmony-full-softmax" not in setting  # the evaluation's section holds its own methods only
+    # the study's own runs are a stage of their own: they count outside an evaluation-only goal
+    results["profile"] |= {"time_limit_minutes": 60.0, "time_goal_covers": "evaluation"}
+    results["narrowed"] = {"settings": None, "seeds": None, "methods": None}
+    text = write_bench_report(results, tmp_path / "goal").read_text()
+    # 7 ablation runs and HARMONY's seeds 5 and 6: 122 s summed
+    assert (
+        "The evaluation runs took 4 min summed, about 2 min with 2 job(s) (goal: within 60 min: met)" in text
+    )
+    assert "outside the goal: mechanism study 2 min of wall time summed (1 min with 2 job(s))." in text
+
+
+def test_a_mechanism_study_names_only_ablations_the_evaluation_does_not_run():
+    profile = {
+        **PROFILE,
+        "targets": {"ablations": {"harmony-no-style-mixing": "style mixing", "harmony-fixed-depth": "depth"}},
+    }
+    BenchProfile(**profile, mechanism_study={"seeds": [0, 1, 2], "methods": ["harmony-fixed-depth"]})
+    for study, refusal in [
+        ({"seeds": [0, 1], "methods": ["harmony-no-style-mixing"]}, "are evaluation methods too"),
+        ({"seeds": [0, 1], "methods": ["harmony-max-softmax"]}, "not ablations named in targets.ablations"),
+        ({"seeds": [0, 0], "methods": ["harmony-fixed-depth"]}, r"seeds \[0, 0\] repeat an entry"),
+        ({"seeds": [0, 5], "methods": ["harmony-fixed-depth"]}, r"seeds \[5\] are tuning or budget-check"),
+    ]:
+        with pytest.raises(ValidationError, match=refusal):
+            BenchProfile(
+                **profile,
+                mechanism_study=study,
+                tuning={"seeds": [5], "grids": {"fedavg": [{}]}},
+            )
+    with pytest.raises(ValidationError, match="studies the targets' method"):
+        BenchProfile(**PROFILE, mechanism_study={"seeds": [0, 1], "methods": ["harmony-fixed-depth"]})

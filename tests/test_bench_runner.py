@@ -949,3 +949,73 @@ def test_latency_is_not_measured_when_its_method_was_not_run(tmp_path):
         "harmony (the latency section's method) was not run"
     )
     assert lines == ["latency not measured: harmony (the latency section's method) was not run"]
+
+
+def test_a_mechanism_study_trains_only_the_runs_the_evaluation_lacks_and_resumes(serial, tmp_path):
+    """HARMONY's ablations on seeds of their own: HARMONY's evaluation run at a shared seed is not
+    trained again, the gate's ablation is HARMONY's files evaluated again, and --resume reads the
+    whole study back."""
+    _, serial_results, _ = serial
+    picked = {"harmony": serial_results["method_configs"]["harmony"]}
+    ablations = {"harmony-max-softmax": "gate", "harmony-fixed-depth": "random depth"}
+    profile = BenchProfile(
+        **{**TINY, "methods": ["harmony", "local"], "tuning": None, "algorithm_config": picked},
+        targets={"baselines": ["local"], "ablations": ablations},
+        mechanism_study={"seeds": [0, 1], "methods": list(ablations)},
+    )
+    lines: list[str] = []
+    results = run_benchmark(profile, tmp_path / "work", log=lines.append)
+    assert [(r["method"], r["seed"]) for r in results["runs"]] == [("harmony", 0), ("local", 0)]
+    study = results["mechanism_study"]
+    assert sorted((r["method"], r["seed"]) for r in study["runs"]) == [
+        ("harmony", 1),
+        ("harmony-fixed-depth", 0),
+        ("harmony-fixed-depth", 1),
+        ("harmony-max-softmax", 0),
+        ("harmony-max-softmax", 1),
+    ]
+    assert sorted(trained_methods(lines)) == sorted(
+        ["harmony", "local", "harmony", *["harmony-fixed-depth"] * 2, *["harmony-max-softmax"] * 2]
+    )
+    twins = [r for r in study["runs"] if r["method"] == "harmony-max-softmax"]
+    assert all(r["trained_by"]["method"] == "harmony" for r in twins)
+    assert study["run_wall_seconds"] == pytest.approx(sum(r["wall_seconds"] for r in study["runs"]))
+    again: list[str] = []
+    resumed = run_benchmark(profile, tmp_path / "work", resume=True, log=again.append)
+    assert trained_methods(again) == []
+    assert [comparable(r) for r in resumed["mechanism_study"]["runs"]] == [
+        comparable(r) for r in study["runs"]
+    ]
+    text = write_bench_report(results, tmp_path / "report").read_text()
+    assert "## Mechanisms (2 seeds)" in text and "`harmony-max-softmax` from `harmony` (2 runs)" not in text
+    assert "(`harmony-fixed-depth`): at 2 seeds (the mechanism study)" in text
+
+
+def test_extending_a_report_runs_the_mechanism_study_of_the_settings_it_adds(tmp_path):
+    study = {"seeds": [0, 1], "methods": ["harmony-fixed-depth"]}
+    targets = {"baselines": ["local"], "ablations": {"harmony-fixed-depth": "random depth"}}
+    profile = _two_setting_profile(tmp_path, targets=targets, mechanism_study=study)
+    out, work = tmp_path / "out", tmp_path / "work"
+    bench(profile, out, work, settings=["digits-family"], log=lambda _: None)
+    first = json.loads((out / "results.json").read_text())["mechanism_study"]
+    lines: list[str] = []
+    bench(profile, out, work, settings=["digits-dirichlet"], extend_report=True, log=lines.append)
+    extended = json.loads((out / "results.json").read_text())["mechanism_study"]
+    trained = [line for line in lines if line.startswith("[")]
+    assert len(trained) == 5 and all("eval digits-dirichlet" in line for line in trained)
+    assert extended["runs"][:3] == first["runs"]
+    assert [r["setting"] for r in extended["runs"]] == ["digits-family"] * 3 + ["digits-dirichlet"] * 3
+    assert "### digits-dirichlet" in (out / "report.md").read_text()
+
+
+def test_a_run_narrowed_to_some_seeds_or_methods_leaves_the_mechanism_study_out():
+    from harmony_mobile.bench.runner import narrowed
+
+    profile = BenchProfile(
+        **TINY,
+        targets={"ablations": {"harmony-fixed-depth": "random depth"}},
+        mechanism_study={"seeds": [0, 1], "methods": ["harmony-fixed-depth"]},
+    )
+    assert narrowed(profile, None, None, ["digits-family"]).mechanism_study == profile.mechanism_study
+    assert narrowed(profile, [0], None, None).mechanism_study is None
+    assert narrowed(profile, None, ["harmony"], None).mechanism_study is None

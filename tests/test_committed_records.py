@@ -17,6 +17,8 @@ from harmony_mobile.bench.runner import (
     check_recorded,
     evaluation_specs,
     pick_trials,
+    runs_whose_files_the_report_reads,
+    study_specs,
     tuning_specs,
 )
 
@@ -61,5 +63,7 @@ def test_every_committed_record_a_profile_reads_back_is_a_run_of_its_configurati
     if profile.tuning is not None and records is None:
         pytest.skip(f"{profile_name}: its tuning records are not all committed; later stages follow them")
     tuned = pick_trials(profile, specs, records)[0] if profile.tuning is not None else {}
-    later = evaluation_specs(profile, tuned) + budget_specs(profile, tuned)
+    evaluated = evaluation_specs(profile, tuned)
+    studied = study_specs(profile, tuned, runs_whose_files_the_report_reads(profile), evaluated)
+    later = evaluated + studied + budget_specs(profile, tuned)
     check_recorded(later, profile.train, work_dir, None, resume=True)

@@ -151,6 +151,20 @@ class BudgetCheck(BaseModel):
         return self.rounds if self.rounds is not None else [t * budget_rounds for t in self.times]
 
 
+class MechanismStudy(BaseModel):
+    """The target method and its ablations on seeds of their own. Turning one mechanism off moves
+    accuracy by a few points, which the evaluation's seeds may not resolve; more seeds for every
+    method would cost the baselines' runs too. Like tuning and the budget check, a study: its runs
+    are reported in a section of their own and decide the mechanism targets, and a profile whose
+    records are committed reads them back. At the evaluation seeds the target method's runs are the
+    evaluation's own."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seeds: list[int] = Field(min_length=2)
+    methods: list[str] = Field(min_length=1, description="ablations named in targets.ablations")
+
+
 class ConvergenceCheck(BaseModel):
     """The report fails its convergence line unless `method` reaches `min_accuracy` without OOD on
     every setting of the named datasets: an upper bound that did not converge bounds nothing."""
@@ -210,6 +224,7 @@ class BenchProfile(BaseModel):
     algorithm_config: dict[str, dict[str, Any]] = Field(default_factory=dict)
     tuning: TuningSpec | None = None
     budget_check: BudgetCheck | None = None
+    mechanism_study: MechanismStudy | None = None
     convergence: ConvergenceCheck | None = None
     targets: Targets | None = None
     latency: LatencySpec | None = None
@@ -247,6 +262,7 @@ class BenchProfile(BaseModel):
         self._check_tuning()
         self._check_decay()
         self._check_budget_check()
+        self._check_mechanism_study()
         return self
 
     def _check_algorithm_configs(self) -> None:
@@ -273,7 +289,8 @@ class BenchProfile(BaseModel):
             # only what the profile names: the default reference need not be run (then its target is not judged)
             given = [getattr(targets, f) for f in ("method", "reference") if f in targets.model_fields_set]
             named = [*given, *targets.baselines, *targets.ablations]
-            unknown = [m for m in dict.fromkeys(named) if m not in self.methods]
+            studied = self.mechanism_study.methods if self.mechanism_study else []
+            unknown = [m for m in dict.fromkeys(named) if m not in [*self.methods, *studied]]
             if unknown:
                 raise ValueError(f"targets: {unknown} are not methods of this profile ({self.methods})")
         for section in (self.latency, self.convergence):
@@ -328,6 +345,41 @@ class BenchProfile(BaseModel):
             raise ValueError(
                 f"budget_check seeds {sorted(shared)} are evaluation or tuning seeds; check on other seeds"
             )
+
+    def _check_mechanism_study(self) -> None:
+        study = self.mechanism_study
+        if study is None:
+            return
+        _refuse_repeats("mechanism_study: ", seeds=study.seeds, methods=study.methods)
+        if self.targets is None or self.targets.method not in self.methods:
+            raise ValueError(
+                "mechanism_study: it studies the targets' method, which must be a method of the profile"
+            )
+        for method in study.methods:
+            check_algorithm(method)
+        not_ablations = [m for m in study.methods if m not in self.targets.ablations]
+        if not_ablations:
+            raise ValueError(f"mechanism_study: {not_ablations} are not ablations named in targets.ablations")
+        evaluated = [m for m in study.methods if m in self.methods]
+        if evaluated:
+            raise ValueError(
+                f"mechanism_study: {evaluated} are evaluation methods too; name each in one place"
+            )
+        validation = set(self.tuning.seeds if self.tuning else []) | set(
+            self.budget_check.seeds if self.budget_check else []
+        )
+        if validation & set(study.seeds):
+            raise ValueError(
+                f"mechanism_study seeds {sorted(validation & set(study.seeds))} are tuning or budget-check seeds"
+            )
+
+    def mechanism_profile(self) -> BenchProfile | None:
+        """The study as the runs of a profile: the target method and its ablations at the study's seeds."""
+        study = self.mechanism_study
+        if study is None:
+            return None
+        methods = [self.targets.method, *study.methods]
+        return self.model_copy(update={"seeds": study.seeds, "methods": methods, "mechanism_study": None})
 
     def _check_decay(self) -> None:
         """A learning-rate decay must span each run's own rounds: shorter wastes the last rounds at

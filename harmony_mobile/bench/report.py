@@ -349,6 +349,7 @@ def runs_by_stage(results: dict) -> dict[str, list[dict]]:
         "evaluation": results["runs"],
         "tuning": (results.get("tuning") or {}).get("run_provenance", []),
         "budget check": (results.get("budget_check") or {}).get("run_provenance", []),
+        "mechanism study": (results.get("mechanism_study") or {}).get("runs", []),
     }
     return {name: runs for name, runs in stages.items() if runs}
 
@@ -505,10 +506,10 @@ def _bold_if(text: str, condition: bool) -> str:
     return f"**{text}**" if condition else text
 
 
-def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
+def evaluate_targets(results: dict, aggregated: dict, gaps: dict, mechanism_gaps: dict | None = None) -> dict:
     """Per setting: the margin over the best baseline, the fraction of the reference, the gate
     curves against the baselines' and server-only; per mechanism whether turning it off costs
-    accuracy with a CI below zero."""
+    accuracy with a CI below zero (from `mechanism_gaps`, the mechanism study's, when given)."""
     targets = results["profile"].get("targets")
     if not targets:
         return {}
@@ -537,11 +538,13 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict) -> dict:
         if curves is not None:
             entry["curves"] = curves
         out["settings"][setting] = entry
+    gaps = gaps if mechanism_gaps is None else mechanism_gaps
     for ablation, mechanism in targets["ablations"].items():
         per_setting = {s: g["ablations"][ablation] for s, g in gaps.items() if ablation in g["ablations"]}
         helps = [s for s, g in per_setting.items() if g["n"] > 1 and g["high"] < 0]
         out["mechanisms"][ablation] = {
             "mechanism": mechanism,
+            "study_seeds": len(results["mechanism_study"]["seeds"]) if mechanism_gaps is not None else None,
             "settings_where_it_helps": helps,
             "settings_where_ci_excludes_zero": [s for s, g in per_setting.items() if g["excludes_zero"]],
             "met": bool(helps),
@@ -595,6 +598,8 @@ def target_lines(targets: dict, spec: dict) -> list[str]:
 
 def _mechanism_line(ablation: str, entry: dict, verdict: dict) -> str:
     head = f"- mechanism *{entry['mechanism']}* (`{ablation}`): "
+    if entry.get("study_seeds"):
+        head += f"at {entry['study_seeds']} seeds (the mechanism study), "
     if not entry.get("measured", True):  # results of older code did not say
         return head + "not measured (no setting has paired runs of it) -> **not measured**"
     where = ", ".join(entry["settings_where_it_helps"]) or "no setting"
@@ -861,8 +866,13 @@ def command_line(results: dict) -> str:
     return command
 
 
-def _stages(results: dict) -> list[dict]:
-    return [results["tuning"], results.get("budget_check") or {}]
+def _stages(results: dict) -> dict[str, dict]:
+    """The studies beside the evaluation, by name (a profile without one has an empty entry)."""
+    return {
+        "tuning": results["tuning"],
+        "budget check": results.get("budget_check") or {},
+        "mechanism study": results.get("mechanism_study") or {},
+    }
 
 
 def time_line(results: dict) -> str:
@@ -874,7 +884,7 @@ def time_line(results: dict) -> str:
     jobs = results.get("machine", {}).get("jobs", 1)
     runs = results["runs"]
     evaluation_only = results["profile"].get("time_goal_covers", "all") == "evaluation"
-    stages = [] if evaluation_only else _stages(results)
+    stages = [] if evaluation_only else list(_stages(results).values())
     wall = sum(stage.get("run_wall_seconds", 0.0) for stage in stages) + sum(r["wall_seconds"] for r in runs)
     cpu = sum_known(
         [*(stage.get("run_cpu_seconds", 0.0 if not stage else None) for stage in stages)]
@@ -940,9 +950,9 @@ def _goal_clause(results: dict, minutes: float, on_cpu: bool, evaluation_only: b
 
 
 def studies_time_line(results: dict, jobs: int) -> str:
-    """The tuning and budget-check runs' time: made once, then read back from their records."""
+    """The studies' run time: made once, then read back from their records."""
     parts = []
-    for name, study in zip(("tuning", "budget check"), _stages(results), strict=True):
+    for name, study in _stages(results).items():
         if "run_wall_seconds" in study:
             cpu = study.get("run_cpu_seconds")
             seconds, kind = (study["run_wall_seconds"], "wall") if cpu is None else (cpu, "CPU")
@@ -952,6 +962,39 @@ def studies_time_line(results: dict, jobs: int) -> str:
     if not parts:
         return ""
     return "The studies whose records the profile reads back, outside the goal: " + "; ".join(parts) + "."
+
+
+def mechanism_view(results: dict) -> dict | None:
+    """The mechanism study as results of their own: the target method's runs at the study's seeds
+    (the evaluation's where it made them) and the ablations'. None without a study."""
+    study = results.get("mechanism_study")
+    if not study:
+        return None
+    method = results["profile"]["targets"]["method"]
+    evaluated = [r for r in results["runs"] if r["method"] == method and r["seed"] in study["seeds"]]
+    profile = {**results["profile"], "methods": [method, *study["methods"]], "seeds": study["seeds"]}
+    return {**results, "profile": profile, "runs": evaluated + study["runs"]}
+
+
+def mechanism_study_lines(study: dict, gaps: dict, confidence: float) -> list[str]:
+    """The study's section: per setting, the target method and its ablations at the study's seeds,
+    and each ablation's paired gaps (the mechanism targets are judged on these)."""
+    seeds = study["profile"]["seeds"]
+    lines = [
+        f"## Mechanisms ({len(seeds)} seeds)",
+        "",
+        f"The mechanism study: `{study['profile']['methods'][0]}` and its ablations on seeds {seeds} "
+        "(the evaluation's runs at its seeds, trained once for the others), the only runs the mechanism "
+        "targets are judged on.",
+        "",
+    ]
+    aggregated = aggregate(study)
+    for setting in study["profile"]["settings"]:
+        name = setting["name"]
+        if name in aggregated:
+            lines += [f"### {name}", "", markdown_table(aggregated, name, study["profile"]["methods"]), ""]
+            lines += comparison_lines({**gaps[name], "harmony_vs": {}}, confidence)
+    return lines
 
 
 def extended(results: dict) -> bool:
@@ -1038,14 +1081,21 @@ def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     methods = profile["methods"]
     confidence = (profile.get("targets") or {}).get("confidence", 0.95)
     gaps = {setting: comparisons(results, setting, confidence) for setting in aggregated}
-    targets = evaluate_targets(results, aggregated, gaps)
+    study = mechanism_view(results)
+    study_gaps = (
+        {setting: comparisons(study, setting, confidence) for setting in aggregated} if study else None
+    )
+    targets = evaluate_targets(results, aggregated, gaps, study_gaps)
     plot_accuracy_vs_ood(results, aggregated, out_dir / "accuracy_vs_ood.png")
     has_unseen = plot_unseen(results, aggregated, out_dir / "unseen_classes.png")
     has_features = plot_features(results.get("projections", {}), out_dir / "features.png")
     has_gates = plot_gate_curves(results, out_dir / "gate_curves.png", method_colors(methods))
     (out_dir / "results.json").write_text(
         json.dumps(
-            _json_safe({**results, "aggregated": aggregated, "gaps": gaps, "targets_evaluated": targets}),
+            _json_safe(
+                {**results, "aggregated": aggregated, "gaps": gaps, "targets_evaluated": targets}
+                | ({"mechanism_gaps": study_gaps} if study else {})
+            ),
             indent=1,
         )
     )
@@ -1061,6 +1111,8 @@ def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         lines += curve_table(results, setting, methods)
         lines += diagnostic_lines(results, setting, methods)
         lines += latency_lines(results, setting, methods)
+    if study:
+        lines += mechanism_study_lines(study, study_gaps, confidence)
     lines += ["## Plots", "", "![accuracy vs OOD fraction](accuracy_vs_ood.png)", ""]
     if has_unseen:
         lines += ["![accuracy on each family's unseen classes](unseen_classes.png)", ""]
@@ -1074,7 +1126,7 @@ def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
     lines += ["## Method configurations", "", "| method | config |", "|---|---|"]
     for method, config in results.get("method_configs", {}).items():
         lines.append(f"| {method} | `{json.dumps(effective_config(method, config))}` |")
-    lines += ["", "## Methods", "", method_notes(profile["methods"])]
+    lines += ["", "## Methods", "", method_notes([*methods, *(study["profile"]["methods"] if study else [])])]
     notes = "\n\n".join(n.strip() for n in (profile.get("notes", ""), notes) if n and n.strip())
     if notes:
         lines += ["## Notes", "", notes, ""]

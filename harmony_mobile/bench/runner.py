@@ -695,6 +695,56 @@ def evaluation_specs(
     ]
 
 
+def study_specs(
+    profile: BenchProfile, tuned: dict, read_files: set, evaluated: list[RunSpec]
+) -> list[RunSpec]:
+    """The mechanism study's runs that the evaluation (`evaluated`) does not make itself."""
+    studied = profile.mechanism_profile()
+    if studied is None:
+        return []
+    made = {spec.path(Path()) for spec in evaluated}
+    return [spec for spec in evaluation_specs(studied, tuned, read_files) if spec.path(Path()) not in made]
+
+
+def evaluate(
+    profile: BenchProfile, tuned: dict, read_files: set, stages: tuple, recorded: RecordedRuns | None
+) -> tuple[list[dict], dict | None]:
+    """The evaluation runs, and the mechanism study's (None without one). One `execute` for both,
+    so that a study run training what an evaluation run trains is that run's files evaluated again.
+    `stages`: (work_dir, data_root, resume, jobs, log)."""
+    work_dir, data_root, resume, jobs, log = stages
+    specs = evaluation_specs(profile, tuned, read_files)
+    extra = study_specs(profile, tuned, read_files, specs)
+    _copy_and_log(profile, specs + extra, work_dir, data_root, recorded, log)
+    records = execute(specs + extra, profile.train, work_dir, data_root, resume, jobs, log)
+    if profile.mechanism_study is None:
+        return records, None
+    studied = records[len(specs) :]
+    study = {
+        **profile.mechanism_study.model_dump(),
+        "runs": studied,
+        "run_wall_seconds": sum(r["wall_seconds"] for r in studied),
+        "run_cpu_seconds": cpu_seconds(studied),
+    }
+    return records[: len(specs)], study
+
+
+def merged_study(earlier: dict | None, added: dict | None, order: list[str]) -> dict | None:
+    """An extension's study: the earlier runs of the settings not added now, then the added ones,
+    in the profile's setting order."""
+    if added is None:
+        return None
+    settings = {run["setting"] for run in added["runs"]}
+    runs = [r for r in (earlier or {}).get("runs", []) if r["setting"] not in settings] + added["runs"]
+    runs.sort(key=lambda r: order.index(r["setting"]))
+    return {
+        **added,
+        "runs": runs,
+        "run_wall_seconds": sum(r["wall_seconds"] for r in runs),
+        "run_cpu_seconds": cpu_seconds(runs),
+    }
+
+
 def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
     """Each checked method's tuned config at its budget's rounds and at every longer budget."""
     check = profile.budget_check
@@ -982,16 +1032,19 @@ def run_benchmark(
     machine = {**machine_info(), "jobs": jobs}
     tuning = tune(profile, work_dir, data_root, resume, jobs, log)
     tuning_seconds = time.perf_counter() - started
-    specs = evaluation_specs(profile, tuning["chosen"])
-    _copy_and_log(profile, specs, work_dir, data_root, recorded, log)
-    runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
+    stages = (work_dir, data_root, resume, jobs, log)
+    runs, study = evaluate(
+        profile, tuning["chosen"], runs_whose_files_the_report_reads(profile), stages, recorded
+    )
     budget_check = check_budget(profile, tuning["chosen"], work_dir, data_root, resume, jobs, log)
+    methods = [*profile.methods, *(profile.mechanism_study.methods if profile.mechanism_study else [])]
     return {
         "profile": profile.model_dump(),
-        "method_configs": {m: profile.method_config(m, tuning["chosen"]) for m in profile.methods},
-        "method_budgets": {m: profile.method_budget(m).model_dump() for m in profile.methods},
+        "method_configs": {m: profile.method_config(m, tuning["chosen"]) for m in methods},
+        "method_budgets": {m: profile.method_budget(m).model_dump() for m in methods},
         "tuning": {**tuning, "wall_seconds": tuning_seconds},
         "budget_check": budget_check,
+        "mechanism_study": study,
         "machine": machine,
         "runs": runs,
         "latency": measure_latency(profile, work_dir, log),
@@ -1026,6 +1079,8 @@ def narrowed(
             raise ValueError(f"profile {profile.name!r} tunes on {untuned}: --settings must include it")
     if profile.budget_check:  # a narrowed run checks only the methods and settings it runs
         updates.update(_narrowed_budget_check(profile, methods, settings))
+    if seeds or methods:  # the study is of the target method and its ablations at their seeds
+        updates["mechanism_study"] = None
     return BenchProfile(**{**profile.model_dump(), **updates}) if updates else profile
 
 
@@ -1121,12 +1176,16 @@ def extend(
     started = time.perf_counter()
     added = profile.model_copy(update={"settings": profile.settings_named(settings)})
     # the runs the whole profile's report reads, not those of the added settings alone
-    specs = evaluation_specs(added, results["tuning"]["chosen"], runs_whose_files_the_report_reads(profile))
-    _copy_and_log(profile, specs, work_dir, data_root, recorded, log)
-    new_runs = execute(specs, profile.train, work_dir, data_root, resume, jobs, log)
+    stages = (work_dir, data_root, resume, jobs, log)
+    read_files = runs_whose_files_the_report_reads(profile)
+    new_runs, study = evaluate(added, results["tuning"]["chosen"], read_files, stages, recorded)
     order = [s.name for s in profile.settings]
     check = _extended_budget_check(profile, results, settings, work_dir, data_root, resume, jobs, log)
-    results = {**results, "budget_check": check}
+    results = {
+        **results,
+        "budget_check": check,
+        "mechanism_study": merged_study(results.get("mechanism_study"), study, order),
+    }
     runs = sorted(  # stable: each setting's runs keep their seed-major order
         [r for r in results["runs"] if r["setting"] not in settings] + new_runs,
         key=lambda r: order.index(r["setting"]),
