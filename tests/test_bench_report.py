@@ -1113,6 +1113,21 @@ def test_a_mechanism_study_decides_the_mechanism_targets_on_its_own_seeds(tmp_pa
     assert "outside the goal: mechanism study 2 min of wall time summed (1 min with 2 job(s))." in text
 
 
+def test_an_ablation_left_in_the_evaluation_is_judged_there_beside_a_studied_one(tmp_path):
+    results = with_mechanism_study(synthetic_results())
+    evaluated = [fake_run("harmony-no-style-mixing", seed, 0.88 + NOISE[seed] / 2) for seed in SEEDS]
+    results["runs"] += evaluated
+    results["profile"]["methods"].append("harmony-no-style-mixing")
+    results["profile"]["targets"]["ablations"]["harmony-no-style-mixing"] = "style mixing"
+    text = write_bench_report(results, tmp_path).read_text()
+    studied = next(line for line in text.splitlines() if "(`harmony-full-softmax`)" in line)
+    kept = next(line for line in text.splitlines() if "(`harmony-no-style-mixing`)" in line)
+    assert "at 7 seeds (the mechanism study)" in studied and "**met**" in studied
+    assert "mechanism study" not in kept and "CI below 0 in toy-family" in kept and "**met**" in kept
+    setting = text.split("## toy-family")[1].split("## Mechanisms")[0]
+    assert "| harmony-no-style-mixing - harmony |" in setting
+
+
 def test_a_mechanism_study_names_only_ablations_the_evaluation_does_not_run():
     profile = {
         **PROFILE,
@@ -1123,7 +1138,11 @@ def test_a_mechanism_study_names_only_ablations_the_evaluation_does_not_run():
         ({"seeds": [0, 1], "methods": ["harmony-no-style-mixing"]}, "are evaluation methods too"),
         ({"seeds": [0, 1], "methods": ["harmony-max-softmax"]}, "not ablations named in targets.ablations"),
         ({"seeds": [0, 0], "methods": ["harmony-fixed-depth"]}, r"seeds \[0, 0\] repeat an entry"),
-        ({"seeds": [0, 5], "methods": ["harmony-fixed-depth"]}, r"seeds \[5\] are tuning or budget-check"),
+        ({"seeds": [0, 1, 5], "methods": ["harmony-fixed-depth"]}, r"seeds \[5\] are tuning or budget-check"),
+        (
+            {"seeds": [0, 2], "methods": ["harmony-fixed-depth"]},
+            r"include every evaluation seed; \[1\] missing",
+        ),
     ]:
         with pytest.raises(ValidationError, match=refusal):
             BenchProfile(

@@ -986,8 +986,11 @@ def test_a_mechanism_study_trains_only_the_runs_the_evaluation_lacks_and_resumes
     assert [comparable(r) for r in resumed["mechanism_study"]["runs"]] == [
         comparable(r) for r in study["runs"]
     ]
+    assert set(results["method_configs"]) == {"harmony", "local", *ablations}
     text = write_bench_report(results, tmp_path / "report").read_text()
-    assert "## Mechanisms (2 seeds)" in text and "`harmony-max-softmax` from `harmony` (2 runs)" not in text
+    study_section = text.split("## Mechanisms (2 seeds)")[1].split("## Plots")[0]
+    assert "(evaluation of harmony's runs)" in study_section
+    assert "2 of the runs train exactly what another run trains" in study_section
     assert "(`harmony-fixed-depth`): at 2 seeds (the mechanism study)" in text
 
 

@@ -233,7 +233,8 @@ class BenchProfile(BaseModel):
     time_goal_covers: Literal["all", "evaluation"] = Field(
         default="all",
         description="the runs the time goal covers: every run, or the evaluation runs alone when the "
-        "tuning and budget-check records are committed and read back instead of rerun",
+        "studies' records (tuning, budget check, mechanism study) are committed and read back instead "
+        "of rerun",
     )
     notes: str = Field(default="", description="markdown appended to the report (what was tuned and how)")
 
@@ -260,9 +261,9 @@ class BenchProfile(BaseModel):
         if reserved & set(self.train):
             raise ValueError(f"train: {sorted(reserved & set(self.train))} are set by settings/budget/seeds")
         self._check_tuning()
+        self._check_mechanism_study()  # before the decay check, which reads the study's methods
         self._check_decay()
         self._check_budget_check()
-        self._check_mechanism_study()
         return self
 
     def _check_algorithm_configs(self) -> None:
@@ -365,6 +366,9 @@ class BenchProfile(BaseModel):
             raise ValueError(
                 f"mechanism_study: {evaluated} are evaluation methods too; name each in one place"
             )
+        missing = [seed for seed in self.seeds if seed not in study.seeds]
+        if missing:  # the study pairs the ablations with the target method's evaluation runs
+            raise ValueError(f"mechanism_study: seeds must include every evaluation seed; {missing} missing")
         validation = set(self.tuning.seeds if self.tuning else []) | set(
             self.budget_check.seeds if self.budget_check else []
         )
@@ -387,7 +391,8 @@ class BenchProfile(BaseModel):
         its parent's) must therefore equal its budget's rounds and stay out of the budget check's
         longer runs; under a cosine `lr_schedule` the budget sets it for every run."""
         checked = self.budget_check.methods if self.budget_check else []
-        for method in dict.fromkeys([*self.algorithm_config, *self.methods]):
+        studied = self.mechanism_study.methods if self.mechanism_study else []
+        for method in dict.fromkeys([*self.algorithm_config, *self.methods, *studied]):
             own = self.algorithm_config.get(method, {})
             decay = {**self.algorithm_config.get(parent_method(method), {}), **own}.get("decay_rounds")
             if decay is None:

@@ -538,18 +538,19 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict, mechanism_gaps
         if curves is not None:
             entry["curves"] = curves
         out["settings"][setting] = entry
-    gaps = gaps if mechanism_gaps is None else mechanism_gaps
+    studied = (results.get("mechanism_study") or {}).get("methods", []) if mechanism_gaps else []
     for ablation, mechanism in targets["ablations"].items():
-        per_setting = {s: g["ablations"][ablation] for s, g in gaps.items() if ablation in g["ablations"]}
+        source = mechanism_gaps if ablation in studied else gaps
+        per_setting = {s: g["ablations"][ablation] for s, g in source.items() if ablation in g["ablations"]}
         helps = [s for s, g in per_setting.items() if g["n"] > 1 and g["high"] < 0]
         out["mechanisms"][ablation] = {
             "mechanism": mechanism,
-            "study_seeds": len(results["mechanism_study"]["seeds"]) if mechanism_gaps is not None else None,
+            "study_seeds": len(results["mechanism_study"]["seeds"]) if ablation in studied else None,
             "settings_where_it_helps": helps,
             "settings_where_ci_excludes_zero": [s for s, g in per_setting.items() if g["excludes_zero"]],
             "met": bool(helps),
             "measured": any(g["n"] > 1 for g in per_setting.values()),
-            "backend": _backend_effects(gaps, ablation),
+            "backend": _backend_effects(source, ablation),
         }
     return out
 
@@ -836,15 +837,16 @@ def budget_line(results: dict) -> str:
         f"Shared budget: {budget['rounds']} rounds x {budget['local_steps']} local steps x "
         f"{budget['samples_per_step']} samples drawn per step per client (HARMONY: support + query halves)"
     )
+    methods = [*profile["methods"], *(results.get("mechanism_study") or {}).get("methods", [])]
     own = [  # a method without its own budget trains for its parent's
         f"`{m}` {b['rounds']} x {b['local_steps']} x {b['samples_per_step']}"
-        for m in profile["methods"]
+        for m in methods
         if (b := own_or_parents(m, profile.get("budgets", {})))
     ]
     if own:
         text += "; methods with their own stated budget instead of the shared one: " + ", ".join(own)
     for setting in profile["settings"]:
-        text += _setting_rounds_text(setting, profile["methods"])
+        text += _setting_rounds_text(setting, methods)
     return text + f". Shared training settings: `{json.dumps(repo_relative(profile.get('train', {})))}`."
 
 
@@ -879,8 +881,8 @@ def time_line(results: dict) -> str:
     """How long the profile's runs take, from their own wall and CPU times (kept in the run records,
     so a profile finished over several resumed invocations still counts every run), against its
     time goal. The goal covers every run, or with `time_goal_covers: evaluation` the evaluation runs
-    alone: a profile whose tuning and budget-check records are committed and read back, not rerun,
-    states the studies' time beside the goal instead."""
+    alone: a profile whose studies' records (tuning, budget check, mechanism study) are committed
+    and read back, not rerun, states the studies' time beside the goal instead."""
     jobs = results.get("machine", {}).get("jobs", 1)
     runs = results["runs"]
     evaluation_only = results["profile"].get("time_goal_covers", "all") == "evaluation"
@@ -994,7 +996,9 @@ def mechanism_study_lines(study: dict, gaps: dict, confidence: float) -> list[st
         if name in aggregated:
             lines += [f"### {name}", "", markdown_table(aggregated, name, study["profile"]["methods"]), ""]
             lines += comparison_lines({**gaps[name], "harmony_vs": {}}, confidence)
-    return lines
+            lines += diagnostic_lines(study, name, study["profile"]["methods"])
+    twins = _twins_line(study["mechanism_study"]["runs"]).strip()
+    return [*lines, twins, ""] if twins else lines
 
 
 def extended(results: dict) -> bool:
@@ -1020,7 +1024,9 @@ def invocation_line(results: dict) -> str:
         text += f" ({sum(reused.values())} of {len(every)} {named} read back from earlier invocations with `--resume`"
         if len(stages) > 1:
             text += ": " + ", ".join(f"{name} {reused[name]} of {len(runs)}" for name, runs in stages.items())
-        text += _copied_clause(results["runs"]) + ")"
+        text += (
+            _copied_clause([*results["runs"], *(results.get("mechanism_study") or {}).get("runs", [])]) + ")"
+        )
     return text
 
 
@@ -1030,7 +1036,7 @@ def _copied_clause(runs: list[dict]) -> str:
     if not copied:
         return ""
     return (
-        f"; {sum(copied.values())} of them evaluation runs copied from the records of {_tally(copied)} with "
+        f"; {sum(copied.values())} of them evaluation or study runs copied from the records of {_tally(copied)} with "
         "`--reuse-runs-from`, their wall times as measured where they were made"
     )
 
@@ -1086,6 +1092,7 @@ def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         {setting: comparisons(study, setting, confidence) for setting in aggregated} if study else None
     )
     targets = evaluate_targets(results, aggregated, gaps, study_gaps)
+    study_lines = mechanism_study_lines(study, study_gaps, confidence) if study else []
     plot_accuracy_vs_ood(results, aggregated, out_dir / "accuracy_vs_ood.png")
     has_unseen = plot_unseen(results, aggregated, out_dir / "unseen_classes.png")
     has_features = plot_features(results.get("projections", {}), out_dir / "features.png")
@@ -1111,9 +1118,7 @@ def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         lines += curve_table(results, setting, methods)
         lines += diagnostic_lines(results, setting, methods)
         lines += latency_lines(results, setting, methods)
-    if study:
-        lines += mechanism_study_lines(study, study_gaps, confidence)
-    lines += ["## Plots", "", "![accuracy vs OOD fraction](accuracy_vs_ood.png)", ""]
+    lines += [*study_lines, "## Plots", "", "![accuracy vs OOD fraction](accuracy_vs_ood.png)", ""]
     if has_unseen:
         lines += ["![accuracy on each family's unseen classes](unseen_classes.png)", ""]
     if has_features:

@@ -505,9 +505,11 @@ def load_recorded_runs(sources: list[Path], out_dir: Path) -> list[dict]:
 
 
 def _evaluation_runs(results_file: Path) -> list[dict]:
-    """The evaluation runs of a benchmark's results.json, or a ValueError saying it is not one."""
+    """The evaluation and mechanism study runs of a benchmark's results.json, or a ValueError
+    saying it is not one."""
     try:
-        runs = json.loads(results_file.read_text())["runs"]
+        results = json.loads(results_file.read_text())
+        runs = results["runs"] + (results.get("mechanism_study") or {}).get("runs", [])
     except (json.JSONDecodeError, KeyError, TypeError) as error:
         raise ValueError(f"{results_file} is not a benchmark's results.json: {error!r}") from error
     fields = ("stage", "setting", "method", "seed", "train_config")
@@ -668,7 +670,7 @@ def _copy_and_log(profile, specs, work_dir, data_root, recorded: RecordedRuns | 
     if recorded is not None:
         copied = copy_recorded_runs(specs, profile.train, work_dir, data_root, recorded)
         log(
-            f"{copied} of {len(specs)} evaluation runs copied from {len(recorded.runs)} recorded runs of "
+            f"{copied} of {len(specs)} evaluation and study runs copied from {len(recorded.runs)} recorded runs of "
             "other reports (runs copied by an earlier invocation are read back, not counted here)"
         )
 
@@ -706,17 +708,28 @@ def study_specs(
     return [spec for spec in evaluation_specs(studied, tuned, read_files) if spec.path(Path()) not in made]
 
 
-def evaluate(
-    profile: BenchProfile, tuned: dict, read_files: set, stages: tuple, recorded: RecordedRuns | None
+@dataclass(frozen=True)
+class Execution:
+    """Where and how a stage's runs are made (`execute`'s arguments besides the runs)."""
+
+    work_dir: Path
+    data_root: str | None
+    resume: bool
+    jobs: int
+    log: Callable[[str], None]
+
+
+def run_evaluation_and_study(
+    profile: BenchProfile, tuned: dict, read_files: set, how: Execution, recorded: RecordedRuns | None
 ) -> tuple[list[dict], dict | None]:
     """The evaluation runs, and the mechanism study's (None without one). One `execute` for both,
-    so that a study run training what an evaluation run trains is that run's files evaluated again.
-    `stages`: (work_dir, data_root, resume, jobs, log)."""
-    work_dir, data_root, resume, jobs, log = stages
+    so that a study run training what an evaluation run trains is that run's files evaluated again."""
     specs = evaluation_specs(profile, tuned, read_files)
     extra = study_specs(profile, tuned, read_files, specs)
-    _copy_and_log(profile, specs + extra, work_dir, data_root, recorded, log)
-    records = execute(specs + extra, profile.train, work_dir, data_root, resume, jobs, log)
+    _copy_and_log(profile, specs + extra, how.work_dir, how.data_root, recorded, how.log)
+    records = execute(
+        specs + extra, profile.train, how.work_dir, how.data_root, how.resume, how.jobs, how.log
+    )
     if profile.mechanism_study is None:
         return records, None
     studied = records[len(specs) :]
@@ -729,12 +742,13 @@ def evaluate(
     return records[: len(specs)], study
 
 
-def merged_study(earlier: dict | None, added: dict | None, order: list[str]) -> dict | None:
-    """An extension's study: the earlier runs of the settings not added now, then the added ones,
-    in the profile's setting order."""
+def merged_study(
+    earlier: dict | None, added: dict | None, settings: list[str], order: list[str]
+) -> dict | None:
+    """An extension's study: the earlier runs of the settings not added now (`settings`), then the
+    added ones, in the profile's setting order."""
     if added is None:
         return None
-    settings = {run["setting"] for run in added["runs"]}
     runs = [r for r in (earlier or {}).get("runs", []) if r["setting"] not in settings] + added["runs"]
     runs.sort(key=lambda r: order.index(r["setting"]))
     return {
@@ -1032,9 +1046,9 @@ def run_benchmark(
     machine = {**machine_info(), "jobs": jobs}
     tuning = tune(profile, work_dir, data_root, resume, jobs, log)
     tuning_seconds = time.perf_counter() - started
-    stages = (work_dir, data_root, resume, jobs, log)
-    runs, study = evaluate(
-        profile, tuning["chosen"], runs_whose_files_the_report_reads(profile), stages, recorded
+    how = Execution(work_dir, data_root, resume, jobs, log)
+    runs, study = run_evaluation_and_study(
+        profile, tuning["chosen"], runs_whose_files_the_report_reads(profile), how, recorded
     )
     budget_check = check_budget(profile, tuning["chosen"], work_dir, data_root, resume, jobs, log)
     methods = [*profile.methods, *(profile.mechanism_study.methods if profile.mechanism_study else [])]
@@ -1176,15 +1190,15 @@ def extend(
     started = time.perf_counter()
     added = profile.model_copy(update={"settings": profile.settings_named(settings)})
     # the runs the whole profile's report reads, not those of the added settings alone
-    stages = (work_dir, data_root, resume, jobs, log)
+    how = Execution(work_dir, data_root, resume, jobs, log)
     read_files = runs_whose_files_the_report_reads(profile)
-    new_runs, study = evaluate(added, results["tuning"]["chosen"], read_files, stages, recorded)
+    new_runs, study = run_evaluation_and_study(added, results["tuning"]["chosen"], read_files, how, recorded)
     order = [s.name for s in profile.settings]
     check = _extended_budget_check(profile, results, settings, work_dir, data_root, resume, jobs, log)
     results = {
         **results,
         "budget_check": check,
-        "mechanism_study": merged_study(results.get("mechanism_study"), study, order),
+        "mechanism_study": merged_study(results.get("mechanism_study"), study, settings, order),
     }
     runs = sorted(  # stable: each setting's runs keep their seed-major order
         [r for r in results["runs"] if r["setting"] not in settings] + new_runs,
