@@ -903,7 +903,10 @@ def time_line(results: dict) -> str:
         results, (wall if cpu is None else cpu) / 60 / jobs, cpu is not None, evaluation_only
     )
     return (
-        text + "." + _twins_line(runs) + (" " + studies_time_line(results, jobs) if evaluation_only else "")
+        text
+        + "."
+        + _twins_line(runs, "the evaluation's")
+        + (" " + studies_time_line(results, jobs) if evaluation_only else "")
     )
 
 
@@ -923,7 +926,7 @@ def _cpu_time_by_model(runs: list[dict]) -> str:
     return "; the evaluation runs' CPU time, made on several CPU models, by model: " + _tally(by_model)
 
 
-def _twins_line(runs: list[dict]) -> str:
+def _twins_line(runs: list[dict], whose: str) -> str:
     """Runs that trained nothing: another run's weights evaluated by their own exit gate."""
     twins = Counter(
         f"`{run['method']}` from `{run['trained_by']['method']}`" for run in runs if run.get("trained_by")
@@ -935,7 +938,7 @@ def _twins_line(runs: list[dict]) -> str:
     return (
         f" {count} of the runs {verb} exactly what another run trains, differing only in how the exit "
         f"gate is set, so they are that run's files evaluated again ({_tally(twins)}): their time is "
-        "the evaluation's."
+        f"{whose}."
     )
 
 
@@ -997,7 +1000,7 @@ def mechanism_study_lines(study: dict, gaps: dict, confidence: float) -> list[st
             lines += [f"### {name}", "", markdown_table(aggregated, name, study["profile"]["methods"]), ""]
             lines += comparison_lines({**gaps[name], "harmony_vs": {}}, confidence)
             lines += diagnostic_lines(study, name, study["profile"]["methods"])
-    twins = _twins_line(study["mechanism_study"]["runs"]).strip()
+    twins = _twins_line(study["mechanism_study"]["runs"], "the study's").strip()
     return [*lines, twins, ""] if twins else lines
 
 
@@ -1024,19 +1027,21 @@ def invocation_line(results: dict) -> str:
         text += f" ({sum(reused.values())} of {len(every)} {named} read back from earlier invocations with `--resume`"
         if len(stages) > 1:
             text += ": " + ", ".join(f"{name} {reused[name]} of {len(runs)}" for name, runs in stages.items())
-        text += (
-            _copied_clause([*results["runs"], *(results.get("mechanism_study") or {}).get("runs", [])]) + ")"
-        )
+        text += _copied_clause(results) + ")"
     return text
 
 
-def _copied_clause(runs: list[dict]) -> str:
-    """Which evaluation runs were copied from other reports' records (`--reuse-runs-from`)."""
+def _copied_clause(results: dict) -> str:
+    """Which evaluation (and mechanism study) runs were copied from other reports' records
+    (`--reuse-runs-from`)."""
+    study = results.get("mechanism_study")
+    runs = [*results["runs"], *(study["runs"] if study else [])]
     copied = Counter(f"`{run['copied_from']}`" for run in runs if run.get("copied_from"))
     if not copied:
         return ""
     return (
-        f"; {sum(copied.values())} of them evaluation or study runs copied from the records of {_tally(copied)} with "
+        f"; {sum(copied.values())} of them {'evaluation or study' if study else 'evaluation'} runs copied "
+        f"from the records of {_tally(copied)} with "
         "`--reuse-runs-from`, their wall times as measured where they were made"
     )
 

@@ -670,7 +670,7 @@ def _copy_and_log(profile, specs, work_dir, data_root, recorded: RecordedRuns | 
     if recorded is not None:
         copied = copy_recorded_runs(specs, profile.train, work_dir, data_root, recorded)
         log(
-            f"{copied} of {len(specs)} evaluation and study runs copied from {len(recorded.runs)} recorded runs of "
+            f"{copied} of {len(specs)} evaluation{' and study' if profile.mechanism_study else ''} runs copied from {len(recorded.runs)} recorded runs of "
             "other reports (runs copied by an earlier invocation are read back, not counted here)"
         )
 
