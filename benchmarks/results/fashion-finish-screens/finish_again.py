@@ -76,13 +76,27 @@ def settings_before_the_step(src: Path) -> dict:
     return {} if "exit_head_epochs" in recorded else {"exit_head_epochs": 0}
 
 
-def finish_again(src: Path, variant: str, out: Path) -> dict:
+def start_again(src: Path, variant: str, out: Path):
+    """The saved run's copy up to its last round, loaded: (config, run, history)."""
     config = training.TrainConfig(**json.loads((src / "run.json").read_text())["train_config"])
     dst = out / f"{src.parent.parent.name}-{src.name}-{variant}"
     copy_until_last_round(src, dst)
-    started = time.time()
     run = training.start_run(config, dst)
-    history = training.train_rounds(run)  # every round is done: loads the checkpoint only
+    return config, run, training.train_rounds(run)  # every round is done: loads the checkpoint only
+
+
+def finish_row(src: Path, variant: str, run, history, started: float) -> dict:
+    """The run's end (replay set, gate, calibration, evaluation) and its row."""
+    capture = Capture(run.config.seed)
+    results = training.finish_run(run, history, capture)
+    row = {"variant": variant, "run": str(src), "test_with_ood": results["summary"]["accuracy_with_ood"]}
+    row |= {"val_with_ood": capture.found["val"]["accuracy_with_ood"], **curve_row(capture.found["gates"])}
+    return row | {"unseen": capture.found["unseen"].get("family_mean"), "seconds": time.time() - started}
+
+
+def finish_again(src: Path, variant: str, out: Path) -> dict:
+    started = time.time()
+    config, run, history = start_again(src, variant, out)
     settings = settings_before_the_step(src) | dict(config.algorithm_config) | OVERRIDES[variant]
     run.federation.algorithm = build_algorithm(config.algorithm, settings)
     if variant == "server":
@@ -92,12 +106,7 @@ def finish_again(src: Path, variant: str, out: Path) -> dict:
         run.federation.broadcast(client)
         generator = seed_turn(config.seed, personalization_round(config.rounds), index)
         run.federation.algorithm.personalize(client, run.federation.server, generator)
-    capture = Capture(config.seed)
-    results = training.finish_run(run, history, capture)
-    row = {"variant": variant, "run": str(src), "test_with_ood": results["summary"]["accuracy_with_ood"]}
-    row |= {"val_with_ood": capture.found["val"]["accuracy_with_ood"], **curve_row(capture.found["gates"])}
-    row |= {"unseen": capture.found["unseen"].get("family_mean"), "seconds": time.time() - started}
-    return row
+    return finish_row(src, variant, run, history, started)
 
 
 def bench_row(run: Path) -> dict:

@@ -19,9 +19,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).parent))
-from finish_again import Capture, copy_until_last_round, curve_row, settings_before_the_step  # noqa: E402
+from finish_again import finish_row, settings_before_the_step, start_again  # noqa: E402
 
-from harmony_mobile import training  # noqa: E402
 from harmony_mobile.algorithms import base  # noqa: E402
 from harmony_mobile.algorithms.registry import build_algorithm  # noqa: E402
 from harmony_mobile.federation.replay import collect_replay  # noqa: E402
@@ -44,12 +43,8 @@ def with_margin(model, images, labels, depth, logit_norm):
 
 
 def finish_with_margin(src: Path, variant: str, out: Path) -> dict:
-    config = training.TrainConfig(**json.loads((src / "run.json").read_text())["train_config"])
-    dst = out / f"{src.parent.parent.name}-{src.name}-{variant}"
-    copy_until_last_round(src, dst)
     started = time.time()
-    run = training.start_run(config, dst)
-    history = training.train_rounds(run)  # every round is done: loads the checkpoint only
+    config, run, history = start_again(src, variant, out)
     settings = settings_before_the_step(src) | dict(config.algorithm_config)
     run.federation.algorithm = build_algorithm(config.algorithm, settings)
     tokens = run.federation.server.slot_table.tokens
@@ -65,12 +60,7 @@ def finish_with_margin(src: Path, variant: str, out: Path) -> dict:
         generator = seed_turn(config.seed, personalization_round(config.rounds), index)
         run.federation.algorithm.personalize(client, run.federation.server, generator)
     GATE.clear()
-    capture = Capture(config.seed)
-    results = training.finish_run(run, history, capture)
-    row = {"variant": variant, "run": str(src), "test_with_ood": results["summary"]["accuracy_with_ood"]}
-    row |= {"val_with_ood": capture.found["val"]["accuracy_with_ood"], **curve_row(capture.found["gates"])}
-    row |= {"unseen": capture.found["unseen"].get("family_mean"), "seconds": time.time() - started}
-    return row
+    return finish_row(src, variant, run, history, started)
 
 
 if __name__ == "__main__":
