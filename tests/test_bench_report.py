@@ -326,6 +326,10 @@ def test_a_mechanism_whose_ablation_was_not_run_is_not_measured_rather_than_not_
     line = next(line for line in text.splitlines() if "(`harmony-full-softmax`)" in line)
     assert line.endswith("not measured (no setting has paired runs of it) -> **not measured**")
     assert "Each ablation on the back-end" not in text
+    results["narrowed"] = {"settings": None, "seeds": [0, 1], "methods": None}
+    text = write_bench_report(results, tmp_path / "narrowed").read_text()
+    line = next(line for line in text.splitlines() if "(`harmony-full-softmax`)" in line)
+    assert "this run was narrowed with --seeds or --methods, which leaves it out) -> **not measured**" in line
 
 
 def test_the_report_says_whether_the_profile_kept_its_time_goal(tmp_path):

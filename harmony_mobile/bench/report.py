@@ -550,6 +550,8 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict, mechanism_gaps
             "settings_where_ci_excludes_zero": [s for s, g in per_setting.items() if g["excludes_zero"]],
             "met": bool(helps),
             "measured": any(g["n"] > 1 for g in per_setting.values()),
+            # a run narrowed to some seeds or methods may leave the ablation (or the study) out
+            "narrowed": any((results.get("narrowed") or {}).get(flag) for flag in ("seeds", "methods")),
             "backend": _backend_effects(source, ablation),
         }
     return out
@@ -602,7 +604,10 @@ def _mechanism_line(ablation: str, entry: dict, verdict: dict) -> str:
     if entry.get("study_seeds"):
         head += f"at {entry['study_seeds']} seeds (the mechanism study), "
     if not entry.get("measured", True):  # results of older code did not say
-        return head + "not measured (no setting has paired runs of it) -> **not measured**"
+        why = "no setting has paired runs of it"
+        if entry.get("narrowed"):
+            why += "; this run was narrowed with --seeds or --methods, which leaves it out"
+        return head + f"not measured ({why}) -> **not measured**"
     where = ", ".join(entry["settings_where_it_helps"]) or "no setting"
     excludes = ", ".join(entry["settings_where_ci_excludes_zero"]) or "none"
     return (
