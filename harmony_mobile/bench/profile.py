@@ -290,8 +290,7 @@ class BenchProfile(BaseModel):
             # only what the profile names: the default reference need not be run (then its target is not judged)
             given = [getattr(targets, f) for f in ("method", "reference") if f in targets.model_fields_set]
             named = [*given, *targets.baselines, *targets.ablations]
-            studied = self.mechanism_study.methods if self.mechanism_study else []
-            unknown = [m for m in dict.fromkeys(named) if m not in [*self.methods, *studied]]
+            unknown = [m for m in dict.fromkeys(named) if m not in [*self.methods, *self.studied_methods]]
             if unknown:
                 raise ValueError(f"targets: {unknown} are not methods of this profile ({self.methods})")
         for section in (self.latency, self.convergence):
@@ -377,6 +376,11 @@ class BenchProfile(BaseModel):
                 f"mechanism_study seeds {sorted(validation & set(study.seeds))} are tuning or budget-check seeds"
             )
 
+    @property
+    def studied_methods(self) -> list[str]:
+        """The ablations only the mechanism study runs (none without one)."""
+        return self.mechanism_study.methods if self.mechanism_study else []
+
     def mechanism_profile(self) -> BenchProfile | None:
         """The study as the runs of a profile: the target method and its ablations at the study's seeds."""
         study = self.mechanism_study
@@ -391,8 +395,7 @@ class BenchProfile(BaseModel):
         its parent's) must therefore equal its budget's rounds and stay out of the budget check's
         longer runs; under a cosine `lr_schedule` the budget sets it for every run."""
         checked = self.budget_check.methods if self.budget_check else []
-        studied = self.mechanism_study.methods if self.mechanism_study else []
-        for method in dict.fromkeys([*self.algorithm_config, *self.methods, *studied]):
+        for method in dict.fromkeys([*self.algorithm_config, *self.methods, *self.studied_methods]):
             own = self.algorithm_config.get(method, {})
             decay = {**self.algorithm_config.get(parent_method(method), {}), **own}.get("decay_rounds")
             if decay is None:

@@ -539,6 +539,8 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict, mechanism_gaps
             entry["curves"] = curves
         out["settings"][setting] = entry
     studied = (results.get("mechanism_study") or {}).get("methods", []) if mechanism_gaps else []
+    # a run narrowed to some seeds or methods may leave an ablation (or the study) out
+    narrowed = any((results.get("narrowed") or {}).get(flag) for flag in ("seeds", "methods"))
     for ablation, mechanism in targets["ablations"].items():
         source = mechanism_gaps if ablation in studied else gaps
         per_setting = {s: g["ablations"][ablation] for s, g in source.items() if ablation in g["ablations"]}
@@ -550,8 +552,7 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict, mechanism_gaps
             "settings_where_ci_excludes_zero": [s for s, g in per_setting.items() if g["excludes_zero"]],
             "met": bool(helps),
             "measured": any(g["n"] > 1 for g in per_setting.values()),
-            # a run narrowed to some seeds or methods may leave the ablation (or the study) out
-            "narrowed": any((results.get("narrowed") or {}).get(flag) for flag in ("seeds", "methods")),
+            "narrowed": narrowed,
             "backend": _backend_effects(source, ablation),
         }
     return out

@@ -732,14 +732,17 @@ def run_evaluation_and_study(
     )
     if profile.mechanism_study is None:
         return records, None
-    studied = records[len(specs) :]
-    study = {
-        **profile.mechanism_study.model_dump(),
-        "runs": studied,
-        "run_wall_seconds": sum(r["wall_seconds"] for r in studied),
-        "run_cpu_seconds": cpu_seconds(studied),
+    return records[: len(specs)], study_results(profile.mechanism_study.model_dump(), records[len(specs) :])
+
+
+def study_results(study: dict, runs: list[dict]) -> dict:
+    """The mechanism study's entry in the results: its seeds and methods, its own runs and their time."""
+    return {
+        **study,
+        "runs": runs,
+        "run_wall_seconds": sum(r["wall_seconds"] for r in runs),
+        "run_cpu_seconds": cpu_seconds(runs),
     }
-    return records[: len(specs)], study
 
 
 def merged_study(
@@ -751,12 +754,7 @@ def merged_study(
         return None
     runs = [r for r in (earlier or {}).get("runs", []) if r["setting"] not in settings] + added["runs"]
     runs.sort(key=lambda r: order.index(r["setting"]))
-    return {
-        **added,
-        "runs": runs,
-        "run_wall_seconds": sum(r["wall_seconds"] for r in runs),
-        "run_cpu_seconds": cpu_seconds(runs),
-    }
+    return study_results(added, runs)
 
 
 def budget_specs(profile: BenchProfile, tuned: dict) -> list[RunSpec]:
@@ -1051,7 +1049,7 @@ def run_benchmark(
         profile, tuning["chosen"], runs_whose_files_the_report_reads(profile), how, recorded
     )
     budget_check = check_budget(profile, tuning["chosen"], work_dir, data_root, resume, jobs, log)
-    methods = [*profile.methods, *(profile.mechanism_study.methods if profile.mechanism_study else [])]
+    methods = [*profile.methods, *profile.studied_methods]
     return {
         "profile": profile.model_dump(),
         "method_configs": {m: profile.method_config(m, tuning["chosen"]) for m in methods},
