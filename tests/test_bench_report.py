@@ -1156,3 +1156,58 @@ def test_a_mechanism_study_names_only_ablations_the_evaluation_does_not_run():
             )
     with pytest.raises(ValidationError, match="studies the targets' method"):
         BenchProfile(**PROFILE, mechanism_study={"seeds": [0, 1], "methods": ["harmony-fixed-depth"]})
+
+
+def test_a_profile_tuned_per_setting_trains_each_settings_own_pick(tmp_path):
+    """Each setting's runs (evaluation, ablations, budget check) take the trial that scored best on
+    that setting's validation runs, and the report shows the pick per setting."""
+    from harmony_mobile.bench.runner import method_configs, pick_trials, tuning_specs
+
+    data = {**load_profile("standard").model_dump(), "budget_check": None}
+    data["tuning"] = {"seeds": [100], "grids": {"harmony": [{}, {"lr": 0.01}]}, "per_setting": True}
+    profile = BenchProfile(**data)
+    first, second = profile.settings[0], profile.settings[1]
+    specs = tuning_specs(profile)
+    # trial 1 wins the first setting, trial 0 every other one
+    score = {(s.setting.name, s.trial): 0.6 if (s.setting == first) == (s.trial == 1) else 0.5 for s in specs}
+    records = [
+        {"validation": {"accuracy_with_ood": score[s.setting.name, s.trial], "accuracy_without_ood": 0.9}}
+        for s in specs
+    ]
+    chosen, trials = pick_trials(profile, specs, records)
+    assert chosen[first.name] == {"harmony": {"lr": 0.01}} and chosen[second.name] == {"harmony": {}}
+    assert {(t["setting"], t["trial"]) for t in trials if t["chosen"]} == {
+        (first.name, 1),
+        *((s.name, 0) for s in profile.settings[1:]),
+    }
+    configs = {
+        (s.setting.name, s.method): s.algorithm_config
+        for s in evaluation_specs(profile, chosen, read_files=set())
+    }
+    assert configs[first.name, "harmony"]["lr"] == 0.01
+    assert configs[first.name, "harmony-full-softmax"]["lr"] == 0.01  # an ablation takes its parent's pick
+    assert "lr" not in configs[second.name, "harmony"]
+    checked = BenchProfile(
+        **{**data, "budget_check": {"methods": ["harmony"], "rounds": [96], "seeds": [101]}}
+    )
+    assert {s.setting.name: s.algorithm_config.get("lr") for s in budget_specs(checked, chosen)}[
+        first.name
+    ] == 0.01
+    with pytest.raises(ValueError, match="tunes per setting"):
+        profile.method_config("harmony", chosen)  # a pick without its setting is no pick
+    results = {
+        "profile": profile.model_dump(),
+        "tuning": {"trials": trials},
+        **method_configs(profile, ["harmony"], chosen),
+    }
+    from harmony_mobile.bench.report import method_config_lines, tuning_lines
+
+    text = "\n".join(tuning_lines(results) + method_config_lines(results))
+    assert f'| {first.name} | harmony | 1 | `{{"lr": 0.01}}` | 60.0 | 90.0 | **yes** |' in text
+    assert "Trials per method: `harmony` 2." in text
+    assert (
+        f"| {first.name} | harmony | `" in text
+        and '"lr": 0.01' in text.split(f"| {first.name} | harmony | `")[1]
+    )
+    with pytest.raises(ValidationError, match="leave tuning.settings unset"):
+        BenchProfile(**{**data, "tuning": {**data["tuning"], "settings": [first.name]}})

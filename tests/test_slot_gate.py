@@ -96,6 +96,7 @@ def test_a_slot_gate_variant_trains_with_its_methods_tuned_settings():
     assert parent_method("harmony-max-softmax") == "harmony"
     assert parent_method("splitgp-restricted-slot-gate") == "splitgp-restricted"
     profile = load_profile("fashion-variants")
-    tuned = {"harmony": {"lr": 0.01}}
-    gate = profile.method_config("harmony-max-softmax", tuned)
-    assert gate == profile.method_config("harmony", tuned) and gate["lr"] == 0.01
+    setting = profile.settings[0]
+    tuned = {setting.name: {"harmony": {"lr": 0.01}}}  # the profile tunes per setting
+    gate = profile.method_config("harmony-max-softmax", tuned, setting=setting)
+    assert gate == profile.method_config("harmony", tuned, setting=setting) and gate["lr"] == 0.01

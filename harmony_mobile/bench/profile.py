@@ -101,6 +101,11 @@ class TuningSpec(BaseModel):
     seeds: list[int] = Field(min_length=1)
     settings: list[str] | None = Field(default=None, description="None = every setting")
     grids: dict[str, list[dict[str, Any]]] = Field(min_length=1)
+    per_setting: bool = Field(
+        default=False,
+        description="each setting gets the trial that scores best on its own validation runs "
+        "(then every setting is a tuning setting); else one pick over all tuning settings",
+    )
 
     @model_validator(mode="after")
     def _same_number_of_trials(self) -> TuningSpec:
@@ -439,6 +444,8 @@ class BenchProfile(BaseModel):
                 f"{derived} take their parent's tuned values ({', '.join(parent_method(m) for m in derived)}); "
                 "tune the parent instead"
             )
+        if self.tuning.per_setting and len(self.tuning_settings()) < len(self.settings):
+            raise ValueError("tuning.per_setting picks a trial in every setting: leave tuning.settings unset")
         for method, trials in self.tuning.grids.items():
             self._refuse_repeated_trials(method, trials)
 
@@ -449,7 +456,7 @@ class BenchProfile(BaseModel):
         seen: dict[str, int] = {}
         for index, trial in enumerate(trials):
             try:
-                config = build_algorithm(method, self.method_config(method, {method: trial})).config
+                config = build_algorithm(method, self._config(method, {method: trial})).config
             except ValidationError as error:
                 problems = "; ".join(_setting_problem(method, item) for item in error.errors())
                 raise ValueError(f"tuning.grids.{method}: trial {index} {trial}: {problems}") from None
@@ -487,8 +494,27 @@ class BenchProfile(BaseModel):
         setting: Setting | None = None,
     ) -> dict[str, Any]:
         """The algorithm config of `method` under its budget in `setting`, with the values tuning
-        picked for it (or for its parent) on top of the profile's fixed ones. `rounds`: the run's, when
-        not its budget's (a budget check), which a cosine schedule decays over."""
+        picked for it (or for its parent) on top of the profile's fixed ones. `tuned`: the tuning's
+        picks, `{method: values}`, or `{setting name: {method: values}}` when the profile tunes per
+        setting. `rounds`: the run's, when not its budget's (a budget check), which a cosine schedule
+        decays over."""
+        return self._config(method, self.picks_in(tuned, setting), rounds, setting)
+
+    def picks_in(self, tuned: dict | None, setting: Setting | None) -> dict[str, dict[str, Any]]:
+        """The tuned values of each method in `setting`: `{method: values}`."""
+        if not tuned or self.tuning is None or not self.tuning.per_setting:
+            return tuned or {}
+        if setting is None:
+            raise ValueError(f"profile {self.name!r} tunes per setting: a method's config needs the setting")
+        return tuned.get(setting.name, {})
+
+    def _config(
+        self,
+        method: str,
+        picks: dict[str, dict[str, Any]],
+        rounds: int | None = None,
+        setting: Setting | None = None,
+    ) -> dict[str, Any]:
         budget = self.method_budget(method, setting)
         per_step = budget.samples_per_step
         config: dict[str, Any] = {
@@ -498,7 +524,7 @@ class BenchProfile(BaseModel):
         if budget.lr_schedule == "cosine":
             config["decay_rounds"] = rounds or budget.rounds
         parent = parent_method(method)
-        inherited = {**self.algorithm_config.get(parent, {}), **(tuned or {}).get(parent, {})}
+        inherited = {**self.algorithm_config.get(parent, {}), **picks.get(parent, {})}
         if method == "multi-exit":
             inherited.pop("mix_lambda", None)
         config.update(inherited)

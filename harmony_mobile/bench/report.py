@@ -693,25 +693,41 @@ def tuning_lines(results: dict) -> list[str]:
     spec = results["profile"].get("tuning") or {}
     per_method: dict[str, int] = {}
     for row in trials:
-        per_method[row["method"]] = per_method.get(row["method"], 0) + 1
+        if row.get("setting") in (None, trials[0].get("setting")):  # a per-setting pick's rows: once
+            per_method[row["method"]] = per_method.get(row["method"], 0) + 1
+    where = "each setting's own pick, " if spec.get("per_setting") else ""
+    setting = "setting | " if spec.get("per_setting") else ""
     lines = [
         "## Tuning (validation only)",
         "",
         f"Seeds {spec.get('seeds')}, settings {spec.get('settings') or 'all'}; score = mean validation accuracy "
-        "with OOD (clients' val splits + OOD from other clients' val splits; never the test split). "
+        f"with OOD ({where}clients' val splits + OOD from other clients' val splits; never the test split). "
         "Trials per method: " + ", ".join(f"`{m}` {n}" for m, n in per_method.items()) + ". Ablations and "
         "multi-exit take their parent's pick" + untuned_sentence(results["profile"]["methods"], per_method),
         "",
-        "| method | trial | params | val acc with OOD | val acc p=0 | chosen |",
-        "|---|---|---|---|---|---|",
+        f"| {setting}method | trial | params | val acc with OOD | val acc p=0 | chosen |",
+        "|---" * (6 + bool(setting)) + "|",
     ]
     for row in trials:
         lines.append(
-            f"| {row['method']} | {row['trial']} | `{json.dumps(row['params'])}` | "
+            f"| {row['setting'] + ' | ' if setting else ''}{row['method']} | {row['trial']} | `{json.dumps(row['params'])}` | "
             f"{100 * row['val_acc_with_ood']:.1f} | {100 * row['val_acc_without_ood']:.1f} | "
             f"{'**yes**' if row.get('chosen') else ''} |"
         )
     return [*lines, ""]
+
+
+def method_config_lines(results: dict) -> list[str]:
+    """The table of what each method trains with (in each setting, when the profile tunes per setting)."""
+    by_setting = results.get("method_configs_by_setting")
+    if by_setting is None:
+        lines = ["## Method configurations", "", "| method | config |", "|---|---|"]
+        configs = results.get("method_configs", {})
+        return [*lines, *(f"| {m} | `{json.dumps(effective_config(m, c))}` |" for m, c in configs.items())]
+    lines = ["## Method configurations", "", "| setting | method | config |", "|---|---|---|"]
+    for setting, configs in by_setting.items():
+        lines += [f"| {setting} | {m} | `{json.dumps(effective_config(m, c))}` |" for m, c in configs.items()]
+    return lines
 
 
 def _rows_name_settings(check: dict) -> bool:
@@ -1139,9 +1155,7 @@ def write_bench_report(results: dict, out_dir: Path, notes: str = "") -> Path:
         lines += ["![accuracy vs fallback rate](gate_curves.png)", ""]
     lines += tuning_lines(results)
     lines += budget_check_lines(results)
-    lines += ["## Method configurations", "", "| method | config |", "|---|---|"]
-    for method, config in results.get("method_configs", {}).items():
-        lines.append(f"| {method} | `{json.dumps(effective_config(method, config))}` |")
+    lines += method_config_lines(results)
     lines += ["", "## Methods", "", method_notes([*methods, *(study["profile"]["methods"] if study else [])])]
     notes = "\n\n".join(n.strip() for n in (profile.get("notes", ""), notes) if n and n.strip())
     if notes:

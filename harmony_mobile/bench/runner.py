@@ -638,12 +638,25 @@ def tune(profile: BenchProfile, work_dir: Path, data_root: str | None, resume: b
 
 
 def pick_trials(profile: BenchProfile, specs: list[RunSpec], records: list[dict]) -> tuple[dict, list[dict]]:
-    """Each tuned method's best trial by mean validation accuracy with OOD, and every trial's row."""
+    """Each tuned method's best trial by mean validation accuracy with OOD, and every trial's row;
+    in each setting on its own runs when the profile tunes per setting (picks `{setting: {method:
+    values}}`, rows naming their setting)."""
+    if not profile.tuning.per_setting:
+        return _pick_trials(profile, specs, records, {})
+    chosen, trials = {}, []
+    for setting in profile.tuning_settings():
+        chosen[setting.name], rows = _pick_trials(profile, specs, records, {"setting": setting})
+        trials += [{"setting": setting.name, **row} for row in rows]
+    return chosen, trials
+
+
+def _pick_trials(profile: BenchProfile, specs: list[RunSpec], records: list[dict], where: dict):
+    """`pick_trials` over the runs whose spec has the fields `where` gives."""
     trials, chosen = [], {}
     for method, grid in profile.tuning.grids.items():
         scores = []
         for index, params in enumerate(grid):
-            mine = records_of(records, specs, method=method, trial=index)
+            mine = records_of(records, specs, method=method, trial=index, **where)
             score = float(np.nanmean([validation_score(r) for r in mine]))
             scores.append(score)
             trials.append(
@@ -1027,6 +1040,18 @@ def projections(profile: BenchProfile, work_dir: Path) -> dict:
     return {"setting": setting, "seed": seed, "methods": methods}
 
 
+def method_configs(profile: BenchProfile, methods: list[str], tuned: dict) -> dict:
+    """What each method trains with, for the report: `method_configs`, or, when the profile tunes
+    per setting, `method_configs_by_setting` (`{setting: {method: config}}`)."""
+    if profile.tuning is None or not profile.tuning.per_setting:
+        return {"method_configs": {m: profile.method_config(m, tuned) for m in methods}}
+    return {
+        "method_configs_by_setting": {
+            s.name: {m: profile.method_config(m, tuned, setting=s) for m in methods} for s in profile.settings
+        }
+    }
+
+
 def run_benchmark(
     profile: BenchProfile,
     work_dir: Path,
@@ -1052,7 +1077,7 @@ def run_benchmark(
     methods = [*profile.methods, *profile.studied_methods]
     return {
         "profile": profile.model_dump(),
-        "method_configs": {m: profile.method_config(m, tuning["chosen"]) for m in methods},
+        **method_configs(profile, methods, tuning["chosen"]),
         "method_budgets": {m: profile.method_budget(m).model_dump() for m in methods},
         "tuning": {**tuning, "wall_seconds": tuning_seconds},
         "budget_check": budget_check,
