@@ -8,9 +8,11 @@ does not pay for executorch or coremltools).
 from __future__ import annotations
 
 import inspect
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -18,7 +20,32 @@ from rich.table import Table
 if TYPE_CHECKING:
     from harmony_mobile.server.core.settings import Settings
 
+
+class OneLineUsageErrors(typer.core.TyperGroup):
+    """A usage error (an unknown option, a value out of range) ends the command the way its own
+    checks do: one `error:` line and exit 2, which a log file or a pipe keeps whole, not a box of
+    rich panels."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click.ClickException as error:
+            if type(error).__name__ == "NoArgsIsHelpError":  # the help is already printed
+                sys.exit(error.exit_code)
+            context = getattr(error, "ctx", None)
+            hint = f" (see '{context.command_path} --help')" if context is not None else ""
+            click.echo(f"error: {error.format_message()}{hint}", file=sys.stderr)
+            sys.exit(error.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", file=sys.stderr)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)  # an exit code, or a command's None
+
+
 app = typer.Typer(
+    cls=OneLineUsageErrors,
     help="harmony-mobile: hybrid split federated learning on phones (train, bench, export, serve, demo).",
     no_args_is_help=True,
     add_completion=False,
@@ -390,7 +417,7 @@ def bench(
         fail(str(error))
 
 
-class _ExportGroup(typer.core.TyperGroup):
+class _ExportGroup(OneLineUsageErrors):
     """`harmony export RUN_DIR ...` runs the export (the `run` sub-command is implied);
     `harmony export verify DIR` checks an export directory."""
 
