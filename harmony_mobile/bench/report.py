@@ -42,6 +42,11 @@ FAMILY_MARKERS = {"cnn": "o", "mobilenet": "^", "resnet": "s"}
 BACKEND_KEYS = (("unseen_family", "family-unseen acc"), ("alignment_score", "alignment"))
 
 
+def study_of(results: dict) -> dict:
+    """The results' mechanism study (`{}` for a profile without one, or results from before studies)."""
+    return results.get("mechanism_study") or {}
+
+
 def metric_value(run: dict, key: str) -> float:
     mean, summary = run["mean"], run["summary"]
     if key.startswith("acc_p"):
@@ -349,7 +354,7 @@ def runs_by_stage(results: dict) -> dict[str, list[dict]]:
         "evaluation": results["runs"],
         "tuning": (results.get("tuning") or {}).get("run_provenance", []),
         "budget check": (results.get("budget_check") or {}).get("run_provenance", []),
-        "mechanism study": (results.get("mechanism_study") or {}).get("runs", []),
+        "mechanism study": study_of(results).get("runs", []),
     }
     return {name: runs for name, runs in stages.items() if runs}
 
@@ -538,7 +543,7 @@ def evaluate_targets(results: dict, aggregated: dict, gaps: dict, mechanism_gaps
         if curves is not None:
             entry["curves"] = curves
         out["settings"][setting] = entry
-    studied = (results.get("mechanism_study") or {}).get("methods", []) if mechanism_gaps else []
+    studied = study_of(results).get("methods", []) if mechanism_gaps else []
     # a run narrowed to some seeds or methods may leave an ablation (or the study) out
     narrowed = any((results.get("narrowed") or {}).get(flag) for flag in ("seeds", "methods"))
     for ablation, mechanism in targets["ablations"].items():
@@ -859,7 +864,7 @@ def budget_line(results: dict) -> str:
         f"Shared budget: {budget['rounds']} rounds x {budget['local_steps']} local steps x "
         f"{budget['samples_per_step']} samples drawn per step per client (HARMONY: support + query halves)"
     )
-    methods = [*profile["methods"], *(results.get("mechanism_study") or {}).get("methods", [])]
+    methods = [*profile["methods"], *study_of(results).get("methods", [])]
     own = [  # a method without its own budget trains for its parent's
         f"`{m}` {b['rounds']} x {b['local_steps']} x {b['samples_per_step']}"
         for m in methods
@@ -895,7 +900,7 @@ def _stages(results: dict) -> dict[str, dict]:
     return {
         "tuning": results["tuning"],
         "budget check": results.get("budget_check") or {},
-        "mechanism study": results.get("mechanism_study") or {},
+        "mechanism study": study_of(results),
     }
 
 
