@@ -682,9 +682,10 @@ def _pick_trials(profile: BenchProfile, specs: list[RunSpec], records: list[dict
 def _copy_and_log(profile, specs, work_dir, data_root, recorded: RecordedRuns | None, log) -> None:
     if recorded is not None:
         copied = copy_recorded_runs(specs, profile.train, work_dir, data_root, recorded)
+        stages = "evaluation and study" if profile.mechanism_study else "evaluation"
         log(
-            f"{copied} of {len(specs)} evaluation{' and study' if profile.mechanism_study else ''} runs copied from {len(recorded.runs)} recorded runs of "
-            "other reports (runs copied by an earlier invocation are read back, not counted here)"
+            f"{copied} of {len(specs)} {stages} runs copied from {len(recorded.runs)} recorded runs of other "
+            "reports (runs copied by an earlier invocation are read back, not counted here)"
         )
 
 
