@@ -1195,6 +1195,9 @@ def test_a_profile_tuned_per_setting_trains_each_settings_own_pick(tmp_path):
     ] == 0.01
     with pytest.raises(ValueError, match="tunes per setting"):
         profile.method_config("harmony", chosen)  # a pick without its setting is no pick
+    untuned = {name: picks for name, picks in chosen.items() if name != second.name}
+    with pytest.raises(ValueError, match=f"no tuning pick in setting '{second.name}'"):
+        evaluation_specs(profile, untuned, read_files=set())  # never its defaults in silence
     results = {
         "profile": profile.model_dump(),
         "tuning": {"trials": trials},

@@ -506,7 +506,11 @@ class BenchProfile(BaseModel):
             return tuned or {}
         if setting is None:
             raise ValueError(f"profile {self.name!r} tunes per setting: a method's config needs the setting")
-        return tuned.get(setting.name, {})
+        if setting.name not in tuned:  # e.g. a setting added to the profile after its tuning ran
+            raise ValueError(
+                f"profile {self.name!r} has no tuning pick in setting {setting.name!r}: run its tuning"
+            )
+        return tuned[setting.name]
 
     def _config(
         self,
