@@ -1022,3 +1022,33 @@ def test_a_run_narrowed_to_some_seeds_or_methods_leaves_the_mechanism_study_out(
     assert narrowed(profile, None, None, ["digits-family"]).mechanism_study == profile.mechanism_study
     assert narrowed(profile, [0], None, None).mechanism_study is None
     assert narrowed(profile, None, ["harmony"], None).mechanism_study is None
+
+
+def test_a_profile_tuned_per_setting_runs_each_settings_pick_end_to_end(tmp_path):
+    """Two settings, each with the pick of its own validation runs: the evaluation runs train it and
+    the report's configuration table names it per setting."""
+    dirichlet = {
+        "name": "digits-dirichlet",
+        "dataset": "digits",
+        "dataset_limit": 600,
+        "partition": "dirichlet",
+    }
+    profile = BenchProfile(
+        **{
+            **TINY,
+            "settings": [*TINY["settings"], {**dirichlet, "alpha": 0.5}],
+            "methods": ["harmony", "fedavg"],
+            "tuning": {"seeds": [7], "grids": {"harmony": [{}, {"lr": 0.01}]}, "per_setting": True},
+        }
+    )
+    results = run_benchmark(profile, tmp_path / "work", log=lambda _: None)
+    by_setting = results["method_configs_by_setting"]
+    assert "method_configs" not in results and set(by_setting) == {"digits-family", "digits-dirichlet"}
+    for row in results["tuning"]["trials"]:
+        picked = by_setting[row["setting"]]["harmony"]
+        assert row["chosen"] == (picked.get("lr") == row["params"].get("lr"))
+    for run in results["runs"]:
+        assert run["train_config"]["algorithm_config"] == by_setting[run["setting"]][run["method"]]
+    text = write_bench_report(results, tmp_path / "report").read_text()
+    assert "| setting | method | trial | params |" in text and "| setting | method | config |" in text
+    assert "| digits-dirichlet | harmony | `" in text
