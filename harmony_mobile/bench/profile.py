@@ -382,6 +382,11 @@ class BenchProfile(BaseModel):
             )
 
     @property
+    def tunes_per_setting(self) -> bool:
+        """Whether each setting gets its own tuning pick (`{setting: {method: values}}`)."""
+        return self.tuning is not None and self.tuning.per_setting
+
+    @property
     def studied_methods(self) -> list[str]:
         """The ablations only the mechanism study runs (none without one)."""
         return self.mechanism_study.methods if self.mechanism_study else []
@@ -444,7 +449,7 @@ class BenchProfile(BaseModel):
                 f"{derived} take their parent's tuned values ({', '.join(parent_method(m) for m in derived)}); "
                 "tune the parent instead"
             )
-        if self.tuning.per_setting and len(self.tuning_settings()) < len(self.settings):
+        if self.tunes_per_setting and len(self.tuning_settings()) < len(self.settings):
             raise ValueError("tuning.per_setting picks a trial in every setting: leave tuning.settings unset")
         for method, trials in self.tuning.grids.items():
             self._refuse_repeated_trials(method, trials)
@@ -502,7 +507,7 @@ class BenchProfile(BaseModel):
 
     def picks_in(self, tuned: dict | None, setting: Setting | None) -> dict[str, dict[str, Any]]:
         """The tuned values of each method in `setting`: `{method: values}`."""
-        if not tuned or self.tuning is None or not self.tuning.per_setting:
+        if not tuned or not self.tunes_per_setting:
             return tuned or {}
         if setting is None:
             raise ValueError(f"profile {self.name!r} tunes per setting: a method's config needs the setting")

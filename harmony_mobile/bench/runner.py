@@ -641,7 +641,7 @@ def pick_trials(profile: BenchProfile, specs: list[RunSpec], records: list[dict]
     """Each tuned method's best trial by mean validation accuracy with OOD, and every trial's row;
     in each setting on its own runs when the profile tunes per setting (picks `{setting: {method:
     values}}`, rows naming their setting)."""
-    if not profile.tuning.per_setting:
+    if not profile.tunes_per_setting:
         return _pick_trials(profile, specs, records, {})
     chosen, trials = {}, []
     for setting in profile.tuning_settings():
@@ -650,7 +650,9 @@ def pick_trials(profile: BenchProfile, specs: list[RunSpec], records: list[dict]
     return chosen, trials
 
 
-def _pick_trials(profile: BenchProfile, specs: list[RunSpec], records: list[dict], where: dict):
+def _pick_trials(
+    profile: BenchProfile, specs: list[RunSpec], records: list[dict], where: dict
+) -> tuple[dict, list[dict]]:
     """`pick_trials` over the runs whose spec has the fields `where` gives."""
     trials, chosen = [], {}
     for method, grid in profile.tuning.grids.items():
@@ -1044,7 +1046,7 @@ def projections(profile: BenchProfile, work_dir: Path) -> dict:
 def method_configs(profile: BenchProfile, methods: list[str], tuned: dict) -> dict:
     """What each method trains with, for the report: `method_configs`, or, when the profile tunes
     per setting, `method_configs_by_setting` (`{setting: {method: config}}`)."""
-    if profile.tuning is None or not profile.tuning.per_setting:
+    if not profile.tunes_per_setting:
         return {"method_configs": {m: profile.method_config(m, tuned) for m in methods}}
     return {
         "method_configs_by_setting": {
