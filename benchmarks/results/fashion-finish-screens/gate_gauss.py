@@ -73,16 +73,17 @@ def candidate_scores(exit_logits, features, prototypes) -> dict:
 def gates_with_gaussians(backend, slot_tokens, replay, clients):
     made = DEFAULT_GATES(backend, slot_tokens, replay, clients)
     replay_slot = backend(replay.float())[:, : len(slot_tokens)].argmax(dim=1)
+    slots = replay_slot.unique()
+    slot_means = {}  # what the server would ship: each slot's pooled replay mean, once for every phone
+    for pool in POOLS:
+        rows = pooled(replay, pool)
+        slot_means[pool] = torch.stack([rows[replay_slot == s].mean(dim=0) for s in slots])
     for gate, client in zip(made, clients, strict=True):
         parts = torch.cat([client.model(x, client.split_depth)[1] for x in client.train_x.split(512)])
-        foreign_slots = [s for s in replay_slot.unique().tolist() if not bool(gate.own_slots[s])]
-        MODELS[id(gate)] = {}
-        for pool in POOLS:
-            rows = pooled(replay, pool)
-            foreign = torch.stack(
-                [rows[replay_slot == s].mean(dim=0) for s in foreign_slots] or [rows[:0].sum(0)]
-            )[: len(foreign_slots)]
-            MODELS[id(gate)][pool] = fit(pooled(parts, pool), client.train_y, foreign)
+        foreign = ~gate.own_slots[slots]  # may be none: a phone holding every slot
+        MODELS[id(gate)] = {
+            pool: fit(pooled(parts, pool), client.train_y, slot_means[pool][foreign]) for pool in POOLS
+        }
     return made
 
 
