@@ -25,15 +25,15 @@ from unittest import mock
 import numpy as np
 import torch
 import torch.nn.functional as F
-from scipy import stats
 
-from harmony_mobile import training
-from harmony_mobile.bench import gates
 from harmony_mobile.bench.saved_runs import load_finished_run
-from harmony_mobile.evaluation import EvaluationSetting, client_answers, evaluate
+from harmony_mobile.bench.stats import paired_ci
+from harmony_mobile.evaluation import client_answers
 from harmony_mobile.federation import slot_gate
 
-CALIBRATION_TARGET = 0.98  # the fashion profile's
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling screen
+from replay_rows import gated_row  # noqa: E402
+
 MEAN_PROTOTYPES = slot_gate.slot_prototypes
 
 
@@ -65,23 +65,7 @@ def distilled_prototypes(backend, slots: int, replay: torch.Tensor, steps: int =
 def one_kind(run, answers, kind: str) -> dict:
     make = {"mean": MEAN_PROTOTYPES, "distilled": distilled_prototypes}[kind]
     with mock.patch.object(slot_gate, "slot_prototypes", make):
-        backend, tokens = run.served.backend, run.served.slot_tokens
-        training.gate_clients(run.clients, backend, tokens, run.replay, CALIBRATION_TARGET)
-        setting = EvaluationSetting(run.images, run.labels, run.partition, run.seed, "slot_margin")
-        results = evaluate(run.clients, run.served, setting, answers)
-        study = gates.gate_studies(
-            answers, run.served, run.labels, run.partition, run.seed, "slot_margin", run.replay
-        )
-    row = {"acc_with_ood": results["summary"]["accuracy_with_ood"]}
-    for on in ("val", "test"):
-        parts = [value for key, value in study[on].items() if key.startswith("p=")]
-        for rate in (0.1, 0.3, 0.5):
-            index = gates.FALLBACK_GRID.index(rate)
-            curve = [p["curve"]["slot_margin"][index] for p in parts]
-            row[f"{on}{int(100 * rate)}"] = float(np.mean(curve))
-        row[on + "server"] = float(np.mean([p["server_only"] for p in parts]))
-        row[on + "auroc"] = float(np.mean([p["auroc"]["slot_margin"] for p in parts]))
-    return row
+        return gated_row(run, answers, run.replay, rates=(0.1, 0.3, 0.5))
 
 
 def compare(path: Path) -> None:
@@ -93,9 +77,8 @@ def compare(path: Path) -> None:
         pairs = [kinds for run, kinds in by_run.items() if run.startswith(setting + "/")]
         print(f"{setting} ({len(pairs)} runs): distilled - mean, mean [95 % t CI]; then distilled's gap")
         for key in ("acc_with_ood", "val10", "val30", "val50", "test10", "test30", "test50", "testauroc"):
-            diff = np.array([100 * (p["distilled"][key] - p["mean"][key]) for p in pairs])
-            half = stats.t.ppf(0.975, len(diff) - 1) * diff.std(ddof=1) / np.sqrt(len(diff))
-            print(f"  {key}: {diff.mean():+.2f} [{diff.mean() - half:+.2f}, {diff.mean() + half:+.2f}]")
+            ci = paired_ci([100 * (p["distilled"][key] - p["mean"][key]) for p in pairs])
+            print(f"  {key}: {ci['mean']:+.2f} [{ci['low']:+.2f}, {ci['high']:+.2f}]")
         for kind in ("mean", "distilled"):
             for on in ("val", "test"):
                 gap = np.mean([100 * (p[kind][on + "server"] - p[kind][on + "50"]) for p in pairs])

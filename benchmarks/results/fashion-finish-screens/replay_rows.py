@@ -29,6 +29,12 @@ def one_size(run, answers, rows: int) -> dict:
     replay = collect_replay(run.clients, run.seed, rows)
     if rows == len(run.replay):
         assert torch.equal(replay, run.replay), "the draw does not reproduce the saved replay set"
+    return gated_row(run, answers, replay)
+
+
+def gated_row(run, answers, replay: torch.Tensor, rates: tuple[float, ...] = (0.5,)) -> dict:
+    """The run's phones gated by the slot prototypes made from `replay`, recalibrated and evaluated:
+    accuracy with OOD, and on val / test the curve at `rates`, server-only accuracy and OOD AUROC."""
     backend, tokens = run.served.backend, run.served.slot_tokens
     training.gate_clients(run.clients, backend, tokens, replay, CALIBRATION_TARGET)
     setting = EvaluationSetting(run.images, run.labels, run.partition, run.seed, "slot_margin")
@@ -39,7 +45,10 @@ def one_size(run, answers, rows: int) -> dict:
     row = {"acc_with_ood": results["summary"]["accuracy_with_ood"]}
     for on in ("val", "test"):
         parts = [value for key, value in study[on].items() if key.startswith("p=")]
-        row[on + "50"] = float(np.mean([p["curve"]["slot_margin"][10] for p in parts]))
+        for rate in rates:
+            index = gates.FALLBACK_GRID.index(rate)
+            curve = [p["curve"]["slot_margin"][index] for p in parts]
+            row[f"{on}{int(100 * rate)}"] = float(np.mean(curve))
         row[on + "server"] = float(np.mean([p["server_only"] for p in parts]))
         row[on + "auroc"] = float(np.mean([p["auroc"]["slot_margin"] for p in parts]))
     return row
